@@ -1,0 +1,5 @@
+"""``python -m orchestrate`` is the ``orchestrate`` command."""
+
+from orchestrate.cli import entry
+
+entry()

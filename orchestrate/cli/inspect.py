@@ -1,0 +1,138 @@
+"""Commands that read and explain, and launch nothing: validate, inventory show, plan, render,
+schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from orchestrate.cli import cli
+from orchestrate.cli.tables import console, inventory_table, plan_tables
+from orchestrate.errors import Problem, UserError
+from orchestrate.inventory import InventorySpec, load_inventory
+from orchestrate.job import JobSpec, load_job
+from orchestrate.loader import read_yaml
+from orchestrate.prepare import prepare
+from orchestrate.render import merged
+
+SET_HELP = "override a job field, e.g. --set resources.nodes=2 (repeatable)"
+JOB_ID_HELP = "job id to plan for (default: NAME-dryrun; submit makes a fresh one)"
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(files: tuple[Path, ...]) -> None:
+    """Check inventory and job files; prints every problem found."""
+    problems: list[Problem] = []
+    for path in files:
+        try:
+            data, _ = read_yaml(path)
+            if isinstance(data, dict) and "nodes" in data:
+                load_inventory(path)
+                kind = "inventory"
+            else:
+                prepare(path)
+                kind = "job"
+            click.echo(f"{path}: ok ({kind})")
+        except UserError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise UserError(problems)
+
+
+@cli.group()
+def inventory() -> None:
+    """Inspect inventory files."""
+
+
+@inventory.command("show")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def inventory_show(file: Path, as_json: bool) -> None:
+    """Nodes, their GPUs (CUDA index in PCI bus order), links and networks."""
+    inv = load_inventory(file)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "name": inv.name,
+                    "nodes": [
+                        {
+                            "name": n.name,
+                            "address": n.address,
+                            "gpus": [
+                                {"index": g.index, "model": g.model, "memory_gb": g.memory_gb}
+                                for g in n.gpus
+                            ],
+                            "slots": n.slots,
+                            "gpu_link": n.gpu_link,
+                            "network": None
+                            if n.network is None
+                            else n.network.model_dump(mode="json"),
+                            "partition": n.partition,
+                        }
+                        for n in inv.nodes
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return
+    console().print(inventory_table(inv))
+
+
+@cli.command()
+@click.argument("job", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help=SET_HELP)
+@click.option("--job-id", default=None, help=JOB_ID_HELP)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: bool) -> None:
+    """Show where every rank runs and with what environment; launches nothing."""
+    prepared = prepare(job, overrides, job_id=job_id)
+    if as_json:
+        click.echo(json.dumps(prepared.plan.to_json(), indent=2))
+        return
+    out = console()
+    for table in plan_tables(prepared.plan):
+        out.print(table)
+    for warning in prepared.plan.warnings:
+        out.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    for note in prepared.plan.notes:
+        out.print(f"note: {note}", highlight=False)
+
+
+@cli.command()
+@click.argument("job", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help=SET_HELP)
+@click.option("--job-id", default=None, help=JOB_ID_HELP)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), default=None,
+    help="write the files into this folder instead of printing them",
+)
+def render(job: Path, overrides: tuple[str, ...], job_id: str | None, output: Path | None) -> None:
+    """Print (or write) exactly the scripts a backend would submit."""
+    prepared = prepare(job, overrides, job_id=job_id)
+    if output is None:
+        click.echo(merged(prepared.files), nl=False)
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    for name, text in prepared.files.items():
+        target = output / name
+        target.write_text(text, encoding="utf-8")
+        if name.endswith((".sh", ".sbatch")):
+            target.chmod(0o755)
+        click.echo(str(target))
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["inventory", "job"]))
+def schema(kind: str) -> None:
+    """Print the JSON Schema of inventory or job files (for editors)."""
+    model = InventorySpec if kind == "inventory" else JobSpec
+    click.echo(json.dumps(model.model_json_schema(), indent=2))
+
+
+# For the type checker: keep the job loader reachable for validate's callers.
+__all__ = ["inventory_show", "load_job", "plan", "render", "schema", "validate"]

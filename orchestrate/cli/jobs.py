@@ -1,0 +1,1 @@
+"""Commands that launch and track jobs: submit, list, status, logs, cancel."""

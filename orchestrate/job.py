@@ -1,0 +1,229 @@
+"""The job file: what to run, on how much of the inventory, and how.
+
+:func:`load_job` reads the YAML, applies ``--set`` overrides (type-checked like the file) and
+validates into :class:`JobSpec`. Paths inside the file are relative to the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.loader import Lines, known_fields, read_yaml, validate
+from orchestrate.schema import Spec
+from orchestrate.train.config import TrainSpec
+
+Backend = Literal["local", "slurm", "ssh"]
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+#: Set per rank by the planner; a job cannot override them for all ranks at once.
+PER_RANK_ENV = ("RANK", "LOCAL_RANK")
+
+
+class Resources(Spec):
+    """How much of the inventory the job takes."""
+
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int | Literal["all"] = Field(
+        default="all", description="GPUs per node, or processes on CPU-only nodes"
+    )
+    gpu_model: str | None = None
+    min_gpu_memory_gb: float | None = Field(default=None, gt=0)
+    node_names: list[str] | None = None
+    allow_mixed_gpus: bool = False
+    time: str | None = Field(default=None, description="Slurm time limit, e.g. 02:00:00")
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    mem_gb: float | None = Field(default=None, gt=0, description="memory per node")
+
+    @field_validator("gpus_per_node")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, or 'all'")
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None and not _TIME.match(value):
+            raise ValueError("a time limit looks like MM, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+
+class Distributed(Spec):
+    """How ranks find each other and how long they wait."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    master_port: int | Literal["auto"] = "auto"
+    timeout_s: float = Field(default=600.0, gt=0, le=86400)
+    omp_num_threads: int | None = Field(default=None, ge=1)
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1024 <= value <= 65535:
+            raise ValueError("a port between 1024 and 65535, or 'auto'")
+        return value
+
+
+_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
+
+
+class SlurmJob(Spec):
+    """Slurm settings of the job (with the node's partition as a fallback)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    signal: str = Field(default="USR2", description="sent before the time limit; never USR1")
+    signal_seconds_before: int = Field(default=120, ge=1)
+    max_restarts: int = Field(default=3, ge=0)
+    requeue_on_node_failure: bool = True
+    gres_type: str | None = None
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.upper().removeprefix("SIG")
+        if name == "USR1":
+            raise ValueError("NCCL uses SIGUSR1; use USR2 (the default) or TERM")
+        if name not in _SIGNALS:
+            raise ValueError(f"one of {', '.join(_SIGNALS)}")
+        return name
+
+
+class SSHJob(Spec):
+    """SSH fan-out settings of the job."""
+
+    fanout: int = Field(default=32, ge=1, description="hosts contacted at once, like pdsh")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class JobSpec(Spec):
+    """The job file."""
+
+    name: str
+    inventory: str | None = Field(
+        default=None, description="inventory path relative to this file; local: this machine"
+    )
+    backend: Backend = "local"
+    resources: Resources = Field(default_factory=Resources)
+    train: TrainSpec | None = None
+    command: list[str] | None = None
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="names taken from the submitting environment; never written to a file",
+    )
+    distributed: Distributed = Field(default_factory=Distributed)
+    slurm: SlurmJob = Field(default_factory=SlurmJob)
+    ssh: SSHJob = Field(default_factory=SSHJob)
+    workdir: str | None = Field(default=None, description="where ranks run; default: this file's")
+    templates_dir: str | None = None
+    run_root: str | None = Field(default=None, description="where run directories go")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _JOB_NAME.match(value):
+            raise ValueError("letters, digits, '.', '_' and '-' (at most 64), starting alnum")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key in PER_RANK_ENV:
+                raise ValueError(f"{key} is set per rank by the planner and cannot be overridden")
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("the command is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _train_or_command(self) -> JobSpec:
+        if (self.train is None) == (self.command is None):
+            raise ValueError("give exactly one of 'train' (the shared entrypoint) or 'command'")
+        clash = set(self.secret_env) & set(self.env)
+        if clash:
+            raise ValueError(f"{', '.join(sorted(clash))} is both in 'env' and 'secret_env'")
+        return self
+
+
+def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Read a job file, apply ``--set`` overrides and validate."""
+    data, lines = read_yaml(path)
+    if isinstance(data, dict):
+        data = apply_overrides(data, overrides)
+    return validate(JobSpec, data, str(path), lines)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply ``field.path=value`` overrides; values parse as YAML (``2``, ``true``, ``[a, b]``)."""
+    problems: list[Problem] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(
+                Problem("expected FIELD=VALUE", source="--set", got=repr(item),
+                        hint="for example --set resources.nodes=2")
+            )
+            continue
+        path = key.strip().split(".")
+        known = known_fields(JobSpec, tuple(path[:-1]))
+        if known and path[-1] not in known and path[-2:-1] != ["env"]:
+            problems.append(
+                Problem("unknown field", source="--set", field=key,
+                        hint="known keys here: " + ", ".join(sorted(known)))
+            )
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        _assign(data, path, value)
+    if problems:
+        raise UserError(problems)
+    return data
+
+
+def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def job_dir(path: Path) -> Path:
+    """The folder relative paths in a job file are resolved against."""
+    return path.resolve().parent
+
+
+__all__ = ["Backend", "Distributed", "JobSpec", "Lines", "Resources", "SSHJob", "SlurmJob",
+           "apply_overrides", "job_dir", "load_job"]

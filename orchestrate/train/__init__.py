@@ -1,0 +1,1 @@
+"""Run a DDP training job on every rank; see :mod:`orchestrate.train.main`."""

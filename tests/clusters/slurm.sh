@@ -1,0 +1,489 @@
+#!/usr/bin/env bash
+# A real multi-node Slurm cluster on this one machine, for orchestrate's tests.
+#
+#   tests/clusters/slurm.sh up       install slurm-wlm + munge if missing, start the cluster
+#   tests/clusters/slurm.sh down     stop every daemon and job process it started, undo /etc/hosts
+#   tests/clusters/slurm.sh status   print sinfo; exit 0 when up, 3 when not
+#
+# Why it looks like this (measured facts: docs/testing-clusters.md):
+# - Each node is one `slurmd -N nK` with its own port, spool and log, and its own network
+#   namespace (own IPv4 address on a private bridge) and UTS namespace (hostname nK). A job that
+#   uses the wrong MASTER_ADDR then fails as it would on real machines, instead of reaching
+#   rank 0 through a shared loopback. ORCHESTRATE_SLURM_LAYOUT=loopback runs every node in the
+#   root network namespace with a distinct 127.0.1.K address instead (no bridge, no veths).
+# - Both namespaces of a node are pinned by files, so `down` can find and kill every process
+#   the node ever started (slurmstepd survives its slurmd) by namespace, never by name.
+# - munge, slurmctld and slurmd run in the foreground (-F/-D) in their own sessions, so their
+#   PIDs are known at once and they never hold the caller's stdout open.
+# - No accounting: sacct does not work here on purpose; `scontrol show job` keeps finished jobs
+#   for MinJobAge seconds and jobcomp/filetxt writes one line per finished job.
+#
+# Environment: ORCHESTRATE_SLURM_DIR (state dir, default /tmp/orchestrate-slurm),
+# ORCHESTRATE_SLURM_NODES (node count, default 3), ORCHESTRATE_SLURM_LAYOUT (netns|loopback),
+# ORCHESTRATE_SLURM_SUBNET (first three octets of the private /24, default 10.213.7),
+# ORCHESTRATE_SLURM_PORT (slurmctld port; slurmd K listens on PORT+K, default 16817),
+# ORCHESTRATE_SLURM_TIMEOUT (seconds to wait for readiness, default 60).
+set -euo pipefail
+
+DIR=${ORCHESTRATE_SLURM_DIR:-/tmp/orchestrate-slurm}
+NNODES=${ORCHESTRATE_SLURM_NODES:-3}
+LAYOUT=${ORCHESTRATE_SLURM_LAYOUT:-netns}
+SUBNET=${ORCHESTRATE_SLURM_SUBNET:-10.213.7}
+PORT=${ORCHESTRATE_SLURM_PORT:-16817}
+TIMEOUT=${ORCHESTRATE_SLURM_TIMEOUT:-60}
+CPUS_PER_NODE=4
+MEM_PER_NODE=4000
+MARK="# orchestrate-slurm-test-cluster"
+BRIDGE=orslurm0
+CTLD_ADDR="$SUBNET.254"
+NETNS_PREFIX=orslurm-
+PACKAGES=(slurmctld slurmd slurm-client slurm-wlm munge)
+
+export SLURM_CONF="$DIR/slurm.conf"
+
+die() {
+    echo "slurm.sh: error: $*" >&2
+    exit 1
+}
+
+say() {
+    echo "slurm.sh: $*"
+}
+
+node_names() {
+    local k
+    for ((k = 1; k <= NNODES; k++)); do echo "n$k"; done
+}
+
+node_addr() { # n3 -> the address other nodes reach it at
+    local k=${1#n}
+    if [[ $LAYOUT == netns ]]; then echo "$SUBNET.$k"; else echo "127.0.1.$k"; fi
+}
+
+check_settings() {
+    [[ $(id -u) == 0 ]] || die "must run as root (it starts slurmd, edits /etc/hosts)"
+    [[ $NNODES =~ ^[1-9]$ ]] || die "ORCHESTRATE_SLURM_NODES: want 1..9 (got $NNODES)"
+    [[ $LAYOUT == netns || $LAYOUT == loopback ]] ||
+        die "ORCHESTRATE_SLURM_LAYOUT: want netns or loopback (got $LAYOUT)"
+    [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+        die "ORCHESTRATE_SLURM_SUBNET: want three octets like 10.213.7 (got $SUBNET)"
+    [[ $DIR == /* && $DIR != / ]] || die "ORCHESTRATE_SLURM_DIR: want an absolute path (got $DIR)"
+}
+
+# ---------------------------------------------------------------- packages
+
+missing_packages() {
+    local p
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' ||
+            echo "$p"
+    done
+}
+
+install_packages() {
+    local missing
+    missing=$(missing_packages)
+    [[ -z $missing ]] && return 0
+    say "installing $(echo "$missing" | tr '\n' ' ')"
+    # Without a policy-rc.d, the packages' postinst scripts would start the system-wide munged
+    # and slurm daemons through /etc/init.d; ours must be the only ones running.
+    local policy=/usr/sbin/policy-rc.d added_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        added_policy=1
+    fi
+    local rc=0
+    {
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq &&
+            apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+    } || rc=$?
+    ((added_policy)) && rm -f "$policy"
+    ((rc == 0)) || die "apt-get could not install ${PACKAGES[*]} (exit $rc)"
+}
+
+# ---------------------------------------------------------------- /etc/hosts
+
+hosts_remove() {
+    [[ -f /etc/hosts ]] || return 0
+    grep -qF "$MARK" /etc/hosts || return 0
+    local kept
+    kept=$(grep -vF "$MARK" /etc/hosts || true)
+    # Rewrite in place: /etc/hosts is often a bind mount that cannot be replaced by rename.
+    printf '%s\n' "$kept" >/etc/hosts
+}
+
+hosts_add() {
+    hosts_remove
+    local n addr lines=""
+    for n in $(node_names); do
+        addr=$(node_addr "$n")
+        # torch's TCPStore reverse-resolves peers as IPv4-mapped IPv6; glibc matches those only
+        # against ::ffff: lines, else it falls through to (slow, unreachable) DNS.
+        lines+="$addr $n $MARK"$'\n'"::ffff:$addr $n $MARK"$'\n'
+    done
+    printf '%s' "$lines" >>/etc/hosts
+}
+
+# ---------------------------------------------------------------- network namespaces
+
+netns_up() {
+    [[ $LAYOUT == netns ]] || return 0
+    if ip route show | grep -v "dev $BRIDGE" | grep -v '^unreachable' | grep -q "^$SUBNET\."; then
+        die "the subnet $SUBNET.0/24 is already routed here; set ORCHESTRATE_SLURM_SUBNET"
+    fi
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$CTLD_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    # Should the bridge vanish, traffic for the test subnet is dropped, never routed out.
+    ip route add unreachable "$SUBNET.0/24" metric 4000
+    local n ns
+    for n in $(node_names); do
+        ns="$NETNS_PREFIX$n"
+        ip netns add "$ns"
+        ip link add "osl-$n" type veth peer name eth0 netns "$ns"
+        ip link set "osl-$n" master "$BRIDGE" up
+        ip -n "$ns" addr add "$(node_addr "$n")/24" dev eth0
+        ip -n "$ns" link set lo up
+        ip -n "$ns" link set eth0 up
+    done
+}
+
+netns_down() {
+    local n
+    for n in $(node_names); do
+        ip link del "osl-$n" 2>/dev/null || true
+        ip netns del "$NETNS_PREFIX$n" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    ip route del unreachable "$SUBNET.0/24" metric 4000 2>/dev/null || true
+}
+
+uts_file() { echo "$DIR/ns/$1.uts"; }
+
+uts_up() { # a pinned UTS namespace per node: its hostname, and the marker `down` kills by
+    local n f
+    mkdir -p "$DIR/ns"
+    for n in $(node_names); do
+        f=$(uts_file "$n")
+        touch "$f"
+        unshare --uts="$f" true
+        if [[ $LAYOUT == netns ]]; then nsenter --uts="$f" hostname "$n"; fi
+    done
+}
+
+uts_down() {
+    local n f
+    for n in $(node_names); do
+        f=$(uts_file "$n")
+        [[ -e $f ]] || continue
+        umount "$f" 2>/dev/null || true
+        rm -f "$f"
+    done
+}
+
+ns_inode() { # the inode of a pinned namespace file, or nothing when it is not pinned
+    findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null | grep -q nsfs || return 0
+    stat -L -c %i "$1"
+}
+
+pids_in_uts() { # every process whose UTS namespace is the pinned one
+    local inode=$1 link p
+    [[ -n $inode ]] || return 0
+    for p in /proc/[0-9]*; do
+        link=$(readlink "$p/ns/uts" 2>/dev/null) || continue
+        [[ $link == "uts:[$inode]" ]] && echo "${p#/proc/}"
+    done
+    return 0
+}
+
+node_prefix() { # the command prefix that runs a program inside node $1's namespaces
+    local n=$1
+    printf '%s\n' nsenter "--uts=$(uts_file "$n")"
+    [[ $LAYOUT == netns ]] && printf '%s\n' "--net=/run/netns/$NETNS_PREFIX$n"
+    return 0
+}
+
+# ---------------------------------------------------------------- config
+
+write_munge_key() {
+    mkdir -p "$DIR/munge"
+    chmod 755 "$DIR" "$DIR/munge" # munged: "execute permissions for all required"
+    mungekey -c -k "$DIR/munge/munge.key"
+    chmod 600 "$DIR/munge/munge.key"
+}
+
+write_slurm_conf() {
+    local host first_job_id n k
+    host=$(hostname -s)
+    # Job ids restart on a fresh cluster; a new first id per bring-up keeps output files of
+    # earlier clusters from being mistaken for this one's (range stays below MaxJobId).
+    first_job_id=$((($(date +%s) % 6000000) * 10 + 1000))
+    local ctld_addr=127.0.0.1
+    [[ $LAYOUT == netns ]] && ctld_addr=$CTLD_ADDR
+    {
+        cat <<EOF
+# Written by tests/clusters/slurm.sh; rewritten on every bring-up.
+ClusterName=orchestrate
+SlurmctldHost=$host($ctld_addr)
+SlurmctldPort=$PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=10
+StateSaveLocation=$DIR/ctld
+SlurmctldPidFile=$DIR/pids/slurmctld.pidfile
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmdPidFile=$DIR/pids/slurmd-%n.pidfile
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmdParameters=config_overrides
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=2
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.txt
+MpiDefault=none
+SwitchType=switch/none
+MailProg=/bin/true
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=3600
+FirstJobId=$first_job_id
+EOF
+        for n in $(node_names); do
+            k=${n#n}
+            local nodehost=$host
+            [[ $LAYOUT == netns ]] && nodehost=$n
+            echo "NodeName=$n NodeHostname=$nodehost NodeAddr=$(node_addr "$n")" \
+                "Port=$((PORT + k)) CPUs=$CPUS_PER_NODE RealMemory=$MEM_PER_NODE State=UNKNOWN"
+        done
+        echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    } >"$SLURM_CONF"
+}
+
+write_env_sh() {
+    cat >"$DIR/env.sh" <<EOF
+# Source me: points Slurm's clients at the orchestrate test cluster.
+export SLURM_CONF=$SLURM_CONF
+export ORCHESTRATE_SLURM_DIR=$DIR
+export ORCHESTRATE_SLURM_NODES="$(node_names | tr '\n' ' ' | sed 's/ $//')"
+EOF
+}
+
+# ---------------------------------------------------------------- daemons
+
+start_daemon() { # name, then the command; records the PID, output goes to its log
+    local name=$1
+    shift
+    setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1 &
+    echo $! >"$DIR/pids/$name.pid"
+}
+
+pid_of() {
+    local f="$DIR/pids/$1.pid"
+    [[ -f $f ]] && cat "$f"
+    return 0
+}
+
+alive() {
+    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null
+}
+
+log_tails() {
+    local f
+    for f in "$DIR"/log/*; do
+        [[ -s $f ]] || continue
+        echo "---- tail of $f" >&2
+        tail -n 15 "$f" >&2
+    done
+}
+
+fail_up() {
+    echo "slurm.sh: error: $*" >&2
+    log_tails
+    echo "slurm.sh: tearing the half-started cluster down" >&2
+    do_down >/dev/null 2>&1 || true
+    exit 1
+}
+
+wait_for() { # description, then a command that succeeds once ready
+    local what=$1
+    shift
+    local deadline=$((SECONDS + TIMEOUT))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || fail_up "$what not ready after ${TIMEOUT}s"
+        check_daemons_alive
+        sleep 0.1
+    done
+}
+
+check_daemons_alive() {
+    local f name
+    for f in "$DIR"/pids/*.pid; do
+        [[ -e $f ]] || continue
+        name=$(basename "$f" .pid)
+        alive "$(cat "$f")" || fail_up "$name exited during bring-up"
+    done
+}
+
+ctld_up() { scontrol ping | grep -q 'is UP'; }
+
+all_idle() {
+    [[ $(sinfo -h -N -t idle -o %N | sort -u | wc -l) == "$NNODES" ]]
+}
+
+is_up() {
+    [[ -f $SLURM_CONF ]] || return 1
+    local name
+    for name in munged slurmctld $(node_names | sed 's/^/slurmd-/'); do
+        alive "$(pid_of "$name")" || return 1
+    done
+    timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'
+}
+
+any_recorded_alive() {
+    local f
+    for f in "$DIR"/pids/*.pid; do
+        [[ -e $f ]] || continue
+        alive "$(cat "$f")" && return 0
+    done
+    return 1
+}
+
+prepare_dir() {
+    if [[ -e $DIR && ! -e $DIR/.orchestrate-slurm ]] && [[ -n $(ls -A "$DIR") ]]; then
+        die "$DIR exists, is not empty and was not made by this script; set ORCHESTRATE_SLURM_DIR"
+    fi
+    rm -rf "${DIR:?}/ctld" "$DIR/spool" "$DIR/pids" "$DIR/log" "$DIR/munge" "$DIR/env.sh"
+    mkdir -p "$DIR/ctld" "$DIR/pids" "$DIR/log"
+    touch "$DIR/.orchestrate-slurm"
+    local n
+    for n in $(node_names); do mkdir -p "$DIR/spool/$n"; done
+}
+
+do_up() {
+    check_settings
+    if is_up; then
+        say "already up ($NNODES nodes, SLURM_CONF=$SLURM_CONF)"
+        return 0
+    fi
+    if [[ -d $DIR/pids ]] && any_recorded_alive; then
+        say "found a half-running cluster in $DIR: taking it down first"
+        do_down
+    fi
+    install_packages
+    local t0=$EPOCHREALTIME
+    prepare_dir
+    # Undo leftovers of a cluster that died without `down` (stale namespaces, hosts lines).
+    uts_down
+    netns_down
+    write_munge_key
+    write_slurm_conf
+    hosts_add
+    netns_up
+    uts_up
+
+    start_daemon munged /usr/sbin/munged -F --force \
+        --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
+        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/log/munged.log" \
+        --seed-file="$DIR/munge/munged.seed"
+    wait_for "munged" test -S "$DIR/munge/munge.socket"
+
+    start_daemon slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
+    wait_for "slurmctld (scontrol ping)" ctld_up
+
+    local n prefix
+    for n in $(node_names); do
+        mapfile -t prefix < <(node_prefix "$n")
+        start_daemon "slurmd-$n" "${prefix[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
+    done
+    wait_for "all $NNODES nodes idle (sinfo)" all_idle
+
+    write_env_sh
+    local elapsed
+    elapsed=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+    say "up in ${elapsed}s: $LAYOUT layout, nodes $(node_names | tr '\n' ' ')"
+    say "source $DIR/env.sh   # exports SLURM_CONF=$SLURM_CONF"
+}
+
+# ---------------------------------------------------------------- teardown
+
+stop_pids() { # SIGTERM, wait up to 5 s, then SIGKILL whatever is left
+    local pids=() p
+    for p in "$@"; do
+        if alive "$p"; then pids+=("$p"); fi
+    done
+    ((${#pids[@]})) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 50; i++)); do
+        local left=()
+        for p in "${pids[@]}"; do
+            if alive "$p"; then left+=("$p"); fi
+        done
+        ((${#left[@]})) || return 0
+        sleep 0.1
+    done
+    kill -KILL "${left[@]}" 2>/dev/null || true
+    sleep 0.1
+}
+
+node_pids() { # every process left in any node's UTS namespace: slurmstepd and job tasks
+    local n
+    for n in $(node_names); do
+        pids_in_uts "$(ns_inode "$(uts_file "$n")")"
+    done
+}
+
+do_down() {
+    check_settings
+    local t0=$EPOCHREALTIME n pids=()
+    for n in $(node_names); do pids+=("$(pid_of "slurmd-$n")"); done
+    # slurmstepd and its tasks outlive a stopped slurmd; they all live in the node's namespace.
+    mapfile -t -O "${#pids[@]}" pids < <(node_pids)
+    pids+=("$(pid_of slurmctld)" "$(pid_of munged)")
+    # Each daemon takes ~2 s to exit on SIGTERM: stop them all at once. Nothing here needs
+    # an orderly shutdown (every bring-up starts from empty state).
+    stop_pids "${pids[@]}"
+    mapfile -t pids < <(node_pids) # anything forked while the first round was stopping
+    stop_pids "${pids[@]}"
+    rm -f "$DIR"/pids/*.pid "$DIR/env.sh"
+    uts_down
+    netns_down
+    hosts_remove
+    local elapsed
+    elapsed=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+    say "down in ${elapsed}s (logs kept in $DIR/log)"
+}
+
+do_status() {
+    check_settings
+    if is_up; then
+        sinfo -N -l
+        return 0
+    fi
+    say "not running (no live cluster recorded in $DIR)"
+    return 3
+}
+
+case ${1:-} in
+up) do_up ;;
+down) do_down ;;
+status) do_status ;;
+*)
+    echo "usage: $0 up|down|status" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,427 @@
+#!/usr/bin/env bash
+# Real SSH test hosts on one machine: one network namespace per host, each with its own
+# address, loopback, port space, hostname and an sshd on :22.
+#
+#   sshhosts.sh up [N]    start hosts h1..hN (1-16, default 3); idempotent
+#   sshhosts.sh down      stop everything this script started and leave the machine clean
+#   sshhosts.sh status    print the hosts and whether their sshd runs
+#
+# Why namespaces and not several sshd on 127.0.0.x: on one shared loopback every "host" has the
+# same interfaces, ports and hostname, so MASTER_ADDR, port and network-interface bugs stay
+# hidden. Here h1 and h2 really are different machines as far as the network can tell; only the
+# filesystem and the PID space are shared (a venv and scripts are visible on every host, and the
+# root namespace can kill any process by PID).
+#
+# Layout (all names start with "orch-" so teardown can find them without any state file):
+#   root namespace: bridge orch-br0 = 10.213.8.1/24, veth orch-v<i> enslaved to it,
+#                   "unreachable 10.213.8.0/24 metric 4000" so nothing leaves if the bridge is down
+#   namespace orch-h<i>: lo, eth0 = 10.213.8.(10+i)/24, no default route, UTS hostname h<i>,
+#                   /usr/sbin/sshd on 0.0.0.0:22
+#   /etc/hosts: "10.213.8.(10+i) h<i>" and "::ffff:10.213.8.(10+i) h<i>" (the IPv4-mapped line
+#                   keeps torch's TCPStore reverse lookups away from DNS), marked for removal
+#
+# State dir ($ORCHESTRATE_SSH_DIR, default /tmp/orchestrate-sshhosts; root-owned, 0755):
+#   ssh_config  known_hosts  id_ed25519(.pub)  authorized_keys  hosts.txt  h<i>/{sshd_config,
+#   ssh_host_ed25519_key, sshd.pid, sshd.log}
+# Keys are throwaway, but kept across `up` calls so known_hosts stays valid; `down` deletes them.
+set -euo pipefail
+
+readonly NET_PREFIX=10.213.8           # a /24 made up for these tests; .1 is the bridge
+readonly NET_CIDR="${NET_PREFIX}.0/24"
+readonly HOST_OFFSET=10                # h<i> gets ${NET_PREFIX}.(HOST_OFFSET+i)
+readonly UNREACHABLE_METRIC=4000
+readonly BRIDGE=orch-br0
+readonly NS_PREFIX=orch-h
+readonly VETH_PREFIX=orch-v
+readonly IFACE=eth0                    # the interface name inside every namespace
+readonly MAX_HOSTS=16
+readonly HOSTS_MARK="# orchestrate-sshhosts"
+readonly STATE_MARK=.orchestrate-sshhosts
+readonly SSHD=/usr/sbin/sshd
+readonly LOCK_FILE=/run/lock/orchestrate-sshhosts.lock
+STATE_DIR="${ORCHESTRATE_SSH_DIR:-/tmp/orchestrate-sshhosts}"
+WAIT_SECONDS="${ORCHESTRATE_SSH_WAIT:-30}"
+
+die() {
+    echo "sshhosts: error: $*" >&2
+    exit 1
+}
+
+log() {
+    echo "sshhosts: $*" >&2
+}
+
+usage() {
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+host_addr() { echo "${NET_PREFIX}.$((HOST_OFFSET + $1))"; }
+
+# Namespaces this script owns, by number, whatever N the last `up` used.
+our_host_numbers() {
+    ip netns list 2>/dev/null | awk '{print $1}' | sed -n "s/^${NS_PREFIX}\([0-9][0-9]*\)$/\1/p" \
+        | sort -n
+}
+
+# ---------------------------------------------------------------------------- packages
+
+# Installs what is missing, and only then touches apt. A freshly installed openssh-server must
+# not start a system sshd on the root namespace's :22, so services are blocked while apt runs.
+ensure_packages() {
+    local pkg missing=()
+    for pkg in openssh-server openssh-client iproute2 pdsh; do
+        if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)" != "install ok installed" ]]
+        then
+            missing+=("$pkg")
+        fi
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    log "installing ${missing[*]}"
+    local policy=/usr/sbin/policy-rc.d made_policy=0
+    if [[ ! -e "$policy" ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        made_policy=1
+    fi
+    local rc=0
+    {
+        export DEBIAN_FRONTEND=noninteractive
+        # Another apt (a second test cluster script) may hold the dpkg lock: wait for it.
+        apt-get update -q -o DPkg::Lock::Timeout=300 &&
+            apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 \
+                -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+                "${missing[@]}"
+    } >&2 || rc=$?
+    [[ $made_policy -eq 1 ]] && rm -f "$policy"
+    [[ $rc -eq 0 ]] || die "apt-get could not install ${missing[*]} (exit $rc)"
+    [[ -x "$SSHD" ]] || die "$SSHD missing after installing openssh-server"
+}
+
+# ---------------------------------------------------------------------------- state dir
+
+# The state dir is deleted by `down`, so it must be one this script made: a marker file says so.
+prepare_state_dir() {
+    if [[ -d "$STATE_DIR" && ! -e "$STATE_DIR/$STATE_MARK" ]] \
+        && [[ -n "$(ls -A "$STATE_DIR")" ]]; then
+        die "$STATE_DIR exists, is not empty and was not made by this script" \
+            "(set ORCHESTRATE_SSH_DIR to a new path)"
+    fi
+    mkdir -p "$STATE_DIR"
+    chown root:root "$STATE_DIR"
+    chmod 0755 "$STATE_DIR"
+    touch "$STATE_DIR/$STATE_MARK"
+    if [[ ! -f "$STATE_DIR/id_ed25519" ]]; then
+        ssh-keygen -q -t ed25519 -N '' -C orchestrate-sshhosts-client -f "$STATE_DIR/id_ed25519"
+    fi
+    chmod 0600 "$STATE_DIR/id_ed25519"
+    cp "$STATE_DIR/id_ed25519.pub" "$STATE_DIR/authorized_keys"
+    chmod 0644 "$STATE_DIR/authorized_keys"
+    mkdir -p /run/sshd                 # sshd's compiled-in privilege separation dir
+    chmod 0755 /run/sshd
+}
+
+# ---------------------------------------------------------------------------- network
+
+ensure_bridge() {
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+    fi
+    if ! ip -o -4 addr show dev "$BRIDGE" | grep -q " ${NET_PREFIX}\.1/24 "; then
+        ip addr add "${NET_PREFIX}.1/24" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" up
+    if ! ip route show table main type unreachable "$NET_CIDR" | grep -q "metric ${UNREACHABLE_METRIC}"
+    then
+        ip route add unreachable "$NET_CIDR" metric "$UNREACHABLE_METRIC"
+    fi
+}
+
+# Refuses to start if someone else already uses the range: our traffic would go to them.
+check_range_free() {
+    local line
+    line="$(ip -o -4 addr show | awk -v p="${NET_PREFIX}." -v br="$BRIDGE" \
+        'index($4, p) == 1 && $2 != br {print $2 " " $4; exit}')"
+    [[ -z "$line" ]] || die "$NET_CIDR is already in use on this machine ($line)"
+}
+
+ensure_netns() {
+    local i=$1 ns="${NS_PREFIX}$1" veth="${VETH_PREFIX}$1" addr
+    addr="$(host_addr "$i")"
+    if ! ip netns list | awk '{print $1}' | grep -qx "$ns"; then
+        ip netns add "$ns"
+    fi
+    if ! ip link show "$veth" >/dev/null 2>&1; then
+        ip -n "$ns" link del "$IFACE" 2>/dev/null || true
+        ip link add "$veth" type veth peer name "$IFACE" netns "$ns"
+    fi
+    ip link set "$veth" master "$BRIDGE"
+    ip link set "$veth" up
+    ip -n "$ns" link set lo up
+    if ! ip -n "$ns" -o -4 addr show dev "$IFACE" | grep -q " ${addr}/24 "; then
+        ip -n "$ns" addr add "${addr}/24" dev "$IFACE"
+    fi
+    ip -n "$ns" link set "$IFACE" up
+}
+
+# ---------------------------------------------------------------------------- sshd
+
+# Root may log in with the key only. When root's password is locked ('!' in shadow), sshd with
+# UsePAM no calls the account locked and refuses even a key; with PAM it lets the key in.
+use_pam() {
+    local field
+    field="$(getent shadow root | cut -d: -f2)"
+    if [[ "$field" == '!'* ]]; then echo yes; else echo no; fi
+}
+
+write_sshd_config() {
+    local i=$1 dir="$STATE_DIR/h$1" pam=$2
+    cat >"$dir/sshd_config" <<EOF
+# Written by tests/clusters/sshhosts.sh for test host h$i; throwaway.
+Port 22
+AddressFamily inet
+ListenAddress 0.0.0.0
+HostKey $dir/ssh_host_ed25519_key
+PidFile $dir/sshd.pid
+AuthorizedKeysFile $STATE_DIR/authorized_keys
+PermitRootLogin prohibit-password
+AuthenticationMethods publickey
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM $pam
+StrictModes no
+MaxStartups 200:30:400
+MaxSessions 64
+UseDNS no
+ClientAliveInterval 5
+ClientAliveCountMax 3
+PrintMotd no
+PrintLastLog no
+X11Forwarding no
+AcceptEnv LANG LC_*
+Subsystem sftp /usr/lib/openssh/sftp-server
+LogLevel INFO
+EOF
+}
+
+# The pid in sshd.pid, if that process is still an sshd.
+sshd_pid() {
+    local pidfile="$STATE_DIR/h$1/sshd.pid" pid
+    [[ -f "$pidfile" ]] || return 1
+    pid="$(cat "$pidfile")"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" == sshd ]] || return 1
+    echo "$pid"
+}
+
+ensure_sshd() {
+    local i=$1 ns="${NS_PREFIX}$1" dir="$STATE_DIR/h$1" pam=$2
+    mkdir -p "$dir"
+    if [[ ! -f "$dir/ssh_host_ed25519_key" ]]; then
+        ssh-keygen -q -t ed25519 -N '' -C "h$i" -f "$dir/ssh_host_ed25519_key"
+    fi
+    write_sshd_config "$i" "$pam"
+    "$SSHD" -t -f "$dir/sshd_config" || die "h$i: $SSHD rejects $dir/sshd_config"
+    if sshd_pid "$i" >/dev/null; then
+        return 0
+    fi
+    rm -f "$dir/sshd.pid"
+    # Its own UTS namespace gives each host its own `hostname`, as on real machines. sshd
+    # daemonizes; the daemon stays in both namespaces and `ip netns pids` finds it.
+    # shellcheck disable=SC2016  # $1..$4 are expanded by the inner sh, on purpose
+    ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && exec "$2" -f "$3" -E "$4"' \
+        sh "h$i" "$SSHD" "$dir/sshd_config" "$dir/sshd.log" \
+        || die "h$i: sshd did not start; see $dir/sshd.log"
+}
+
+# ---------------------------------------------------------------------------- client files
+
+write_client_files() {
+    local n=$1 i addr pub
+    local cfg="$STATE_DIR/ssh_config" kh="$STATE_DIR/known_hosts" hosts="$STATE_DIR/hosts.txt"
+    : >"$cfg.tmp"
+    : >"$kh.tmp"
+    : >"$hosts.tmp"
+    for ((i = 1; i <= n; i++)); do
+        addr="$(host_addr "$i")"
+        printf 'Host h%d\n    HostName %s\n\n' "$i" "$addr" >>"$cfg.tmp"
+        pub="$(cut -d' ' -f1,2 "$STATE_DIR/h$i/ssh_host_ed25519_key.pub")"
+        printf 'h%d,%s %s\n' "$i" "$addr" "$pub" >>"$kh.tmp"
+        printf 'h%d %s\n' "$i" "$addr" >>"$hosts.tmp"
+    done
+    cat >>"$cfg.tmp" <<EOF
+Host h*
+    User root
+    Port 22
+    IdentityFile "$STATE_DIR/id_ed25519"
+    IdentitiesOnly yes
+    UserKnownHostsFile "$kh"
+    GlobalKnownHostsFile /dev/null
+    StrictHostKeyChecking yes
+    CheckHostIP no
+    BatchMode yes
+    ConnectTimeout 5
+    LogLevel ERROR
+EOF
+    mv "$cfg.tmp" "$cfg"
+    mv "$kh.tmp" "$kh"
+    mv "$hosts.tmp" "$hosts"
+    chmod 0644 "$cfg" "$kh" "$hosts"
+}
+
+# /etc/hosts may be a bind mount (containers): rewrite it in place, never replace the file.
+remove_etc_hosts_lines() {
+    grep -qF "$HOSTS_MARK" /etc/hosts || return 0
+    local kept
+    kept="$(grep -vF "$HOSTS_MARK" /etc/hosts || true)"
+    printf '%s\n' "$kept" >/etc/hosts
+}
+
+write_etc_hosts_lines() {
+    local n=$1 i addr lines=""
+    for ((i = 1; i <= n; i++)); do
+        addr="$(host_addr "$i")"
+        lines+="${addr} h${i} ${HOSTS_MARK}"$'\n'
+        lines+="::ffff:${addr} h${i} ${HOSTS_MARK}"$'\n'
+    done
+    remove_etc_hosts_lines
+    printf '%s' "$lines" >>/etc/hosts
+}
+
+# ---------------------------------------------------------------------------- readiness
+
+# Ready means: the sshd answers with the host key we wrote into known_hosts, and a key login
+# runs a command. Both bounded by WAIT_SECONDS in total.
+wait_ready() {
+    local n=$1 deadline i addr got want pending
+    deadline=$((SECONDS + WAIT_SECONDS))
+    for ((i = 1; i <= n; i++)); do
+        addr="$(host_addr "$i")"
+        want="$(cut -d' ' -f2 "$STATE_DIR/h$i/ssh_host_ed25519_key.pub")"
+        while :; do
+            got="$(ssh-keyscan -T 2 -t ed25519 "$addr" 2>/dev/null | awk '{print $3}' || true)"
+            [[ "$got" == "$want" ]] && break
+            if ((SECONDS >= deadline)); then
+                tail -n 5 "$STATE_DIR/h$i/sshd.log" >&2 2>/dev/null || true
+                die "h$i ($addr:22) did not answer with its host key within ${WAIT_SECONDS}s"
+            fi
+            sleep 0.2
+        done
+    done
+    local -A pids=()
+    for ((i = 1; i <= n; i++)); do
+        ssh -F "$STATE_DIR/ssh_config" -n "h$i" true 2>"$STATE_DIR/h$i/login.err" &
+        pids[$i]=$!
+    done
+    pending=""
+    for ((i = 1; i <= n; i++)); do
+        wait "${pids[$i]}" || pending+=" h$i"
+    done
+    if [[ -n "$pending" ]]; then
+        for i in $pending; do
+            log "$i: $(tr '\n' ' ' <"$STATE_DIR/$i/login.err")"
+        done
+        die "key login failed on:$pending (sshd logs in $STATE_DIR/h*/sshd.log)"
+    fi
+    rm -f "$STATE_DIR"/h*/login.err
+}
+
+# ---------------------------------------------------------------------------- teardown
+
+# Stops everything in one host's namespace (sshd and whatever its sessions left), then removes
+# the namespace and its veth. TERM first, KILL what is still there after ~2 s.
+host_down() {
+    local i=$1 ns="${NS_PREFIX}$1" veth="${VETH_PREFIX}$1" pids pid tries
+    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+    if pid="$(sshd_pid "$i")"; then pids+=" $pid"; fi
+    if [[ -n "${pids// /}" ]]; then
+        # shellcheck disable=SC2086  # word splitting of the pid list is intended
+        kill -TERM $pids 2>/dev/null || true
+        for ((tries = 0; tries < 20; tries++)); do
+            pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+            [[ -z "$pids" ]] && break
+            sleep 0.1
+        done
+        if [[ -n "$pids" ]]; then
+            # shellcheck disable=SC2086
+            kill -KILL $pids 2>/dev/null || true
+            sleep 0.1
+        fi
+    fi
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "$veth" 2>/dev/null || true
+    rm -rf "${STATE_DIR:?}/h$i"
+}
+
+cmd_down() {
+    local i
+    for i in $(our_host_numbers); do
+        host_down "$i"
+    done
+    # A veth whose namespace is already gone (crash half-way through `up`).
+    for i in $(seq 1 "$MAX_HOSTS"); do
+        ip link del "${VETH_PREFIX}$i" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    while ip route del unreachable "$NET_CIDR" metric "$UNREACHABLE_METRIC" 2>/dev/null; do :; done
+    remove_etc_hosts_lines
+    if [[ -e "$STATE_DIR/$STATE_MARK" ]]; then
+        rm -rf "${STATE_DIR:?}"
+    fi
+    log "down: no test hosts left"
+}
+
+# ---------------------------------------------------------------------------- up / status
+
+cmd_up() {
+    local n=${1:-3} i pam
+    if ! [[ "$n" =~ ^[0-9]+$ ]] || ((n < 1 || n > MAX_HOSTS)); then
+        die "up: N must be an integer from 1 to $MAX_HOSTS (got '$n')"
+    fi
+    ensure_packages
+    check_range_free
+    prepare_state_dir
+    pam="$(use_pam)"
+    # Hosts left over from a bigger `up` go away, so the set is exactly h1..hN.
+    for i in $(our_host_numbers); do
+        ((i > n)) && host_down "$i"
+    done
+    ensure_bridge
+    for ((i = 1; i <= n; i++)); do
+        ensure_netns "$i"
+        ensure_sshd "$i" "$pam"
+    done
+    write_client_files "$n"
+    write_etc_hosts_lines "$n"
+    wait_ready "$n"
+    log "up: $n host(s) ready; ssh -F $STATE_DIR/ssh_config h1"
+}
+
+cmd_status() {
+    local i addr state found=0
+    for i in $(our_host_numbers); do
+        found=1
+        addr="$(host_addr "$i")"
+        if sshd_pid "$i" >/dev/null; then state="sshd $(sshd_pid "$i")"; else state="no sshd"; fi
+        echo "h$i $addr ${NS_PREFIX}$i $state"
+    done
+    [[ $found -eq 1 ]] || echo "no test hosts"
+}
+
+main() {
+    [[ $EUID -eq 0 ]] || die "must run as root (namespaces, /etc/hosts, sshd on :22)"
+    local cmd=${1:-}
+    [[ -n "$cmd" ]] || usage
+    shift
+    exec 9>"$LOCK_FILE"
+    flock -w 300 9 || die "another sshhosts.sh holds $LOCK_FILE"
+    case "$cmd" in
+        up) cmd_up "$@" ;;
+        down) cmd_down ;;
+        status) cmd_status ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"

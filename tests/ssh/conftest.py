@@ -1,0 +1,189 @@
+"""Real SSH test hosts for the tests in this folder.
+
+`tests/clusters/sshhosts.sh up 3` starts three hosts, each in its own network namespace with its
+own address, hostname and sshd on :22; the session ends with `sshhosts.sh down`. Nothing here is
+mocked: a test that passes has talked to a real sshd over a real (virtual) network.
+
+Without root, or when the hosts cannot start, the tests fail loudly instead of skipping: a
+skipped SSH suite looks green while proving nothing. Deselect with `-m "not ssh"` on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "clusters" / "sshhosts.sh"
+DEFAULT_STATE_DIR = Path("/tmp/orchestrate-sshhosts")
+UP_TIMEOUT_S = 600  # a fresh machine installs openssh-server first
+DOWN_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class SshHosts:
+    """The running hosts and the client files that reach them (all written by sshhosts.sh)."""
+
+    state_dir: Path
+    ssh_config: Path
+    known_hosts: Path
+    key: Path
+    hosts: list[tuple[str, str]]  # (name, IPv4 address), h1 first
+    script: Path = SCRIPT
+
+    def ssh_argv(self, host: str, command: str, *options: str) -> list[str]:
+        """The argv of `ssh -F ssh_config [options] host command`, as a user would type it."""
+        return ["ssh", "-F", str(self.ssh_config), *options, host, command]
+
+    def run(
+        self, host: str, command: str, *options: str, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs `command` on `host` over ssh; no stdin, output captured, never raises on exit."""
+        return subprocess.run(
+            self.ssh_argv(host, command, *options),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def sshd_pid(self, host: str) -> int:
+        """The pid of the listening sshd of `host` (the filesystem and PID space are shared)."""
+        return int((self.state_dir / host / "sshd.pid").read_text().strip())
+
+
+def _script(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def _read_hosts(state_dir: Path) -> list[tuple[str, str]]:
+    hosts = []
+    for line in (state_dir / "hosts.txt").read_text().splitlines():
+        name, address = line.split()
+        hosts.append((name, address))
+    return hosts
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _leftovers_after_down(state_dir: Path, sshd_pids: list[int]) -> list[str]:
+    """What `down` should have removed but did not; empty when the machine is clean."""
+    problems = [f"sshd pid {pid} still runs" for pid in sshd_pids if _alive(pid)]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    problems += [
+        f"network namespace {line.split()[0]} remains"
+        for line in netns.stdout.splitlines()
+        if line.startswith("orch-h")
+    ]
+    if "# orchestrate-sshhosts" in Path("/etc/hosts").read_text():
+        problems.append("/etc/hosts still has orchestrate-sshhosts lines")
+    if state_dir.exists():
+        problems.append(f"{state_dir} remains")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[SshHosts]:
+    """Three real SSH hosts h1..h3 for the whole session; torn down and checked clean at the end."""
+    if os.geteuid() != 0:
+        pytest.fail(
+            f"the SSH test hosts need root (network namespaces, /etc/hosts): run as root, or "
+            f'deselect these tests with -m "not ssh" (script: {SCRIPT})'
+        )
+    env = dict(os.environ)
+    state_dir = Path(env.get("ORCHESTRATE_SSH_DIR", str(DEFAULT_STATE_DIR)))
+    up = _script("up", "3", env=env, timeout=UP_TIMEOUT_S)
+    if up.returncode != 0:
+        down = _script("down", env=env, timeout=DOWN_TIMEOUT_S)
+        pytest.fail(
+            f"{SCRIPT} up 3 failed with exit {up.returncode}:\n{up.stderr[-4000:]}\n"
+            f"(down after the failure: exit {down.returncode} {down.stderr[-1000:]})"
+        )
+    hosts = SshHosts(
+        state_dir=state_dir,
+        ssh_config=state_dir / "ssh_config",
+        known_hosts=state_dir / "known_hosts",
+        key=state_dir / "id_ed25519",
+        hosts=_read_hosts(state_dir),
+    )
+    try:
+        yield hosts
+    finally:
+        sshd_pids = [hosts.sshd_pid(name) for name, _ in hosts.hosts]
+        down = _script("down", env=env, timeout=DOWN_TIMEOUT_S)
+        problems = _leftovers_after_down(state_dir, sshd_pids)
+        if down.returncode != 0 or problems:
+            pytest.fail(
+                f"{SCRIPT} down: exit {down.returncode}; left behind: {problems}\n"
+                f"{down.stderr[-2000:]}"
+            )
+
+
+def _netns_id(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _strays(hosts: SshHosts) -> list[int]:
+    """Processes inside the hosts' namespaces other than their listening sshd."""
+    masters = {hosts.sshd_pid(name) for name, _ in hosts.hosts}
+    namespaces = {_netns_id(pid) for pid in masters} - {None}
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and int(entry.name) not in masters
+        and _netns_id(entry.name) in namespaces
+        and _alive(int(entry.name))
+    ]
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_remote_processes(ssh_hosts: SshHosts) -> Iterator[None]:
+    """After each test, nothing but the sshd listeners may run on the hosts.
+
+    Sessions that are closing get a moment to go by themselves; the rest get SIGTERM (+SIGCONT
+    for stopped ones), then SIGKILL. The PID space is shared, so the root namespace can do it.
+    """
+    yield
+    deadline = time.monotonic() + 2
+    while (strays := _strays(ssh_hosts)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not strays:
+        return
+    _signal_all(strays, signal.SIGTERM)
+    _signal_all(strays, signal.SIGCONT)
+    deadline = time.monotonic() + 3
+    while (strays := _strays(ssh_hosts)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_all(strays, signal.SIGKILL)
