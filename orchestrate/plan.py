@@ -8,7 +8,6 @@ only lay it out.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,11 +17,7 @@ from orchestrate.errors import UserError
 from orchestrate.inventory import Gpu, Inventory, Node
 from orchestrate.job import JobSpec
 from orchestrate.memory import GB, MemoryEstimate, estimate, remedies
-
-#: Derived master ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's ephemeral
-#: range (32768+), so a derived port never collides with an outgoing connection's port.
-PORT_BASE = 20000
-PORT_SPAN = 12000
+from orchestrate.ports import derive_port
 
 
 @dataclass(frozen=True)
@@ -158,12 +153,6 @@ class Plan:
             "slurm": self.slurm,
             "ssh": self.ssh,
         }
-
-
-def derive_port(job_id: str) -> int:
-    """A master port that is stable for a job id and spread over the documented range."""
-    digest = hashlib.sha256(job_id.encode()).digest()
-    return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ class Prepared:
     """A job made ready to launch."""
 
     path: Path
+    overrides: tuple[str, ...]
     job: JobSpec
     inventory: Inventory
     plan: Plan
@@ -105,7 +106,9 @@ def prepare(
             field="templates_dir",
             got=str(templates_dir),
         )
-    return Prepared(path, job, inventory, plan, render(plan, templates_dir), templates_dir)
+    return Prepared(
+        path, tuple(overrides), job, inventory, plan, render(plan, templates_dir), templates_dir
+    )
 
 
 def _count_params(job: JobSpec, inventory: Inventory, workdir: Path) -> tuple[float | None, str]:

@@ -19,16 +19,9 @@ import jinja2
 
 from orchestrate import __version__
 from orchestrate.errors import UserError
-from orchestrate.plan import PORT_BASE, PORT_SPAN, NodePlan, Plan
-
-#: Output file name of the resolved ``train:`` section, beside the scripts.
-TRAIN_CONFIG = "train.json"
-SBATCH_SCRIPT = "job.sbatch"
-
-
-def node_script_name(node: NodePlan) -> str:
-    """File name of a node's launch script."""
-    return f"launch-{node.name}.sh"
+from orchestrate.layout import SBATCH_SCRIPT, TRAIN_CONFIG, node_script_name
+from orchestrate.plan import Plan
+from orchestrate.ports import PORT_BASE, PORT_SPAN
 
 
 def quote(value: object) -> str:
@@ -83,7 +76,7 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
         else:
             template = env.get_template("node.sh.j2")
             for node in plan.nodes:
-                name = node_script_name(node)
+                name = node_script_name(node.name)
                 files[name] = template.render(context, node=node, script_name=name)
     except jinja2.TemplateError as exc:
         raise UserError.single(

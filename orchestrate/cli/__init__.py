@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrate.cli import inspect, jobs  # noqa: F401  (registers the commands)
 
     try:
-        cli.main(args=argv, prog_name="orchestrate", standalone_mode=False)
+        # Without standalone mode click returns a command's exit status instead of exiting.
+        result = cli.main(args=argv, prog_name="orchestrate", standalone_mode=False)
     except UserError as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem.render()}", err=True)
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return 130
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 def entry() -> None:

@@ -1,1 +1,215 @@
 """Commands that launch and track jobs: submit, list, status, logs, cancel."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from orchestrate.backends import get_backend
+from orchestrate.cli import cli
+from orchestrate.cli.tables import console
+from orchestrate.errors import UserError
+from orchestrate.layout import MERGED_LOG, rank_log
+from orchestrate.store import JobRecord, Store
+
+
+def _store() -> Store:
+    return Store()
+
+
+def _refreshed(store: Store, job: JobRecord) -> JobRecord:
+    return get_backend(job.backend).refresh(job, store)
+
+
+def new_job_id(name: str) -> str:
+    """``<name>-<6 hex>``: readable, unique enough for one user's store, safe in file names."""
+    return f"{name}-{secrets.token_hex(3)}"
+
+
+@cli.command()
+@click.argument("job_file", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="override a job field (repeatable)")
+@click.option("--follow/--detach", default=None,
+              help="stream output until the job ends (default on a terminal) or return at once")
+@click.option("--dry-run", is_flag=True, help="print what would be submitted; launch nothing")
+@click.option("--job-id", default=None, help="use this job id instead of a fresh one")
+def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_run: bool,
+           job_id: str | None) -> None:
+    """Launch a job; exits 0 when a followed job completes, 1 when it fails."""
+    from orchestrate.prepare import load, prepare
+    from orchestrate.render import merged
+
+    job_spec, _ = load(job_file, overrides)
+    prepared = prepare(job_file, overrides, job_id=job_id or new_job_id(job_spec.name))
+    backend = get_backend(prepared.plan.backend)
+    if dry_run:
+        click.echo(merged(prepared.files), nl=False)
+        check = getattr(backend, "dry_run_check", None)
+        if check is not None:
+            check(prepared)
+        return
+    for warning in prepared.plan.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    store = _store()
+    record = backend.submit(prepared, store)
+    if follow is None:
+        follow = sys.stdout.isatty()
+    if not follow:
+        click.echo(record.id)
+        return
+    click.echo(f"job {record.id} submitted ({record.backend}); run dir {record.run_dir}",
+               err=True)
+    final = _follow(store, record)
+    _summary(final)
+    raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
+
+
+def _follow(store: Store, record: JobRecord, from_start: bool = True) -> JobRecord:
+    from orchestrate.follow import follow
+
+    backend = get_backend(record.backend)
+    try:
+        return follow(
+            record,
+            lambda: backend.refresh(store.get(record.id) or record, store),
+            live=sys.stderr.isatty(),
+            from_start=from_start,
+        )
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: cancelling job {record.id}", err=True)
+        return backend.cancel(store.get(record.id) or record, store)
+
+
+def _summary(job: JobRecord) -> None:
+    took = ""
+    if job.finished_at and job.submitted_at:
+        took = f" in {job.finished_at - job.submitted_at:.1f}s"
+    click.echo(f"job {job.id} {job.state}{took}" + (f": {job.reason}" if job.reason else ""),
+               err=True)
+    failure = job.failure
+    if failure:
+        lines = failure.get("last_lines") or []
+        if lines:
+            click.echo(f"last lines of rank {failure['rank']} ({failure['node']}):", err=True)
+            for line in lines:
+                click.echo(f"  {line}", err=True)
+        click.echo(f"full log: orchestrate logs {job.id} --rank {failure['rank']}", err=True)
+
+
+@cli.command("list")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("-n", "--limit", default=20, show_default=True, help="how many jobs")
+def list_jobs(as_json: bool, limit: int) -> None:
+    """Recent jobs, newest first."""
+    store = _store()
+    jobs = [_refreshed(store, j) if not j.terminal else j for j in store.list(limit)]
+    if as_json:
+        click.echo(json.dumps([j.to_json() for j in jobs], indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="jobs")
+    for column in ("id", "backend", "state", "ranks", "submitted", "run dir"):
+        table.add_column(column)
+    for j in jobs:
+        table.add_row(j.id, j.backend, j.state, str(j.plan.get("world_size", "?")),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at)),
+                      j.run_dir)
+    console().print(table)
+
+
+@cli.command()
+@click.argument("job_ref", metavar="JOB", required=False)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(job_ref: str | None, as_json: bool) -> None:
+    """A job's state, per-rank exit status and the first failure (default: the latest job)."""
+    store = _store()
+    if job_ref is None:
+        latest = store.list(1)
+        if not latest:
+            raise UserError.single("no jobs yet", field="JOB",
+                                   hint="submit one with `orchestrate submit JOB_FILE`")
+        job_ref = latest[0].id
+    job = _refreshed(store, store.resolve(job_ref))
+    job = store.get(job.id) or job
+    if as_json:
+        click.echo(json.dumps(job.to_json(), indent=2))
+        return
+    from rich.table import Table
+
+    out = console()
+    out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
+              + (f" - {job.reason}" if job.reason else ""))
+    out.print(f"run dir: {job.run_dir}")
+    table = Table()
+    for column in ("rank", "node", "pid", "state", "exit"):
+        table.add_column(column)
+    for r in job.ranks:
+        exit_text = "" if r.exit_code is None and r.signal is None else (
+            f"signal {r.signal}" if r.signal is not None else str(r.exit_code))
+        table.add_row(str(r.rank), r.node, str(r.pid or ""), r.state, exit_text)
+    out.print(table)
+    if job.failure:
+        _summary(job)
+
+
+@cli.command()
+@click.argument("job_ref", metavar="JOB")
+@click.option("--rank", type=int, default=None, help="only this rank's log")
+@click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing until the job ends")
+def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
+    """A job's merged output with [node:rank] prefixes, or one rank's."""
+    store = _store()
+    job = store.resolve(job_ref)
+    run_dir = Path(job.run_dir)
+    if rank is not None:
+        if not any(r.rank == rank for r in job.ranks):
+            raise UserError.single(f"job {job.id} has no rank {rank}", field="--rank",
+                                   hint=f"ranks are 0-{len(job.ranks) - 1}")
+        path = rank_log(run_dir, rank)
+        if follow_:
+            _follow_file(store, job, path)
+        else:
+            click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
+        return
+    if follow_:
+        _follow(store, job)
+        return
+    path = run_dir / MERGED_LOG
+    click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
+
+
+def _follow_file(store: Store, job: JobRecord, path: Path) -> None:
+    from orchestrate.follow import Tail
+
+    tail = Tail(path)
+    backend = get_backend(job.backend)
+    while True:
+        for line in tail.lines():
+            click.echo(line)
+        job = backend.refresh(store.get(job.id) or job, store)
+        if job.terminal:
+            for line in tail.lines():
+                click.echo(line)
+            return
+        time.sleep(0.1)
+
+
+@cli.command()
+@click.argument("job_refs", metavar="JOB...", nargs=-1, required=True)
+def cancel(job_refs: tuple[str, ...]) -> None:
+    """Stop every process of the job(s), on every host."""
+    store = _store()
+    for ref in job_refs:
+        job = store.resolve(ref)
+        if job.terminal:
+            click.echo(f"job {job.id} already {job.state}")
+            continue
+        final = get_backend(job.backend).cancel(job, store)
+        click.echo(f"job {final.id} {final.state}")

@@ -14,7 +14,7 @@ from orchestrate.plan import Plan
 def console(stderr: bool = False) -> Console:
     """A console that does not wrap or colour output going to a pipe."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(file=stream, soft_wrap=True, highlight=False)
+    return Console(file=stream, highlight=False, width=None if stream.isatty() else 200)
 
 
 def _gpu_summary(node: Node) -> str:

@@ -3,7 +3,7 @@
 User code fails in ways our code does not (a typo in the import path, a factory that raises), and
 under DDP the message must say which rank failed and in which factory, or the person reads a
 cascade of "connection closed" errors from the other ranks. Every failure here becomes a
-:class:`UserCodeError` whose text is that one line.
+:class:`~orchestrate.train.failure.TrainFailure` whose text is that one line.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-
-class UserCodeError(Exception):
-    """User code failed; the message says what and where, ready to print after ``rank N:``."""
+from orchestrate.train.failure import TrainFailure
 
 
 def resolve(path: str, what: str) -> Callable[..., Any]:
@@ -24,20 +22,20 @@ def resolve(path: str, what: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and module_name.startswith(exc.name):
-            raise UserCodeError(
+            raise TrainFailure(
                 f"{what} {path}: module {exc.name!r} not found (the job's workdir and "
                 "PYTHONPATH are searched)"
             ) from exc
-        raise UserCodeError(f"{what} {path}: importing {module_name} failed: {_brief(exc)}") from exc
+        raise TrainFailure(f"{what} {path}: importing {module_name} failed: {_brief(exc)}") from exc
     except Exception as exc:
-        raise UserCodeError(f"{what} {path}: importing {module_name} failed: {_brief(exc)}") from exc
+        raise TrainFailure(f"{what} {path}: importing {module_name} failed: {_brief(exc)}") from exc
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise UserCodeError(f"{what} {path}: {module_name} has no attribute {attr!r}")
+            raise TrainFailure(f"{what} {path}: {module_name} has no attribute {attr!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise UserCodeError(f"{what} {path}: {attr} is not callable")
+        raise TrainFailure(f"{what} {path}: {attr} is not callable")
     return target  # type: ignore[no-any-return]
 
 
@@ -47,7 +45,7 @@ def call(path: str, what: str, kwargs: dict[str, Any]) -> Any:
     try:
         return factory(**kwargs)
     except Exception as exc:
-        raise UserCodeError(f"{what} {path} raised {_brief(exc)}") from exc
+        raise TrainFailure(f"{what} {path} raised {_brief(exc)}") from exc
 
 
 def _brief(exc: BaseException) -> str:

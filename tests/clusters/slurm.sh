@@ -19,14 +19,16 @@
 #   for MinJobAge seconds and jobcomp/filetxt writes one line per finished job.
 #
 # Environment: ORCHESTRATE_SLURM_DIR (state dir, default /tmp/orchestrate-slurm),
-# ORCHESTRATE_SLURM_NODES (node count, default 3), ORCHESTRATE_SLURM_LAYOUT (netns|loopback),
+# ORCHESTRATE_SLURM_NODE_COUNT (default 3), ORCHESTRATE_SLURM_LAYOUT (netns|loopback),
 # ORCHESTRATE_SLURM_SUBNET (first three octets of the private /24, default 10.213.7),
 # ORCHESTRATE_SLURM_PORT (slurmctld port; slurmd K listens on PORT+K, default 16817),
 # ORCHESTRATE_SLURM_TIMEOUT (seconds to wait for readiness, default 60).
+# `up` records the settings it used in $DIR/settings; `down` and `status` follow that record,
+# so they clean up exactly what was started whatever the caller's environment says now.
 set -euo pipefail
 
 DIR=${ORCHESTRATE_SLURM_DIR:-/tmp/orchestrate-slurm}
-NNODES=${ORCHESTRATE_SLURM_NODES:-3}
+NNODES=${ORCHESTRATE_SLURM_NODE_COUNT:-3}
 LAYOUT=${ORCHESTRATE_SLURM_LAYOUT:-netns}
 SUBNET=${ORCHESTRATE_SLURM_SUBNET:-10.213.7}
 PORT=${ORCHESTRATE_SLURM_PORT:-16817}
@@ -50,6 +52,24 @@ say() {
     echo "slurm.sh: $*"
 }
 
+use_recorded_settings() {
+    [[ -f $DIR/settings ]] || return 0
+    local key value
+    while IFS='=' read -r key value; do
+        case $key in
+        NNODES) NNODES=$value ;;
+        LAYOUT) LAYOUT=$value ;;
+        SUBNET) SUBNET=$value ;;
+        PORT) PORT=$value ;;
+        esac
+    done <"$DIR/settings"
+    CTLD_ADDR="$SUBNET.254"
+}
+
+record_settings() {
+    printf '%s\n' "NNODES=$NNODES" "LAYOUT=$LAYOUT" "SUBNET=$SUBNET" "PORT=$PORT" >"$DIR/settings"
+}
+
 node_names() {
     local k
     for ((k = 1; k <= NNODES; k++)); do echo "n$k"; done
@@ -62,7 +82,7 @@ node_addr() { # n3 -> the address other nodes reach it at
 
 check_settings() {
     [[ $(id -u) == 0 ]] || die "must run as root (it starts slurmd, edits /etc/hosts)"
-    [[ $NNODES =~ ^[1-9]$ ]] || die "ORCHESTRATE_SLURM_NODES: want 1..9 (got $NNODES)"
+    [[ $NNODES =~ ^[1-9]$ ]] || die "ORCHESTRATE_SLURM_NODE_COUNT: want 1..9 (got $NNODES)"
     [[ $LAYOUT == netns || $LAYOUT == loopback ]] ||
         die "ORCHESTRATE_SLURM_LAYOUT: want netns or loopback (got $LAYOUT)"
     [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
@@ -105,13 +125,19 @@ install_packages() {
 
 # ---------------------------------------------------------------- /etc/hosts
 
+# /etc/hosts edits hold a flock on /etc/hosts itself, so that other test-cluster scripts that
+# do the same (sshhosts.sh) never interleave a read-modify-write with ours.
 hosts_remove() {
     [[ -f /etc/hosts ]] || return 0
-    grep -qF "$MARK" /etc/hosts || return 0
-    local kept
-    kept=$(grep -vF "$MARK" /etc/hosts || true)
-    # Rewrite in place: /etc/hosts is often a bind mount that cannot be replaced by rename.
-    printf '%s\n' "$kept" >/etc/hosts
+    # shellcheck disable=SC2094 # $(grep) has read the whole file before printf rewrites it
+    (
+        flock 9
+        grep -qF "$MARK" /etc/hosts || exit 0
+        local kept
+        kept=$(grep -vF "$MARK" /etc/hosts || true)
+        # Rewrite in place: /etc/hosts is often a bind mount that cannot be replaced by rename.
+        printf '%s\n' "$kept" >/etc/hosts
+    ) 9</etc/hosts
 }
 
 hosts_add() {
@@ -123,7 +149,10 @@ hosts_add() {
         # against ::ffff: lines, else it falls through to (slow, unreachable) DNS.
         lines+="$addr $n $MARK"$'\n'"::ffff:$addr $n $MARK"$'\n'
     done
-    printf '%s' "$lines" >>/etc/hosts
+    (
+        flock 9
+        printf '%s' "$lines" >>/etc/hosts
+    ) 9</etc/hosts
 }
 
 # ---------------------------------------------------------------- network namespaces
@@ -303,8 +332,9 @@ alive() {
 
 log_tails() {
     local f
-    for f in "$DIR"/log/*; do
+    for f in "$DIR"/log/*.log "$DIR"/log/*.out; do
         [[ -s $f ]] || continue
+        [[ $f == *.out && -s ${f%.out}.log ]] && continue # the same lines as the .log
         echo "---- tail of $f" >&2
         tail -n 15 "$f" >&2
     done
@@ -322,9 +352,10 @@ wait_for() { # description, then a command that succeeds once ready
     local what=$1
     shift
     local deadline=$((SECONDS + TIMEOUT))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || fail_up "$what not ready after ${TIMEOUT}s"
+    while true; do
         check_daemons_alive
+        "$@" >/dev/null 2>&1 && return 0
+        ((SECONDS < deadline)) || fail_up "$what not ready after ${TIMEOUT}s"
         sleep 0.1
     done
 }
@@ -338,7 +369,7 @@ check_daemons_alive() {
     done
 }
 
-ctld_up() { scontrol ping | grep -q 'is UP'; }
+ctld_up() { timeout 2 scontrol ping | grep -q 'is UP'; }
 
 all_idle() {
     [[ $(sinfo -h -N -t idle -o %N | sort -u | wc -l) == "$NNODES" ]]
@@ -375,17 +406,24 @@ prepare_dir() {
 
 do_up() {
     check_settings
+    local requested=("$NNODES" "$LAYOUT" "$SUBNET" "$PORT")
+    use_recorded_settings
     if is_up; then
-        say "already up ($NNODES nodes, SLURM_CONF=$SLURM_CONF)"
+        say "already up ($NNODES nodes, $LAYOUT layout, SLURM_CONF=$SLURM_CONF)"
         return 0
     fi
-    if [[ -d $DIR/pids ]] && any_recorded_alive; then
-        say "found a half-running cluster in $DIR: taking it down first"
-        do_down
+    if [[ -f $DIR/settings ]]; then
+        # A cluster that died or was half started: clear its namespaces, hosts lines and
+        # stray processes before starting anew.
+        if any_recorded_alive; then say "found a half-running cluster in $DIR: taking it down"; fi
+        do_down >/dev/null
     fi
+    NNODES=${requested[0]} LAYOUT=${requested[1]} SUBNET=${requested[2]} PORT=${requested[3]}
+    CTLD_ADDR="$SUBNET.254"
     install_packages
     local t0=$EPOCHREALTIME
     prepare_dir
+    record_settings
     # Undo leftovers of a cluster that died without `down` (stale namespaces, hosts lines).
     uts_down
     netns_down
@@ -449,6 +487,7 @@ node_pids() { # every process left in any node's UTS namespace: slurmstepd and j
 
 do_down() {
     check_settings
+    use_recorded_settings
     local t0=$EPOCHREALTIME n pids=()
     for n in $(node_names); do pids+=("$(pid_of "slurmd-$n")"); done
     # slurmstepd and its tasks outlive a stopped slurmd; they all live in the node's namespace.
@@ -470,6 +509,7 @@ do_down() {
 
 do_status() {
     check_settings
+    use_recorded_settings
     if is_up; then
         sinfo -N -l
         return 0

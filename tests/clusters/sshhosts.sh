@@ -52,7 +52,7 @@ log() {
 }
 
 usage() {
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -76,7 +76,7 @@ ensure_packages() {
             missing+=("$pkg")
         fi
     done
-    [[ ${#missing[@]} -eq 0 ]] && return 0
+    if [[ ${#missing[@]} -eq 0 ]]; then return 0; fi
     log "installing ${missing[*]}"
     local policy=/usr/sbin/policy-rc.d made_policy=0
     if [[ ! -e "$policy" ]]; then
@@ -93,7 +93,7 @@ ensure_packages() {
                 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
                 "${missing[@]}"
     } >&2 || rc=$?
-    [[ $made_policy -eq 1 ]] && rm -f "$policy"
+    if [[ $made_policy -eq 1 ]]; then rm -f "$policy"; fi
     [[ $rc -eq 0 ]] || die "apt-get could not install ${missing[*]} (exit $rc)"
     [[ -x "$SSHD" ]] || die "$SSHD missing after installing openssh-server"
 }
@@ -127,12 +127,12 @@ ensure_bridge() {
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
         ip link add "$BRIDGE" type bridge
     fi
-    if ! ip -o -4 addr show dev "$BRIDGE" | grep -q " ${NET_PREFIX}\.1/24 "; then
+    # Outputs are captured before matching: `grep -q` in a pipe under pipefail can see SIGPIPE.
+    if [[ "$(ip -o -4 addr show dev "$BRIDGE")" != *" ${NET_PREFIX}.1/24 "* ]]; then
         ip addr add "${NET_PREFIX}.1/24" dev "$BRIDGE"
     fi
     ip link set "$BRIDGE" up
-    if ! ip route show table main type unreachable "$NET_CIDR" | grep -q "metric ${UNREACHABLE_METRIC}"
-    then
+    if [[ "$(ip route show type unreachable "$NET_CIDR")" != *"metric ${UNREACHABLE_METRIC}"* ]]; then
         ip route add unreachable "$NET_CIDR" metric "$UNREACHABLE_METRIC"
     fi
 }
@@ -148,7 +148,7 @@ check_range_free() {
 ensure_netns() {
     local i=$1 ns="${NS_PREFIX}$1" veth="${VETH_PREFIX}$1" addr
     addr="$(host_addr "$i")"
-    if ! ip netns list | awk '{print $1}' | grep -qx "$ns"; then
+    if [[ ! -e "/run/netns/$ns" ]]; then
         ip netns add "$ns"
     fi
     if ! ip link show "$veth" >/dev/null 2>&1; then
@@ -158,7 +158,7 @@ ensure_netns() {
     ip link set "$veth" master "$BRIDGE"
     ip link set "$veth" up
     ip -n "$ns" link set lo up
-    if ! ip -n "$ns" -o -4 addr show dev "$IFACE" | grep -q " ${addr}/24 "; then
+    if [[ "$(ip -n "$ns" -o -4 addr show dev "$IFACE")" != *" ${addr}/24 "* ]]; then
         ip -n "$ns" addr add "${addr}/24" dev "$IFACE"
     fi
     ip -n "$ns" link set "$IFACE" up
@@ -190,7 +190,9 @@ PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM $pam
+# The state dir sits under /tmp by default; StrictModes refuses a path through a 1777 dir.
 StrictModes no
+# The default 10:30:100 drops parallel connects past 10 at random.
 MaxStartups 200:30:400
 MaxSessions 64
 UseDNS no
@@ -286,6 +288,7 @@ write_etc_hosts_lines() {
         lines+="::ffff:${addr} h${i} ${HOSTS_MARK}"$'\n'
     done
     remove_etc_hosts_lines
+    [[ ! -s /etc/hosts || -z "$(tail -c 1 /etc/hosts)" ]] || echo >>/etc/hosts
     printf '%s' "$lines" >>/etc/hosts
 }
 
@@ -385,7 +388,7 @@ cmd_up() {
     pam="$(use_pam)"
     # Hosts left over from a bigger `up` go away, so the set is exactly h1..hN.
     for i in $(our_host_numbers); do
-        ((i > n)) && host_down "$i"
+        if ((i > n)); then host_down "$i"; fi
     done
     ensure_bridge
     for ((i = 1; i <= n; i++)); do

@@ -1,0 +1,185 @@
+"""Checkpoints: written atomically by rank 0, found again after a requeue, loaded leniently.
+
+Layout of a checkpoint directory (``<run_dir>/checkpoints`` unless ``checkpoint_dir`` says)::
+
+    step-00000120.pt   one file per kept checkpoint, named by optimizer step
+    step-00000240.pt
+    latest             one line: the name of the newest complete checkpoint
+
+A file is written to a temporary name in the same directory, flushed and fsynced, then renamed
+over its final name with ``os.replace``; ``latest`` is replaced the same way after it. A rank killed
+at any moment (SIGKILL after the grace period) therefore leaves either the old or the new
+checkpoint, never a torn one; stray temporaries are deleted on the next start.
+
+The model is saved as ``model.module.state_dict()``, without DDP's ``module.`` prefix, so the file
+loads into a plain model. Loading accepts either form, because other tools save the prefixed one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from orchestrate.train.failure import TrainFailure
+
+#: Version of the checkpoint dictionary's layout (see docs/train.md).
+FORMAT = 1
+LATEST = "latest"
+_NAME = re.compile(r"step-(\d+)\.pt")
+_TEMPORARY = re.compile(r"\..+\.tmp-\d+")
+_PREFIX = "module."
+
+
+def name_for(step: int) -> str:
+    """File name of the checkpoint taken after optimizer step ``step``."""
+    return f"step-{step:08d}.pt"
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` so that readers see the old content or the new, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def checkpoints_in(directory: Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints in ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _NAME.fullmatch(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, point ``latest`` at it, keep the newest
+    ``keep`` checkpoints."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name_for(step)
+    write_atomic(path, lambda handle: torch.save(dict(state), handle))
+    write_atomic(directory / LATEST, lambda handle: handle.write(f"{path.name}\n".encode()))
+    for _, old in checkpoints_in(directory)[:-keep]:
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def clean_temporaries(directory: Path) -> list[Path]:
+    """Delete temporaries left by a writer that was killed; returns what was deleted."""
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in directory.iterdir():
+        if _TEMPORARY.fullmatch(entry.name):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def find_latest(directory: Path) -> Path | None:
+    """The checkpoint to resume from: the one ``latest`` names, else the newest complete one."""
+    pointer = directory / LATEST
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _NAME.fullmatch(name) and (directory / name).is_file():
+            return directory / name
+    found = checkpoints_in(directory)
+    return found[-1][1] if found else None
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load a checkpoint or state-dict file onto the CPU, refusing pickled code."""
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TrainFailure(
+            f"checkpoint {path} not found (checkpoint_dir and init_from must be on a "
+            "filesystem every node sees)"
+        ) from None
+    except Exception as exc:
+        raise TrainFailure(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise TrainFailure(f"{path} holds a {type(loaded).__name__}, not a dict")
+    return loaded
+
+
+def model_state_of(loaded: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The model's state dict inside a loaded file: ours (``model``), common wrappers
+    (``state_dict``, ``model_state_dict``), or the file itself when it is a bare state dict."""
+    for key in ("model", "state_dict", "model_state_dict"):
+        inner = loaded.get(key)
+        if isinstance(inner, Mapping) and inner and all(isinstance(k, str) for k in inner):
+            return inner
+    return loaded
+
+
+def align_keys(state: Mapping[str, Any], expected: Collection[str]) -> dict[str, Any]:
+    """``state`` with DDP's ``module.`` prefix stripped or added, whichever matches ``expected``
+    best (a model may itself have a submodule called ``module``)."""
+    plain = dict(state)
+    stripped = {k.removeprefix(_PREFIX): v for k, v in state.items()}
+    prefixed = {_PREFIX + k: v for k, v in stripped.items()}
+    wanted = set(expected)
+    return max((plain, stripped, prefixed), key=lambda cand: len(wanted & cand.keys()))
+
+
+def _listing(keys: Collection[str], limit: int = 6) -> str:
+    shown = sorted(keys)[:limit]
+    more = len(keys) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def load_model_state(
+    module: torch.nn.Module, state: Mapping[str, Any], *, strict: bool, source: str
+) -> list[str]:
+    """Load ``state`` into ``module``; returns notes on keys that did not match.
+
+    With ``strict`` any missing or unexpected key is an error (resuming must restore everything);
+    without it they are reported and loading goes on, unless nothing matched at all.
+    """
+    expected = module.state_dict().keys()
+    aligned = align_keys(state, expected)
+    missing = sorted(set(expected) - aligned.keys())
+    unexpected = sorted(aligned.keys() - set(expected))
+    notes = []
+    if missing:
+        notes.append(f"{len(missing)} missing key(s): {_listing(missing)}")
+    if unexpected:
+        notes.append(f"{len(unexpected)} unexpected key(s): {_listing(unexpected)}")
+    if (strict and notes) or not set(expected) & aligned.keys():
+        raise TrainFailure(f"{source} does not fit the model: " + "; ".join(notes))
+    try:
+        module.load_state_dict(aligned, strict=False)
+    except RuntimeError as exc:  # shape mismatches
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:4])
+        raise TrainFailure(f"{source} does not fit the model: {detail}") from exc
+    return notes

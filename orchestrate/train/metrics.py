@@ -1,0 +1,121 @@
+"""What rank 0 reports: ``metrics.jsonl`` for programs, one line per epoch for people.
+
+``<run_dir>/metrics.jsonl`` gets one JSON object per line, appended and flushed as it happens:
+
+- ``{"kind": "start", ...}`` after the first optimizer step of a process; the launcher takes its
+  "first step" time from it;
+- ``{"kind": "step", ...}`` every ``log_every_steps`` optimizer steps (when > 0);
+- ``{"kind": "epoch", ...}`` after each epoch's validation;
+- ``{"kind": "end", ...}`` when the process finishes or stops for a requeue.
+
+TensorBoard and Weights & Biases get the same numbers when the job asks for them *and* they are
+installed; a missing one is a note on stdout, never a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from orchestrate.train.config import TrainSpec
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def format_epoch(record: dict[str, Any], epochs: int) -> str:
+    """The human line for an epoch record."""
+    parts = [f"epoch {record['epoch']}/{epochs}", f"step {record['step']}"]
+    if record.get("train_loss") is not None:
+        parts.append(f"train_loss {record['train_loss']:.4f}")
+    if record.get("val_loss") is not None:
+        parts.append(f"val_loss {record['val_loss']:.4f}")
+    if record.get("val_accuracy") is not None:
+        parts.append(f"val_acc {record['val_accuracy']:.4f}")
+    if record.get("samples_per_s") is not None:
+        parts.append(f"{record['samples_per_s']:.0f} samples/s")
+    if record.get("epoch_s") is not None:
+        parts.append(f"{record['epoch_s']:.2f} s")
+    if record.get("peak_memory_gb"):
+        parts.append("peak " + "/".join(f"{gb:.1f}" for gb in record["peak_memory_gb"]) + " GB")
+    return "  ".join(parts)
+
+
+class MetricsLog:
+    """Rank 0's metrics sinks; on other ranks every method does nothing."""
+
+    def __init__(self, run_dir: Path, spec: TrainSpec, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.path = run_dir / METRICS_FILE
+        self._epochs = spec.epochs
+        self._tensorboard: Any = None
+        self._wandb: Any = None
+        if not enabled:
+            return
+        if spec.tensorboard:
+            self._tensorboard = _open_tensorboard(run_dir)
+        if spec.wandb:
+            self._wandb = _open_wandb(run_dir, spec)
+
+    def say(self, text: str) -> None:
+        """Print a line for people (rank 0 only), flushed at once so logs stay live."""
+        if self.enabled:
+            print(text, flush=True)
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Append ``record`` to metrics.jsonl and forward its numbers."""
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if record["kind"] == "epoch":
+            self.say(format_epoch(record, self._epochs))
+        numbers = {
+            key: value
+            for key, value in record.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+            and key not in ("epoch", "step", "time")
+        }
+        step = int(record.get("step") or 0)
+        prefix = "epoch" if record["kind"] == "epoch" else "train"
+        if self._tensorboard is not None and record["kind"] in ("epoch", "step"):
+            for key, value in numbers.items():
+                self._tensorboard.add_scalar(f"{prefix}/{key}", value, step)
+            self._tensorboard.flush()
+        if self._wandb is not None and record["kind"] in ("epoch", "step"):
+            self._wandb.log({f"{prefix}/{k}": v for k, v in numbers.items()}, step=step)
+
+    def close(self) -> None:
+        """Flush and close the optional sinks."""
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _open_tensorboard(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("tensorboard: asked for but not installed (pip install tensorboard); skipped",
+              flush=True)
+        return None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def _open_wandb(run_dir: Path, spec: TrainSpec) -> Any:
+    try:
+        import wandb  # type: ignore[import-not-found]
+    except ImportError:
+        print("wandb: asked for but not installed (pip install wandb); skipped", flush=True)
+        return None
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "orchestrate"),
+        name=run_dir.name,
+        dir=str(run_dir),
+        config=spec.model_dump(mode="json"),
+        resume="allow",
+    )

@@ -1,0 +1,395 @@
+"""The training loop: epochs of optimizer steps, validation, metrics and checkpoints.
+
+Position is counted in optimizer steps and in batches done within the current epoch, so a
+checkpoint taken anywhere (end of epoch, every N steps, on a stop signal) resumes at exactly the
+next batch: the sampler skips what was done, and the RNG states and loss accumulators come back
+from the checkpoint. With the same seed and world size a resumed run ends with bit-identical
+parameters (on GPUs, given deterministic kernels).
+
+Gradient accumulation groups ``grad_accum_steps`` consecutive batches of an epoch (the last group
+of an epoch may be shorter); all but a group's last backward run under ``no_sync()`` so the
+gradients are all-reduced once per optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+
+from orchestrate.train import checkpoint, rng
+from orchestrate.train.config import TrainSpec
+from orchestrate.train.distributed import Cluster
+from orchestrate.train.evaluate import evaluate
+from orchestrate.train.losses import LossFn
+from orchestrate.train.metrics import MetricsLog
+from orchestrate.train.precision import PrecisionPlan
+from orchestrate.train.preemption import StopAgreement
+from orchestrate.train.sampling import ResumableSampler
+
+GB = 1e9
+Outcome = Literal["completed", "preempted"]
+EpochEnd = Literal["epoch_end", "stop", "max_steps"]
+
+
+@dataclass
+class Position:
+    """Where training is: ``batch`` batches of epoch ``epoch`` (0-based) are done."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+@dataclass
+class EpochTotals:
+    """This rank's running sums for the current epoch (kept in checkpoints)."""
+
+    loss_sum: float = 0.0
+    samples: int = 0
+
+
+def loader_seed(seed: int, rank: int, epoch: int) -> int:
+    """Seed of the DataLoader's generator (worker seeds) for one rank and epoch."""
+    return (seed * 1_000_003 + rank * 7_919 + epoch * 104_729) % 2**63
+
+
+@dataclass
+class Trainer:
+    """Everything a rank needs to train, already built, loaded and agreed on."""
+
+    spec: TrainSpec
+    cluster: Cluster
+    model: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR | None
+    precision: PrecisionPlan
+    loss_fn: LossFn
+    sampler: ResumableSampler
+    train_loader: DataLoader[Any]
+    loader_generator: torch.Generator
+    val_loader: DataLoader[Any] | None
+    stop: StopAgreement
+    metrics: MetricsLog
+    checkpoint_dir: Path
+    position: Position = field(default_factory=Position)
+    totals: EpochTotals = field(default_factory=EpochTotals)
+    resumed_from: int | None = None
+    last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
+    _started: bool = False
+    # Loss and samples since the last fold into ``totals``; on the device, so that a step
+    # never waits for the GPU just to keep a running sum.
+    _pending_loss: torch.Tensor | None = None
+    _pending_samples: int = 0
+    _epoch_started: float = 0.0
+    _epoch_samples_here: int = 0  # trained by this process this epoch (for samples/s)
+    _interval: tuple[float, float, float] = (0.0, 0.0, 0.0)  # loss sum, samples, clock at last log
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The user's model inside DDP."""
+        return self.model.module
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(self.sampler.num_samples / self.spec.batch_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.batches_per_epoch / self.spec.grad_accum_steps)
+
+    @property
+    def _where(self) -> tuple[int, int, int]:
+        return (self.position.epoch, self.position.batch, self.position.step)
+
+    def _running(self) -> tuple[float, int]:
+        """This rank's loss sum and sample count over the epoch so far."""
+        pending = 0.0 if self._pending_loss is None else float(self._pending_loss.item())
+        return self.totals.loss_sum + pending, self.totals.samples + self._pending_samples
+
+    def _at_max_steps(self) -> bool:
+        return self.spec.max_steps is not None and self.position.step >= self.spec.max_steps
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Train until the epochs (or ``max_steps``) are done or a stop signal is agreed on."""
+        every = self.spec.checkpoint_every_steps
+        while self.position.epoch < self.spec.epochs and not self._at_max_steps():
+            end = self._train_epoch()
+            if end == "stop":
+                self.save(barrier=True)
+                self._finish("preempted")
+                return "preempted"
+            self._close_epoch(complete=end == "epoch_end")
+            if end == "epoch_end" and every == 0:
+                self.save(barrier=False)
+        self.save(barrier=True)
+        self._finish("completed")
+        return "completed"
+
+    def _train_epoch(self) -> EpochEnd:
+        spec = self.spec
+        accum = spec.grad_accum_steps
+        n_batches = self.batches_per_epoch
+        self.sampler.set_epoch(self.position.epoch)
+        self.sampler.skip = self.position.batch * spec.batch_size
+        self.loader_generator.manual_seed(
+            loader_seed(spec.seed, self.cluster.rank, self.position.epoch)
+        )
+        self._epoch_started = time.perf_counter()
+        self._epoch_samples_here = 0
+        self._pending_loss = torch.zeros((), dtype=torch.float64, device=self.cluster.device)
+        self._pending_samples = 0
+        self._interval = (*self._running(), self._epoch_started)
+        index = self.position.batch
+        for inputs, target in self.train_loader:
+            group_start = index - index % accum
+            group_size = min(accum, n_batches - group_start)
+            last_of_group = index + 1 == group_start + group_size
+            if index == group_start:
+                self.stop.begin()
+            self._micro_step(inputs, target, group_size, sync=last_of_group)
+            index += 1
+            if not last_of_group:
+                continue
+            self._optimizer_step()
+            self.position.step += 1
+            self.position.batch = index
+            stopping = self.stop.settle()
+            self._after_step()
+            if stopping:
+                return "stop"
+            if self._at_max_steps() and index < n_batches:
+                return "max_steps"
+        return "epoch_end"
+
+    def _micro_step(
+        self, inputs: torch.Tensor, target: torch.Tensor, group_size: int, *, sync: bool
+    ) -> None:
+        device = self.cluster.device
+        inputs = self.precision.cast_input(inputs.to(device, non_blocking=True))
+        target = target.to(device, non_blocking=True)
+        scaler = self.precision.scaler
+        context = contextlib.nullcontext() if sync else self.model.no_sync()
+        with context:
+            with self.precision.autocast():
+                output = self.model(inputs)
+                loss = self.loss_fn(output, target)
+            scaled = loss / group_size if group_size > 1 else loss
+            if scaler is not None:
+                scaler.scale(scaled).backward()
+            else:
+                scaled.backward()
+        count = len(target)
+        assert self._pending_loss is not None
+        self._pending_loss += loss.detach().double() * count
+        self._pending_samples += count
+        self._epoch_samples_here += count
+
+    def _optimizer_step(self) -> None:
+        scaler = self.precision.scaler
+        if self.spec.grad_clip_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.spec.grad_clip_norm)
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    # --- after each optimizer step ----------------------------------------------------------
+
+    def _after_step(self) -> None:
+        if not self._started:
+            self._started = True
+            self.metrics.record(
+                {
+                    "kind": "start",
+                    "epoch": self.position.epoch + 1,
+                    "step": self.position.step,
+                    "time": time.time(),
+                    "world_size": self.cluster.world_size,
+                    "resumed_from_step": self.resumed_from,
+                }
+            )
+        every_log = self.spec.log_every_steps
+        if every_log and self.position.step % every_log == 0:
+            self._log_step()
+        every = self.spec.checkpoint_every_steps
+        if every and self.position.step % every == 0:
+            self.save(barrier=False)
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _log_step(self) -> None:
+        loss_sum, samples = self._running()
+        sums = self._all_reduce([loss_sum - self._interval[0], samples - self._interval[1]])
+        now = time.perf_counter()
+        elapsed = now - self._interval[2]
+        self._interval = (loss_sum, float(samples), now)
+        self.metrics.record(
+            {
+                "kind": "step",
+                "epoch": self.position.epoch + 1,
+                "step": self.position.step,
+                "train_loss": sums[0] / sums[1] if sums[1] else None,
+                "val_loss": None,
+                "val_accuracy": None,
+                "samples_per_s": sums[1] / elapsed if elapsed > 0 else None,
+                "epoch_s": None,
+                "lr": self._lr(),
+                "time": time.time(),
+                **self._memory(),
+            }
+        )
+
+    def _all_reduce(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.cluster.device)
+        if self.cluster.world_size > 1:
+            dist.all_reduce(tensor)
+        return [float(v) for v in tensor.tolist()]
+
+    def _memory(self) -> dict[str, Any]:
+        if self.cluster.device.type != "cuda":
+            return {}
+        peak = torch.cuda.max_memory_allocated(self.cluster.device) / GB
+        peaks: list[Any] = [None] * self.cluster.world_size
+        if self.cluster.control is not None:
+            dist.all_gather_object(peaks, peak, group=self.cluster.control)
+        else:
+            peaks = [peak]
+        return {"peak_memory_gb": [round(p, 3) for p in peaks]}
+
+    # --- end of an epoch --------------------------------------------------------------------
+
+    def _close_epoch(self, *, complete: bool) -> None:
+        """Validate and report the epoch; when ``complete``, move on to the next one."""
+        if self.cluster.device.type == "cuda":
+            torch.cuda.synchronize(self.cluster.device)
+        train_s = time.perf_counter() - self._epoch_started
+        loss_sum, samples = self._running()
+        reduced = self._all_reduce([loss_sum, float(samples), float(self._epoch_samples_here)])
+        val_loss = val_accuracy = None
+        if self.val_loader is not None:
+            result = evaluate(
+                self.module,
+                self.val_loader,
+                self.loss_fn,
+                self.precision,
+                self.cluster.device,
+                distributed=self.cluster.world_size > 1,
+            )
+            val_loss, val_accuracy = result.loss, result.accuracy
+        self.metrics.record(
+            {
+                "kind": "epoch",
+                "epoch": self.position.epoch + 1,
+                "step": self.position.step,
+                "train_loss": reduced[0] / reduced[1] if reduced[1] else None,
+                "val_loss": val_loss,
+                "val_accuracy": val_accuracy,
+                "samples_per_s": reduced[2] / train_s if train_s > 0 else None,
+                "epoch_s": time.perf_counter() - self._epoch_started,
+                "lr": self._lr(),
+                "time": time.time(),
+                **self._memory(),
+            }
+        )
+        if complete:
+            self.position.epoch += 1
+            self.position.batch = 0
+            self.totals = EpochTotals()
+            self._pending_loss = None
+            self._pending_samples = 0
+        else:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move the running sums from the device into :attr:`totals` (kept in checkpoints)."""
+        loss_sum, samples = self._running()
+        self.totals = EpochTotals(loss_sum=loss_sum, samples=samples)
+        if self._pending_loss is not None:
+            self._pending_loss.zero_()
+        self._pending_samples = 0
+
+    def _finish(self, outcome: Outcome) -> None:
+        self.metrics.record(
+            {
+                "kind": "end",
+                "outcome": outcome,
+                "signal": self.stop.flag.signal_name,
+                "epoch": self.position.epoch + (0 if self.position.batch == 0 else 1),
+                "step": self.position.step,
+                "time": time.time(),
+            }
+        )
+        self.metrics.close()
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def save(self, *, barrier: bool) -> None:
+        """Checkpoint the current position (a collective: every rank sends its RNG states).
+
+        With ``barrier`` no rank returns before the file is on disk: after a stop signal a
+        launcher may kill every rank as soon as one of them exits.
+        """
+        if self.last_saved == self._where:  # e.g. a periodic checkpoint at the stop step
+            if barrier and self.cluster.control is not None:
+                dist.barrier(group=self.cluster.control)
+            return
+        self._fold()
+        mine = {
+            "rng": rng.capture(self.cluster.device.type == "cuda"),
+            "train_loss_sum": self.totals.loss_sum,
+            "train_samples": self.totals.samples,
+        }
+        ranks: list[Any] = [None] * self.cluster.world_size
+        if self.cluster.control is not None:
+            dist.all_gather_object(ranks, mine, group=self.cluster.control)
+        else:
+            ranks = [mine]
+        if self.cluster.rank == 0:
+            scaler = self.precision.scaler
+            state = {
+                "format": checkpoint.FORMAT,
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
+                "scaler": None if scaler is None else scaler.state_dict(),
+                "epoch": self.position.epoch,
+                "batch_in_epoch": self.position.batch,
+                "step": self.position.step,
+                "world_size": self.cluster.world_size,
+                "batch_size": self.spec.batch_size,
+                "sampler": {
+                    "epoch": self.position.epoch,
+                    "seed": self.spec.seed,
+                    "samples_done_per_rank": self.position.batch * self.spec.batch_size,
+                },
+                "ranks": ranks,
+                "config": self.spec.model_dump(mode="json"),
+                "time": time.time(),
+            }
+            path = checkpoint.save(
+                state, self.checkpoint_dir, self.position.step, self.spec.keep_checkpoints
+            )
+            self.metrics.say(f"checkpoint {path} (epoch {self.position.epoch + 1}, "
+                             f"step {self.position.step})")
+        if barrier and self.cluster.control is not None:
+            dist.barrier(group=self.cluster.control)
+        self.last_saved = self._where
