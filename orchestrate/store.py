@@ -235,7 +235,9 @@ class Store:
             row = db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is None or row[0] in TERMINAL:
                 return False
-            values = {"state": state, "reason": reason, "finished_at": time.time(), **fields}
+            values = {"state": state, "finished_at": time.time(), **fields}
+            if reason:  # an empty reason keeps a notice recorded while the job ran
+                values["reason"] = reason
             db.execute(
                 f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
                 [*(json.dumps(v) if k in _JSON_COLUMNS else v for k, v in values.items()),

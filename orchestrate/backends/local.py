@@ -39,6 +39,9 @@ STOP_GRACE_S = 5.0
 def port_free(port: int) -> bool:
     """Whether a TCP port can be bound on every interface of this machine right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR, as torch's TCPStore sets it: a port in TIME_WAIT is usable, one with a
+        # listener is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:
@@ -116,7 +119,8 @@ class LocalBackend:
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                     start_new_session=True, cwd=run_dir,
                 )
-            book.write(new_lease(plan.job_id, node.name, node.gpu_indices, port, proc.pid))
+            chosen = plan.nodes[0]
+            book.write(new_lease(plan.job_id, chosen.name, chosen.gpu_indices, port, proc.pid))
         store.update(plan.job_id, supervisor_pid=proc.pid, supervisor_host=socket.gethostname())
         record.supervisor_pid = proc.pid
         return record

@@ -68,6 +68,10 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     _fsync_dir(path.parent)
 
 
+def _write_bytes(handle: IO[bytes], data: bytes) -> None:
+    handle.write(data)
+
+
 def checkpoints_in(directory: Path) -> list[tuple[int, Path]]:
     """The complete checkpoints in ``directory``, oldest first."""
     if not directory.is_dir():
@@ -86,7 +90,8 @@ def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name_for(step)
     write_atomic(path, lambda handle: torch.save(dict(state), handle))
-    write_atomic(directory / LATEST, lambda handle: handle.write(f"{path.name}\n".encode()))
+    pointer = f"{path.name}\n".encode()
+    write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
     for _, old in checkpoints_in(directory)[:-keep]:
         if old != path:
             old.unlink(missing_ok=True)

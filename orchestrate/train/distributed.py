@@ -23,11 +23,13 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import HashStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from orchestrate.errors import Problem, UserError, show_value
 from orchestrate.train.env import DistEnv
 
 DEFAULT_TIMEOUT_S = 300.0
+LEAVE_BACKSTOP_S = 10.0  # after a failure, exit anyway if leaving the group takes longer
 BACKENDS = ("nccl", "gloo")
 
 
@@ -138,11 +140,11 @@ def join(env: DistEnv, environ: Mapping[str, str]) -> Cluster:
         torch.set_num_threads(threads)
     device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
     timeout = timedelta(seconds=timeout_s)
-    store: dist.Store
+    store: Store
     if env.world_size == 1 and env.master_port == 0:
-        store = dist.HashStore()
+        store = HashStore()
     else:
-        store = dist.TCPStore(
+        store = TCPStore(
             env.master_addr,
             env.master_port,
             env.world_size,
@@ -167,24 +169,27 @@ def leave(cluster: Cluster | None, *, failed: bool) -> None:
     """Leave the process group; after a failure, abort (nccl) so nothing waits on dead peers."""
     if not dist.is_initialized():
         return
-    if failed:
-        # Backstop: a teardown that blocks on a dead peer must not keep this rank alive.
-        _exit_after(10.0, 1)
+    if not failed:
+        dist.destroy_process_group()
+        return
+    # Backstop: a teardown that blocks on a dead peer must not keep this rank alive.
+    backstop = _exit_after(LEAVE_BACKSTOP_S, 1)
+    try:
         if cluster is not None and cluster.backend == "nccl":
             try:
                 dist.distributed_c10d._abort_process_group()
                 return
             except Exception:  # older torch or already aborted: fall through to destroy
                 pass
-    try:
-        dist.destroy_process_group()
-    except Exception as exc:  # leaving must not hide the error that got us here
-        if not failed:
-            raise
-        print(f"(destroy_process_group after the error failed too: {exc})", file=sys.stderr)
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # leaving must not hide the error that got us here
+            print(f"(destroy_process_group after the error failed too: {exc})", file=sys.stderr)
+    finally:
+        backstop.cancel()
 
 
-def _exit_after(seconds: float, status: int) -> None:
+def _exit_after(seconds: float, status: int) -> threading.Timer:
     def _force() -> None:
         sys.stderr.flush()
         sys.stdout.flush()
@@ -193,3 +198,4 @@ def _exit_after(seconds: float, status: int) -> None:
     timer = threading.Timer(seconds, _force)
     timer.daemon = True
     timer.start()
+    return timer

@@ -1,4 +1,4 @@
-"""The optimizer and its learning-rate schedule, built from the job file's ``optimizer``/``scheduler``.
+"""The optimizer and its learning-rate schedule, from the job's ``optimizer`` and ``scheduler``.
 
 The schedule is a pure function of the optimizer step (:func:`lr_factor`), wrapped in
 ``LambdaLR`` and stepped once per optimizer step, so it resumes exactly from a checkpoint.
@@ -15,7 +15,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from orchestrate.train.config import OptimizerSpec, SchedulerSpec
 
 
-def build_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(
+    spec: OptimizerSpec, params: Iterable[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
     """AdamW or SGD over ``params``."""
     if spec.name == "adamw":
         return torch.optim.AdamW(
@@ -38,10 +40,8 @@ def lr_factor(spec: SchedulerSpec, step: int, total_steps: int) -> float:
         return 1.0
     span = max(1, total_steps - spec.warmup_steps)
     progress = min(1.0, (step - spec.warmup_steps) / span)
-    if spec.name == "cosine":
-        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-    else:
-        decay = 1.0 - progress
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay = cosine if spec.name == "cosine" else 1.0 - progress
     return spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * decay
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 import traceback
 from collections.abc import Mapping, Sized
 from dataclasses import dataclass, field
@@ -452,8 +451,3 @@ def run_session(
         flag.uninstall()
         sys.stdout.flush()
         sys.stderr.flush()
-
-
-def wall_clock() -> float:
-    """Seconds since the epoch (metrics records carry it as ``time``)."""
-    return time.time()

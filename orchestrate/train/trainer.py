@@ -97,7 +97,8 @@ class Trainer:
     @property
     def module(self) -> torch.nn.Module:
         """The user's model inside DDP."""
-        return self.model.module
+        module: torch.nn.Module = self.model.module
+        return module
 
     @property
     def batches_per_epoch(self) -> int:
@@ -187,9 +188,8 @@ class Trainer:
                 loss = self.loss_fn(output, target)
             scaled = loss / group_size if group_size > 1 else loss
             if scaler is not None:
-                scaler.scale(scaled).backward()
-            else:
-                scaled.backward()
+                scaled = scaler.scale(scaled)
+            torch.autograd.backward(scaled)
         count = len(target)
         assert self._pending_loss is not None
         self._pending_loss += loss.detach().double() * count

@@ -39,7 +39,7 @@ MARK="# orchestrate-slurm-test-cluster"
 BRIDGE=orslurm0
 CTLD_ADDR="$SUBNET.254"
 NETNS_PREFIX=orslurm-
-PACKAGES=(slurmctld slurmd slurm-client slurm-wlm munge)
+PACKAGES=(slurmctld slurmd slurm-client slurm-wlm munge iproute2)
 
 export SLURM_CONF="$DIR/slurm.conf"
 
@@ -116,8 +116,9 @@ install_packages() {
     local rc=0
     {
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq &&
-            apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+        apt-get -o DPkg::Lock::Timeout=120 update -qq &&
+            apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends \
+                "${PACKAGES[@]}" >/dev/null
     } || rc=$?
     ((added_policy)) && rm -f "$policy"
     ((rc == 0)) || die "apt-get could not install ${PACKAGES[*]} (exit $rc)"
@@ -217,13 +218,11 @@ ns_inode() { # the inode of a pinned namespace file, or nothing when it is not p
     stat -L -c %i "$1"
 }
 
-pids_in_uts() { # every process whose UTS namespace is the pinned one
-    local inode=$1 link p
-    [[ -n $inode ]] || return 0
-    for p in /proc/[0-9]*; do
-        link=$(readlink "$p/ns/uts" 2>/dev/null) || continue
-        [[ $link == "uts:[$inode]" ]] && echo "${p#/proc/}"
-    done
+pids_in_uts() { # every process whose UTS namespace is one of the pinned ones (inodes as args)
+    (($#)) || return 0
+    # One stat for all of /proc (a readlink per process takes seconds on a busy machine).
+    stat -L -c '%i %n' /proc/[0-9]*/ns/uts 2>/dev/null |
+        awk -v want=" $* " 'index(want, " " $1 " ") { split($2, p, "/"); print p[3] }'
     return 0
 }
 
@@ -326,8 +325,12 @@ pid_of() {
     return 0
 }
 
-alive() {
-    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null
+alive() { # a zombie counts as gone: PID 1 here may take a second or more to reap it
+    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null || return 1
+    local stat
+    read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+    stat=${stat##*) } # the state letter follows the command name in parentheses
+    [[ ${stat:0:1} != Z ]]
 }
 
 log_tails() {
@@ -341,6 +344,7 @@ log_tails() {
 }
 
 fail_up() {
+    trap - ERR
     echo "slurm.sh: error: $*" >&2
     log_tails
     echo "slurm.sh: tearing the half-started cluster down" >&2
@@ -404,6 +408,16 @@ prepare_dir() {
     for n in $(node_names); do mkdir -p "$DIR/spool/$n"; done
 }
 
+check_no_other_cluster() { # names are machine-wide: one cluster per machine
+    local what=""
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then what="bridge $BRIDGE"; fi
+    if ip netns list 2>/dev/null | grep -q "^$NETNS_PREFIX"; then what+=" netns $NETNS_PREFIX*"; fi
+    if grep -qF "$MARK" /etc/hosts 2>/dev/null; then what+=" /etc/hosts lines"; fi
+    [[ -z $what ]] && return 0
+    die "another Slurm test cluster (or its leftovers) exists:$what;" \
+        "run \`ORCHESTRATE_SLURM_DIR=<its dir> $0 down\` first"
+}
+
 do_up() {
     check_settings
     local requested=("$NNODES" "$LAYOUT" "$SUBNET" "$PORT")
@@ -421,12 +435,13 @@ do_up() {
     NNODES=${requested[0]} LAYOUT=${requested[1]} SUBNET=${requested[2]} PORT=${requested[3]}
     CTLD_ADDR="$SUBNET.254"
     install_packages
+    check_no_other_cluster
     local t0=$EPOCHREALTIME
     prepare_dir
     record_settings
-    # Undo leftovers of a cluster that died without `down` (stale namespaces, hosts lines).
-    uts_down
-    netns_down
+    # From here on, any failing command tears down what was started so far.
+    set -E
+    trap 'fail_up "line $LINENO: $BASH_COMMAND: failed"' ERR
     write_munge_key
     write_slurm_conf
     hosts_add
@@ -450,6 +465,7 @@ do_up() {
     wait_for "all $NNODES nodes idle (sinfo)" all_idle
 
     write_env_sh
+    trap - ERR
     local elapsed
     elapsed=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
     say "up in ${elapsed}s: $LAYOUT layout, nodes $(node_names | tr '\n' ' ')"
@@ -458,31 +474,34 @@ do_up() {
 
 # ---------------------------------------------------------------- teardown
 
-stop_pids() { # SIGTERM, wait up to 5 s, then SIGKILL whatever is left
-    local pids=() p
+stop_pids() { # SIGTERM, then SIGKILL whatever is left after a grace period
+    local grace_us=3000000 pids=() left=() p
     for p in "$@"; do
         if alive "$p"; then pids+=("$p"); fi
     done
     ((${#pids[@]})) || return 0
     kill -TERM "${pids[@]}" 2>/dev/null || true
-    local i
-    for ((i = 0; i < 50; i++)); do
-        local left=()
+    local deadline=$((${EPOCHREALTIME/./} + grace_us))
+    while ((${EPOCHREALTIME/./} < deadline)); do
+        left=()
         for p in "${pids[@]}"; do
             if alive "$p"; then left+=("$p"); fi
         done
         ((${#left[@]})) || return 0
-        sleep 0.1
+        sleep 0.05
     done
+    # slurmstepd ignores SIGTERM; its tasks have had theirs.
     kill -KILL "${left[@]}" 2>/dev/null || true
     sleep 0.1
 }
 
 node_pids() { # every process left in any node's UTS namespace: slurmstepd and job tasks
-    local n
+    local n inode inodes=()
     for n in $(node_names); do
-        pids_in_uts "$(ns_inode "$(uts_file "$n")")"
+        inode=$(ns_inode "$(uts_file "$n")")
+        [[ -n $inode ]] && inodes+=("$inode")
     done
+    pids_in_uts "${inodes[@]}"
 }
 
 do_down() {

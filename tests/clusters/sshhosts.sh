@@ -240,7 +240,7 @@ ensure_sshd() {
 # ---------------------------------------------------------------------------- client files
 
 write_client_files() {
-    local n=$1 i addr pub
+    local n=$1 i addr pub names=""
     local cfg="$STATE_DIR/ssh_config" kh="$STATE_DIR/known_hosts" hosts="$STATE_DIR/hosts.txt"
     : >"$cfg.tmp"
     : >"$kh.tmp"
@@ -251,9 +251,10 @@ write_client_files() {
         pub="$(cut -d' ' -f1,2 "$STATE_DIR/h$i/ssh_host_ed25519_key.pub")"
         printf 'h%d,%s %s\n' "$i" "$addr" "$pub" >>"$kh.tmp"
         printf 'h%d %s\n' "$i" "$addr" >>"$hosts.tmp"
+        names+=" h$i"
     done
     cat >>"$cfg.tmp" <<EOF
-Host h*
+Host${names}
     User root
     Port 22
     IdentityFile "$STATE_DIR/id_ed25519"

@@ -8,7 +8,6 @@ all-reduce sum, scancel leaves no process behind, and finished jobs stay visible
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -172,11 +171,12 @@ def stepd_pids(job_id: str) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process still runs; a zombie waiting for its parent to reap it does not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.mark.timeout(60)

@@ -64,9 +64,11 @@ def test_host_key_checking_is_enforced(ssh_hosts: SshHosts, tmp_path: Path) -> N
     empty.write_text("")
     strict = ("-o", "StrictHostKeyChecking=yes")
 
-    unknown = ssh_hosts.run(h1, "true", "-o", f"UserKnownHostsFile={empty}", *strict)
-    assert unknown.returncode == 255
-    assert "Host key verification failed" in unknown.stderr
+    # Refused with the option given explicitly, and by the written ssh_config on its own.
+    for options in (strict, ()):
+        unknown = ssh_hosts.run(h1, "true", "-o", f"UserKnownHostsFile={empty}", *options)
+        assert unknown.returncode == 255
+        assert "Host key verification failed" in unknown.stderr
 
     # h2's key recorded under h1's names: a host that is not who it claims to be.
     h2_key = next(

@@ -1,0 +1,214 @@
+"""Launching real ranks of ``python -m orchestrate.train`` for the tests (fixtures: conftest.py).
+
+Each rank is a real process with the torchrun environment (or only Slurm's), talking gloo over
+loopback; stdout and stderr go to files beside the run so nothing blocks on a full pipe. Every
+process a test started is killed when the test ends, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrate.train.config import TrainSpec
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "examples" / "digits"
+HERE = Path(__file__).resolve().parent
+
+for _path in (str(DIGITS), str(HERE)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+_INHERITED_PLACE = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_DIST_BACKEND",
+)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def base_env() -> dict[str, str]:
+    """The environment of a rank before its place in the job is added."""
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in _INHERITED_PLACE and not k.startswith("SLURM_")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DIGITS), str(HERE)])
+    env["OMP_NUM_THREADS"] = "1"
+    env["ORCHESTRATE_TIMEOUT_S"] = "60"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def write_config(config: dict[str, Any], path: Path) -> Path:
+    """Validate ``config`` like the launcher does and write it as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(TrainSpec.model_validate(config).model_dump(mode="json")))
+    return path
+
+
+@dataclass
+class Rank:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+    ended: float | None = None
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+
+@dataclass
+class Launch:
+    """The ranks of one run of the entrypoint."""
+
+    run_dir: Path
+    ranks: list[Rank]
+    started: float = field(default_factory=time.monotonic)
+
+    def wait(self, timeout: float = 90) -> list[int]:
+        """Exit statuses of all ranks; kills them all and fails if they take too long."""
+        deadline = time.monotonic() + timeout
+        while any(r.proc.poll() is None for r in self.ranks):
+            for r in self.ranks:
+                if r.ended is None and r.proc.poll() is not None:
+                    r.ended = time.monotonic()
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"ranks still running after {timeout} s:\n{self.logs()}")
+            time.sleep(0.02)
+        for r in self.ranks:
+            if r.ended is None:
+                r.ended = time.monotonic()
+        return [int(r.proc.returncode) for r in self.ranks]
+
+    def kill(self) -> None:
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+                r.proc.wait()
+
+    def signal(self, rank: int, sig: signal.Signals) -> None:
+        self.ranks[rank].proc.send_signal(sig)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- rank {r.rank} (exit {r.proc.poll()}) stdout:\n{r.stdout}\n"
+            f"--- rank {r.rank} stderr:\n{r.stderr}"
+            for r in self.ranks
+        )
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_for_metric(self, kind: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.metrics():
+                if record["kind"] == kind:
+                    return record
+            if any(r.proc.poll() is not None for r in self.ranks):
+                break
+            time.sleep(0.01)
+        raise AssertionError(f"no {kind!r} metrics line:\n{self.logs()}")
+
+
+class Launcher:
+    """Starts ranks for a test and remembers them so that none outlives it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.launches: list[Launch] = []
+
+    def start(
+        self,
+        config: dict[str, Any],
+        run_dir: Path,
+        *,
+        nprocs: int = 2,
+        cwd: Path = DIGITS,
+        slurm: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Launch:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_path = write_config(config, run_dir.parent / f"{run_dir.name}.config.json")
+        port = free_port()
+        ranks = []
+        for rank in range(nprocs):
+            rank_env = base_env()
+            if slurm:
+                rank_env.update(
+                    SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_NTASKS=str(nprocs),
+                    SLURM_TASKS_PER_NODE=f"{nprocs}", SLURM_NODEID="0",
+                    SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
+                    MASTER_PORT=str(port),
+                )
+            else:
+                rank_env.update(
+                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs),
+                    LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                )
+            rank_env.update(env or {})
+            out, err = run_dir / f"rank{rank}.out", run_dir / f"rank{rank}.err"
+            with open(out, "wb") as stdout, open(err, "wb") as stderr:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
+                     "--run-dir", str(run_dir)],
+                    cwd=cwd, env=rank_env, stdout=stdout, stderr=stderr,
+                )
+            ranks.append(Rank(rank, proc, out, err))
+        launch = Launch(run_dir, ranks)
+        self.launches.append(launch)
+        return launch
+
+    def run(self, config: dict[str, Any], run_dir: Path, *, timeout: float = 90,
+            **kwargs: Any) -> Launch:
+        """Start and wait; fails with all logs unless every rank exits 0."""
+        launch = self.start(config, run_dir, **kwargs)
+        codes = launch.wait(timeout)
+        assert codes == [0] * len(codes), f"exit statuses {codes}\n{launch.logs()}"
+        return launch
+
+    def kill_all(self) -> None:
+        for launch in self.launches:
+            launch.kill()
+
+
+
+def digits_config(**overrides: Any) -> dict[str, Any]:
+    """The example job's ``train:`` section, with overrides."""
+    config: dict[str, Any] = {
+        "model": "digits:build_model",
+        "model_args": {"hidden": 128},
+        "dataset": "digits:build_dataset",
+        "optimizer": {"name": "adamw", "lr": 3.0e-3},
+        "epochs": 8,
+        "batch_size": 32,
+        "seed": 777,
+    }
+    config.update(overrides)
+    return config
