@@ -87,7 +87,8 @@ check_settings() {
         die "ORCHESTRATE_SLURM_LAYOUT: want netns or loopback (got $LAYOUT)"
     [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
         die "ORCHESTRATE_SLURM_SUBNET: want three octets like 10.213.7 (got $SUBNET)"
-    [[ $DIR == /* && $DIR != / ]] || die "ORCHESTRATE_SLURM_DIR: want an absolute path (got $DIR)"
+    [[ $DIR == /* && $DIR != / && $DIR != *[[:space:]]* ]] ||
+        die "ORCHESTRATE_SLURM_DIR: want an absolute path without spaces (got $DIR)"
 }
 
 # ---------------------------------------------------------------- packages
@@ -385,7 +386,7 @@ is_up() {
     for name in munged slurmctld $(node_names | sed 's/^/slurmd-/'); do
         alive "$(pid_of "$name")" || return 1
     done
-    timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'
+    ctld_up 2>/dev/null
 }
 
 any_recorded_alive() {
@@ -450,8 +451,7 @@ do_up() {
 
     start_daemon munged /usr/sbin/munged -F --force \
         --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
-        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/log/munged.log" \
-        --seed-file="$DIR/munge/munged.seed"
+        --pid-file="$DIR/munge/munged.pid" --seed-file="$DIR/munge/munged.seed"
     wait_for "munged" test -S "$DIR/munge/munge.socket"
 
     start_daemon slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
@@ -512,8 +512,8 @@ do_down() {
     # slurmstepd and its tasks outlive a stopped slurmd; they all live in the node's namespace.
     mapfile -t -O "${#pids[@]}" pids < <(node_pids)
     pids+=("$(pid_of slurmctld)" "$(pid_of munged)")
-    # Each daemon takes ~2 s to exit on SIGTERM: stop them all at once. Nothing here needs
-    # an orderly shutdown (every bring-up starts from empty state).
+    # All at once, in parallel: nothing here needs an orderly shutdown (every bring-up starts
+    # from empty state).
     stop_pids "${pids[@]}"
     mapfile -t pids < <(node_pids) # anything forked while the first round was stopping
     stop_pids "${pids[@]}"

@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # the fixture's type; conftest is not importable by a stable 
 pytestmark = pytest.mark.slurm
 
 PYTHON = sys.executable
+# pytest-timeout charges fixture setup to the first test that needs it: on a fresh machine that
+# is `slurm.sh up` with apt-get install (seconds on a near mirror, a minute or more on a far one).
+BRING_UP = 180
 
 # One rank of a DDP job: the torchrun env names, filled from what srun gives each task.
 DDP_WORKER = """
@@ -95,7 +98,7 @@ def first_node(cluster: SlurmCluster, job: dict[str, str]) -> str:
 
 
 @pytest.mark.torch
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(BRING_UP + 120)
 def test_ddp_allreduce_2_nodes_x_2_tasks(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     worker = tmp_path / "worker.py"
     worker.write_text(DDP_WORKER)
@@ -126,7 +129,7 @@ def test_ddp_allreduce_2_nodes_x_2_tasks(slurm_cluster: SlurmCluster, tmp_path: 
         assert [r["hostname"] for r in ranks] == [r["node"] for r in ranks]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BRING_UP + 60)
 def test_wrong_master_addr_does_not_reach_rank0(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -179,7 +182,7 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BRING_UP + 60)
 def test_scancel_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     batch = write_batch(
         tmp_path / "sleep.sbatch",
@@ -213,7 +216,7 @@ def test_scancel_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: P
     assert job["ExitCode"] == "0:15"  # the tasks got SIGTERM
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BRING_UP + 60)
 def test_finished_jobs_stay_visible_without_accounting(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

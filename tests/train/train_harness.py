@@ -61,6 +61,13 @@ def write_config(config: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _metrics_lines(run_dir: Path) -> list[str]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
 @dataclass
 class Rank:
     rank: int
@@ -85,6 +92,7 @@ class Launch:
     run_dir: Path
     ranks: list[Rank]
     started: float = field(default_factory=time.monotonic)
+    skip_lines: int = 0  # metrics.jsonl lines written by earlier runs in the same run dir
 
     def wait(self, timeout: float = 90) -> list[int]:
         """Exit statuses of all ranks; kills them all and fails if they take too long."""
@@ -119,10 +127,9 @@ class Launch:
         )
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """This run's metrics records (earlier runs' lines in the same file are skipped)."""
+        lines = _metrics_lines(self.run_dir)[self.skip_lines:]
+        return [json.loads(line) for line in lines]
 
     def wait_for_metric(self, kind: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -155,6 +162,7 @@ class Launcher:
     ) -> Launch:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = write_config(config, run_dir.parent / f"{run_dir.name}.config.json")
+        skip_lines = len(_metrics_lines(run_dir))
         port = free_port()
         ranks = []
         for rank in range(nprocs):
@@ -181,7 +189,7 @@ class Launcher:
                     cwd=cwd, env=rank_env, stdout=stdout, stderr=stderr,
                 )
             ranks.append(Rank(rank, proc, out, err))
-        launch = Launch(run_dir, ranks)
+        launch = Launch(run_dir, ranks, skip_lines=skip_lines)
         self.launches.append(launch)
         return launch
 

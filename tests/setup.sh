@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian machine: the package with its test
+# extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, pytest, ruff, mypy) and the system
+# tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2). Idempotent.
+# The Slurm and SSH test clusters install their own packages too when started by hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet 'torch==2.13.0' -e '.[test]'
+
+need=()
+command -v shellcheck >/dev/null || need+=(shellcheck)
+command -v pdsh >/dev/null || need+=(pdsh)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
+command -v ip >/dev/null || need+=(iproute2)
+command -v slurmctld >/dev/null || need+=(slurm-wlm)
+command -v munged >/dev/null || need+=(munge)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/setup.sh: please install (as root): ${need[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+echo "tests/setup.sh: ready"
