@@ -283,19 +283,20 @@ class Store:
         return [_record(row, []) for row in rows]
 
     def resolve(self, ref: str) -> JobRecord:
-        """A job by full id, unique id prefix, or name (the latest job of that name)."""
+        """A job by full id, name (the latest job of that name), or unique id prefix."""
         job = self.get(ref)
         if job is not None:
             return job
         with self._connect() as db:
+            # A job name (its latest job) before an id prefix: names are what people type.
             ids = [r[0] for r in db.execute(
-                "SELECT id FROM jobs WHERE id LIKE ? ESCAPE '\\' ORDER BY submitted_at DESC",
-                [_like_prefix(ref)],
+                "SELECT id FROM jobs WHERE name = ? ORDER BY submitted_at DESC LIMIT 1", [ref]
             ).fetchall()]
             if not ids:
                 ids = [r[0] for r in db.execute(
-                    "SELECT id FROM jobs WHERE name = ? ORDER BY submitted_at DESC LIMIT 1",
-                    [ref],
+                    "SELECT id FROM jobs WHERE id LIKE ? ESCAPE '\\' "
+                    "ORDER BY submitted_at DESC",
+                    [_like_prefix(ref)],
                 ).fetchall()]
         if len(ids) > 1:
             raise UserError.single(

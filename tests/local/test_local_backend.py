@@ -280,3 +280,19 @@ def test_secret_env_reaches_ranks_but_no_file(cli: Cli) -> None:
     for path in [*cli.work.rglob("*"), *cli.home.rglob("*")]:
         if path.is_file():
             assert b"s3cr3t-value" not in path.read_bytes(), path
+
+
+@pytest.mark.timeout(180)
+def test_the_example_job_completes_with_metrics(cli: Cli) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits" / "job.yaml"
+    proc = cli.run("submit", str(example), "--follow", "--job-id", "digits-test", timeout=170)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    status = cli.status("digits-test")
+    assert status["state"] == "COMPLETED"
+    assert status["first_step_at"] is not None
+    metrics = [json.loads(line) for line in
+               (Path(str(status["run_dir"])) / "metrics.jsonl").read_text().splitlines()]
+    epochs = [m for m in metrics if m.get("kind") == "epoch"]
+    assert len(epochs) == 8
+    assert epochs[-1]["val_accuracy"] >= 0.93
+    assert any(line.startswith("[localhost:0] epoch 8/8") for line in proc.stdout.splitlines())

@@ -1,0 +1,89 @@
+"""The job store: references, state transitions, and many writers at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from orchestrate.errors import UserError
+from orchestrate.store import JobRecord, RankRecord, Store
+
+
+def _job(job_id: str, name: str, submitted_at: float, ranks: int = 2) -> JobRecord:
+    return JobRecord(
+        id=job_id, name=name, backend="local", state="PENDING", run_dir=f"/runs/{job_id}",
+        plan={"world_size": ranks}, submitted_at=submitted_at,
+        ranks=[RankRecord(rank=r, node="n1") for r in range(ranks)],
+    )
+
+
+def test_references_by_id_prefix_and_name(tmp_path: Path) -> None:
+    store = Store(tmp_path / "jobs.db")
+    store.add(_job("train-aaa111", "train", 1.0))
+    store.add(_job("train-aab222", "train", 2.0))
+    store.add(_job("eval-ccc333", "eval", 3.0))
+    assert store.resolve("eval-ccc333").id == "eval-ccc333"
+    assert store.resolve("train-aab").id == "train-aab222"
+    assert store.resolve("train").id == "train-aab222"  # a name means its latest job
+    with pytest.raises(UserError, match="matches 2 jobs"):
+        store.resolve("train-aa")
+    with pytest.raises(UserError, match="no job 'nothing'"):
+        store.resolve("nothing")
+    # LIKE wildcards in a reference are literal characters, not patterns.
+    with pytest.raises(UserError):
+        store.resolve("%")
+
+
+def test_a_terminal_state_is_final(tmp_path: Path) -> None:
+    store = Store(tmp_path / "jobs.db")
+    store.add(_job("j-1", "j", 1.0))
+    assert store.finish("j-1", "FAILED", "rank 1 failed", failure={"rank": 1})
+    assert not store.finish("j-1", "COMPLETED")
+    job = store.get("j-1")
+    assert job is not None
+    assert (job.state, job.reason, job.failure) == ("FAILED", "rank 1 failed", {"rank": 1})
+    assert job.finished_at is not None
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    Store(path)
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 99")
+    with pytest.raises(UserError, match="newer than this orchestrate knows"):
+        Store(path)
+
+
+def _writer(path: str, worker: int, count: int) -> None:
+    store = Store(Path(path))
+    for i in range(count):
+        job_id = f"w{worker}-{i}"
+        store.add(_job(job_id, f"w{worker}", float(i)))
+        store.update(job_id, state="RUNNING", started_at=float(i))
+        for rank in range(2):
+            store.update_rank(job_id, rank, state="COMPLETED", exit_code=0)
+        store.finish(job_id, "COMPLETED")
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.db"
+    Store(path)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 25)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+        assert p.exitcode == 0
+    store = Store(path)
+    jobs = store.list(limit=1000)
+    assert len(jobs) == 100
+    assert {j.state for j in jobs} == {"COMPLETED"}
+    sample = store.get("w3-24")
+    assert sample is not None
+    assert [(r.state, r.exit_code) for r in sample.ranks] == [("COMPLETED", 0)] * 2
