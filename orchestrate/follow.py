@@ -72,6 +72,7 @@ def follow(
     if not from_start:
         log.lines()
     status = None
+    latest: dict[str, Any] = {}
     if live:
         from rich.console import Console
         from rich.status import Status
@@ -89,8 +90,10 @@ def follow(
             stream.flush()
             records = metrics.lines()
             if records and status is not None:
-                with contextlib.suppress(ValueError):
-                    status.update(progress_text(json.loads(records[-1])))
+                for record in records:  # later records update what earlier ones said
+                    with contextlib.suppress(ValueError, TypeError):
+                        latest.update(json.loads(record))
+                status.update(progress_text(latest))
             now = time.monotonic()
             if now - last_refresh > 0.2:
                 last_refresh = now

@@ -88,6 +88,7 @@ class LocalBackend:
             if busy & set(node.gpu_indices):
                 prepared = self._replan(prepared, busy_gpus={node.name: busy})
                 plan = prepared.plan
+            _check_is_this_machine(prepared)
             _check_gpus_exist(prepared)
             port = plan.master_port
             if port in taken or not port_free(port):
@@ -168,6 +169,29 @@ class LocalBackend:
         store.finish(job.id, "CANCELLED", "cancelled")
         lease_book().release(job.id)
         return store.get(job.id) or job
+
+
+def _this_machine_names() -> set[str]:
+    names = {"localhost", socket.gethostname(), socket.getfqdn()}
+    with contextlib.suppress(OSError):
+        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+    return names
+
+
+def _check_is_this_machine(prepared: Prepared) -> None:
+    """A local job whose inventory node is another machine is a mistake, not a fallback."""
+    node = prepared.plan.nodes[0]
+    if node.address.startswith("127.") or node.address == "::1":
+        return
+    if {node.name, node.address} & _this_machine_names():
+        return
+    raise UserError.single(
+        f"node '{node.name}' ({node.address}) is not this machine, and the local backend "
+        "runs here",
+        source=str(prepared.path), field="backend",
+        hint="use backend: ssh or slurm for other machines, or set resources.node_names to "
+        "this machine's node",
+    )
 
 
 def _check_gpus_exist(prepared: Prepared) -> None:
