@@ -2,6 +2,22 @@
 
 The pure core turns an inventory and a job file into a :class:`~orchestrate.plan.Plan`
 (:mod:`orchestrate.plan`) and scripts (:mod:`orchestrate.render`); the backends run them.
+``orchestrate.submit_function(fn, job, *args)`` runs a Python function on every rank of a Slurm
+job (:mod:`orchestrate.api`); it is imported on first use, so ``import orchestrate`` stays cheap
+and needs no submitit.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "submit_function"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "submit_function":
+        from orchestrate.api import submit_function
+
+        return submit_function
+    raise AttributeError(f"module 'orchestrate' has no attribute {name!r}")

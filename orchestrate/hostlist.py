@@ -11,13 +11,23 @@ import re
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 
+#: More names than any cluster has: a typo like ``n[1-100000000]`` is refused at once instead
+#: of filling the memory.
+MAX_NAMES = 100_000
+
 
 def expand(hostlist: str) -> list[str]:
     """Expand a hostlist into names, in order; raises ValueError on a malformed one."""
     names: list[str] = []
     for item in _split_top(hostlist):
         names.extend(_expand_one(item))
+        _check_size(len(names), hostlist)
     return names
+
+
+def _check_size(count: int, hostlist: str) -> None:
+    if count > MAX_NAMES:
+        raise ValueError(f"hostlist {hostlist!r} has more than {MAX_NAMES} names")
 
 
 def _split_top(text: str) -> list[str]:
@@ -50,9 +60,11 @@ def _expand_one(item: str) -> list[str]:
         return [item]
     head, tail = item[: match.start()], item[match.end() :]
     out: list[str] = []
+    rests = _expand_one(tail)
     for part in match.group(1).split(","):
         for value in _range(part.strip(), item):
-            out.extend(head + value + rest for rest in _expand_one(tail))
+            out.extend(head + value + rest for rest in rests)
+            _check_size(len(out), item)
     return out
 
 
@@ -65,6 +77,7 @@ def _range(part: str, item: str) -> list[str]:
     low, high = found.group(1), found.group(2)
     if int(high) < int(low):
         raise ValueError(f"range {part!r} runs backwards in hostlist {item!r}")
+    _check_size(int(high) - int(low) + 1, item)
     width = len(low) if low.startswith("0") and len(low) > 1 else 0
     return [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
 
@@ -75,7 +88,7 @@ def compress(names: list[str]) -> str:
     for name in names:
         found = re.fullmatch(r"(.*?)(\d+)", name)
         prefix, number = (found.group(1), found.group(2)) if found else (name, "")
-        if groups and groups[-1][0] == prefix and number:
+        if groups and groups[-1][0] == prefix and number and groups[-1][1]:
             groups[-1][1].append(number)
         else:
             groups.append((prefix, [number] if number else []))
@@ -93,10 +106,12 @@ def compress(names: list[str]) -> str:
 def _ranges(numbers: list[str]) -> str:
     spans: list[list[str]] = []
     for num in numbers:
+        last = spans[-1][-1] if spans else ""
         if (
             spans
-            and int(num) == int(spans[-1][-1]) + 1
-            and len(num) == len(spans[-1][-1])
+            and int(num) == int(last) + 1
+            # zero padding is kept: 09,10 is a range, and so is 9,10 (but not 9,010)
+            and (len(num) == len(last) or not (num.startswith("0") or last.startswith("0")))
         ):
             spans[-1].append(num)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -17,12 +18,14 @@ from pydantic import Field, field_validator, model_validator
 from orchestrate import hostlist
 from orchestrate.errors import Problem, UserError
 from orchestrate.loader import Lines, read_yaml, validate
-from orchestrate.schema import Spec
+from orchestrate.schema import Spec, single_line
 
 GpuLink = Literal["nvlink", "nvswitch", "pcie", "none"]
 Fabric = Literal["infiniband", "roce", "ethernet"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*$")
+#: A host name, an IPv4 address or an IPv6 address (with an optional %zone).
+_ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:%\-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:^,\-=]+$")
 
 
@@ -86,6 +89,11 @@ class SlurmNodeSpec(Spec):
         default=None, description="the GRES type of its GPUs, e.g. 'a100' for gpu:a100:N"
     )
 
+    @field_validator("partition", "gres_type")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return None if value is None else single_line(value)
+
 
 class NodeDefaults(Spec):
     """Settings every node inherits unless it says otherwise."""
@@ -111,6 +119,13 @@ class NodeSpec(Spec):
     ssh: SSHSpec | None = None
     python: str | None = None
     cpus: int | None = Field(default=None, ge=1)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not _ADDRESS.match(value):
+            raise ValueError("not a host name or address")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -192,11 +207,12 @@ class Inventory:
     source: str = ""
 
     def node(self, name: str) -> Node | None:
-        """The node called ``name``, if any."""
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        return None
+        """The node called ``name``, if any (a dict lookup: inventories run to thousands)."""
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.nodes}
 
     def model_counts(self) -> dict[str, int]:
         """GPUs per model over the whole inventory (for error messages)."""
@@ -248,6 +264,8 @@ def resolve_inventory(
                     got=str(sorted(indices)),
                 )
             )
+        ssh = _merge_ssh(d.ssh, ns.ssh)  # once per entry: a hostlist may name thousands
+        slurm = ns.slurm or d.slurm or SlurmNodeSpec()
         for name in names:
             if name in seen:
                 problems.append(
@@ -267,9 +285,9 @@ def resolve_inventory(
                     slots=ns.slots,
                     gpu_link=ns.gpu_link or d.gpu_link or ("pcie" if gpus else "none"),
                     network=ns.network or d.network,
-                    partition=(ns.slurm or d.slurm or SlurmNodeSpec()).partition,
-                    gres_type=(ns.slurm or d.slurm or SlurmNodeSpec()).gres_type,
-                    ssh=_merge_ssh(d.ssh, ns.ssh),
+                    partition=slurm.partition,
+                    gres_type=slurm.gres_type,
+                    ssh=ssh,
                     python=ns.python or d.python,
                     cpus=ns.cpus or d.cpus,
                 )

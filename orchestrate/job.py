@@ -14,8 +14,8 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.loader import Lines, known_fields, read_yaml, validate
-from orchestrate.schema import Spec
+from orchestrate.loader import Lines, known_fields, read_yaml, suggest, validate
+from orchestrate.schema import Spec, single_line
 from orchestrate.train.config import TrainSpec
 
 Backend = Literal["local", "slurm", "ssh"]
@@ -88,6 +88,16 @@ class SlurmJob(Spec):
     max_restarts: int = Field(default=3, ge=0)
     requeue_on_node_failure: bool = True
     gres_type: str | None = None
+
+    @field_validator("partition", "account", "qos", "gres_type")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return None if value is None else single_line(value)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _one_line_each(cls, value: list[str]) -> list[str]:
+        return [single_line(arg) for arg in value]
 
     @field_validator("signal")
     @classmethod
@@ -194,9 +204,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
         path = key.strip().split(".")
         known = known_fields(JobSpec, tuple(path[:-1]))
         if known and path[-1] not in known and path[-2:-1] != ["env"]:
+            close = suggest(JobSpec, tuple(path[:-1]), path[-1])
             problems.append(
                 Problem("unknown field", source="--set", field=key,
-                        hint="known keys here: " + ", ".join(sorted(known)))
+                        hint=(f"did you mean '{'.'.join([*path[:-1], close])}'? " if close else "")
+                        + "known keys here: " + ", ".join(sorted(known)))
             )
             continue
         try:

@@ -16,6 +16,19 @@ MERGED_LOG = "output.log"
 LOG_DIR = "logs"
 METRICS = "metrics.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
+#: The Slurm backend's records: ``events.jsonl`` (one line per start and end of the batch script)
+#: and ``exits/<restart>/rank-R`` (how each rank ended), written by job.sbatch on the nodes.
+SLURM_STATE = "slurm"
+SLURM_EVENTS = "events.jsonl"
+SLURM_EXITS = "exits"
+#: ``hostfile-<restart>``: each rank's host, one a line (the step's SLURM_HOSTFILE).
+SLURM_HOSTFILE = "hostfile-"
+#: How far the log merger got in each rank's log (a requeued job's next run goes on from there).
+SLURM_MERGE_OFFSETS = "merged-offsets.json"
+#: The batch script's own output (sbatch --output); %j is the Slurm job id.
+SLURM_BATCH_LOG = "slurm-%j.out"
+#: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
+SSH_HOSTS = "ssh-hosts.json"
 
 
 def node_script_name(node: str) -> str:
@@ -26,3 +39,14 @@ def node_script_name(node: str) -> str:
 def rank_log(run_dir: Path, rank: int) -> Path:
     """The file holding one rank's output."""
     return run_dir / LOG_DIR / f"rank-{rank}.log"
+
+
+def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
+    """Where the ranks of one run of a Slurm job (0, then 1 after a requeue, ...) record their
+    exit status."""
+    return run_dir / SLURM_STATE / SLURM_EXITS / str(restart)
+
+
+def slurm_hostfile(run_dir: Path, restart: int) -> Path:
+    """Each rank's host in one run of a Slurm job."""
+    return run_dir / SLURM_STATE / f"{SLURM_HOSTFILE}{restart}"

@@ -11,6 +11,7 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,6 +55,9 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
         ) from None
     if node is None:
         return {}, {}
+    duplicates = _duplicate_keys(node, (), source)
+    if duplicates:
+        raise UserError(duplicates)
     loader = yaml.SafeLoader("")
     try:
         data = loader.construct_document(node)
@@ -62,6 +66,34 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
     lines: Lines = {}
     _record_lines(node, (), lines)
     return data, lines
+
+
+def _duplicate_keys(node: yaml.Node, path: tuple[str, ...], source: str) -> list[Problem]:
+    """Keys given twice in one mapping: YAML keeps the last silently, which hides a mistake."""
+    problems: list[Problem] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                problems.append(
+                    Problem(
+                        f"key given twice (first on line {seen[key]}); YAML would keep only "
+                        "the last",
+                        source=source,
+                        field=".".join((*path, key)),
+                        line=line,
+                        hint="merge the two into one",
+                    )
+                )
+            else:
+                seen[key] = line
+            problems += _duplicate_keys(value_node, (*path, key), source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            problems += _duplicate_keys(item, (*path, str(i)), source)
+    return problems
 
 
 def _record_lines(node: yaml.Node, path: tuple[str, ...], lines: Lines) -> None:
@@ -95,15 +127,16 @@ def problems_from(
 ) -> list[Problem]:
     """Translate pydantic's errors into problems a person can act on."""
     problems: list[Problem] = []
+    union_errors: dict[str, list[str]] = {}  # field -> messages of the union's branches
     for err in exc.errors(include_url=False):
-        loc = tuple(str(part) for part in err["loc"] if not _is_union_tag(part))
+        loc, tagged = _field_path(err["loc"], data)
         field = ".".join(loc)
         line = _line_for(loc, lines)
         kind = err["type"]
         if kind == "extra_forbidden":
             known = known_fields(model, loc[:-1])
-            close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else ""
+            close = suggest(model, loc[:-1], loc[-1])
+            hint = f"did you mean '{close}'?" if close else ""
             if known:
                 hint = (hint + " " if hint else "") + "known keys: " + ", ".join(sorted(known))
             problems.append(
@@ -114,18 +147,60 @@ def problems_from(
                 Problem("required field is missing", source=source, field=field, line=line)
             )
         else:
-            message = str(err["msg"])
-            message = message.removeprefix("Value error, ")
+            message = _sentence(str(err["msg"]).removeprefix("Value error, ")) or kind
+            if tagged:
+                # One branch of a union (``int | 'all'``): the branches are merged into one
+                # problem below, so a person reads one line per field.
+                if field in union_errors:
+                    union_errors[field].append(message)
+                    continue
+                union_errors[field] = [message]
+            value = err.get("input")
             problems.append(
                 Problem(
-                    message[0].lower() + message[1:] if message else kind,
+                    message,
                     source=source,
                     field=field,
                     line=line,
-                    got=show_value(err.get("input")),
+                    # A whole mapping (a model-level check) is noise; the field names it.
+                    got=None if isinstance(value, Mapping) else show_value(value),
+                    hint=_quote_hint(kind, value),
                 )
             )
-    return _dedupe(problems)
+    merged = [
+        replace(p, message=_either(union_errors[p.field]))
+        if len(union_errors.get(p.field, ())) > 1
+        else p
+        for p in problems
+    ]
+    return _dedupe(merged)
+
+
+def _quote_hint(kind: str, value: object) -> str:
+    """YAML reads ``3``, ``1e3`` and ``yes`` as numbers and booleans; a text field wants quotes."""
+    if kind != "string_type":
+        return ""
+    if isinstance(value, bool):
+        return "put it in quotes: YAML reads an unquoted true/false/yes/no/on/off as a boolean"
+    if isinstance(value, int | float):
+        return f"put it in quotes ('{value}'): YAML reads an unquoted {value} as a number"
+    return ""
+
+
+def _sentence(message: str) -> str:
+    """pydantic's "Input should be ..." as a clause; "NCCL ..." and "RANK ..." keep their case."""
+    if message[:1].isupper() and message[1:2].islower():
+        return message[0].lower() + message[1:]
+    return message
+
+
+def _either(messages: list[str]) -> str:
+    """``input should be a valid integer`` + ``input should be 'all'`` -> one sentence."""
+    prefix = "input should be "
+    if all(m.startswith(prefix) for m in messages):
+        parts = list(dict.fromkeys(m.removeprefix(prefix).split(",")[0] for m in messages))
+        return prefix + (", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0])
+    return "; or ".join(messages)
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:
@@ -138,9 +213,31 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
     return out
 
 
+def _field_path(loc: tuple[int | str, ...], data: Any) -> tuple[tuple[str, ...], bool]:
+    """The dotted path of an error (as strings) and whether union tags were dropped from it.
+
+    pydantic puts a union member's name in the loc (``int``, ``literal['all']``, a model name).
+    A part is kept when it is a key or index of the data at that point (so an env variable
+    called ``FOO`` or ``Bar`` stays), or when it does not look like such a tag.
+    """
+    out: list[str] = []
+    tagged = False
+    current: Any = data
+    for part in loc:
+        in_mapping = isinstance(current, Mapping) and part in current
+        in_list = isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current)
+        if in_mapping or in_list:
+            current = current[part]
+        elif _is_union_tag(part):
+            tagged = True
+            continue
+        else:
+            current = None
+        out.append(str(part))
+    return tuple(out), tagged
+
+
 def _is_union_tag(part: object) -> bool:
-    # pydantic puts the union member's name in the loc ("int", "literal['all']", a model name);
-    # a person wants the field path only.
     return isinstance(part, str) and (
         part[:1].isupper() or part in ("int", "float", "str", "bool", "list", "dict")
         or part.startswith(("literal[", "function-", "constrained-"))
@@ -152,6 +249,17 @@ def _line_for(loc: tuple[str, ...], lines: Lines) -> int | None:
         if loc[:end] in lines:
             return lines[loc[:end]]
     return None
+
+
+def suggest(model: type[BaseModel], loc: tuple[str, ...], key: str) -> str | None:
+    """The key a person probably meant by ``key`` at ``loc``: a close spelling there, or the
+    same name one level down (a top-level ``nodes`` in a job means ``resources.nodes``)."""
+    known = known_fields(model, loc)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    deeper = [f"{k}.{key}" for k in known if key in known_fields(model, (*loc, k))]
+    return deeper[0] if deeper else None
 
 
 def known_fields(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:

@@ -43,12 +43,19 @@ class MemoryEstimate:
         """One sentence with the numbers, e.g. for a refusal."""
         opt = {"adamw": "AdamW", "sgd": "SGD"}.get(self.optimizer_name, self.optimizer_name)
         return (
-            f"{self.params:.3g} parameters with {opt} in {self.precision} need "
+            f"{_count(self.params)} parameters with {opt} in {self.precision} need "
             f"~{self.before_activations / GB:.0f} GB per GPU before activations "
             f"(weights {self.weights / GB:.1f}, gradients {self.gradients / GB:.1f}, "
             f"DDP buckets {self.buckets / GB:.1f}, optimizer {self.optimizer / GB:.1f}) "
             f"+ {self.activations / GB:.1f} GB allowed for activations"
         )
+
+
+def _count(params: float) -> str:
+    """``6.7e9`` (as people write model sizes), not Python's ``6.7e+09``."""
+    text = f"{params:.3g}"
+    mantissa, sep, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if sep else text
 
 
 def estimate(train: TrainSpec, params: float) -> MemoryEstimate:

@@ -19,6 +19,9 @@ from orchestrate.job import JobSpec
 from orchestrate.memory import GB, MemoryEstimate, estimate, remedies
 from orchestrate.ports import derive_port
 
+#: The "model" the planner tries under ``allow_mixed_gpus``: any GPU, of any model.
+ANY_GPU = "*"
+
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -91,6 +94,7 @@ class Plan:
     time_limit: str | None = None
     slurm: dict[str, Any] = field(default_factory=dict)
     ssh: dict[str, Any] = field(default_factory=dict)
+    master_addr_fixed: bool = False  # MASTER_ADDR set by the job's env (else the first node)
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -174,13 +178,16 @@ def make_plan(
     param_count: float | None = None,
     busy_gpus: Mapping[str, frozenset[int]] | None = None,
     master_port: int | None = None,
+    interfaces: Mapping[str, str] | None = None,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
     ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
     model size when the caller counted it (else ``train.model_params``); ``busy_gpus`` the GPUs
     other running jobs hold per node (leases), which are not picked; ``master_port`` a port the
-    backend found free, replacing the derived one.
+    backend found free, replacing the derived one; ``interfaces`` the network interface per node
+    that a backend found carrying traffic to the master (SSH preflight), used for
+    GLOO/NCCL_SOCKET_IFNAME where the inventory names none.
     """
     res = job.resources
     warnings: list[str] = []
@@ -207,6 +214,14 @@ def make_plan(
         port = derive_port(job_id)
 
     master_addr = choices[0].node.address
+    # The job's env overrides any of it, the master's address and port included; the plan
+    # (and so the table, the JSON and the sbatch) then shows what the ranks will really use.
+    addr_fixed = "MASTER_ADDR" in job.env
+    if addr_fixed:
+        master_addr = _text(job.env["MASTER_ADDR"])
+    if "MASTER_PORT" in job.env:
+        port = _env_port(job.env["MASTER_PORT"], source)
+        port_fixed = True
     world_size = sum(c.nproc for c in choices)
     common: dict[str, str] = {
         "WORLD_SIZE": str(world_size),
@@ -230,7 +245,8 @@ def make_plan(
     first = 0
     multi_node = len(choices) > 1
     for node_rank, choice in enumerate(choices):
-        node_env = _node_env(job, choice, node_rank, multi_node, dist_backend)
+        found = (interfaces or {}).get(choice.node.name)
+        node_env = _node_env(job, choice, node_rank, multi_node, dist_backend, found)
         for key, value in job.env.items():
             (node_env if key in node_env else common)[key] = _text(value)
         ranks = tuple(
@@ -274,6 +290,7 @@ def make_plan(
         master_addr=master_addr,
         master_port=port,
         port_fixed=port_fixed,
+        master_addr_fixed=addr_fixed,
         nodes=tuple(node_plans),
         env=common,
         command=command,
@@ -287,9 +304,22 @@ def make_plan(
         notes=tuple(notes),
         time_limit=res.time,
         slurm=job.slurm.model_dump(mode="json")
-        | {"cpus_per_task": res.cpus_per_task, "mem_gb": res.mem_gb},
+        | {
+            "cpus_per_task": res.cpus_per_task,
+            "mem_gb": res.mem_gb,
+            "mem": None if res.mem_gb is None else _slurm_memory(res.mem_gb),
+            # Nodes the job names are the nodes Slurm must give it.
+            "nodelist": None
+            if res.node_names is None
+            else hostlist.compress([n.name for n in nodes]),
+        },
         ssh=job.ssh.model_dump(mode="json"),
     )
+
+
+def _slurm_memory(gb: float) -> str:
+    """``--mem`` as sbatch takes it: a whole number and a unit (``900G``; it refuses ``900.0G``)."""
+    return f"{int(gb)}G" if float(gb).is_integer() else f"{max(1, round(gb * 1024))}M"
 
 
 def _number(value: float) -> str:
@@ -327,22 +357,43 @@ def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
 
 
 def _candidate_nodes(job: JobSpec, inventory: Inventory, source: str) -> list[Node]:
-    names = job.resources.node_names
-    if names is None:
+    given = job.resources.node_names
+    if given is None:
         return list(inventory.nodes)
-    unknown = [n for n in names if inventory.node(n) is None]
+    try:  # node_names may use hostlists, like the inventory: [gpu[01-04], gpu09]
+        names = [name for item in given for name in hostlist.expand(item)]
+    except ValueError as exc:
+        raise UserError.single(
+            str(exc), source=source, field="resources.node_names", got=given
+        ) from None
+    by_name = {node.name: node for node in inventory.nodes}
+    unknown = [n for n in names if n not in by_name]
     if unknown:
         raise UserError.single(
-            f"node {', '.join(repr(u) for u in unknown)} not in inventory '{inventory.name}'",
+            f"node {', '.join(repr(u) for u in unknown[:12])} not in inventory '{inventory.name}'",
             source=source,
             field="resources.node_names",
             hint="nodes there: " + _short_list([n.name for n in inventory.nodes]),
         )
     if len(set(names)) != len(names):
         raise UserError.single(
-            "a node is named twice", source=source, field="resources.node_names", got=names
+            "a node is named twice", source=source, field="resources.node_names", got=given
         )
-    return [node for name in names if (node := inventory.node(name)) is not None]
+    return [by_name[name] for name in names]
+
+
+def _env_port(value: str | int | float | bool, source: str) -> int:
+    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
+    text = _text(value)
+    if not text.isdigit() or not 1024 <= int(text) <= 65535:
+        raise UserError.single(
+            "MASTER_PORT must be a port between 1024 and 65535",
+            source=source,
+            field="env.MASTER_PORT",
+            got=text,
+            hint="or set distributed.master_port, or leave both out for a derived port",
+        )
+    return int(text)
 
 
 def _short_list(names: list[str], limit: int = 12) -> str:
@@ -372,16 +423,21 @@ def _choose(
     if wanted_model is not None:
         counts = inventory.model_counts()
         if not any(m.lower() == wanted_model.lower() for m in counts):
+            there = ", ".join(f"{m} ({n})" for m, n in counts.items()) or "none (CPU-only)"
             raise UserError.single(
-                f"gpu_model '{wanted_model}' not in inventory '{inventory.name}'",
+                f"gpu_model '{wanted_model}' not in inventory '{inventory.name}'; "
+                f"models there: {there}",
                 source=source,
                 field="resources.gpu_model",
-                hint="models there: "
-                + (", ".join(f"{m} ({n})" for m, n in counts.items()) or "none (CPU-only)"),
+                hint="set resources.gpu_model to one of them, or leave it out",
             )
     models: list[str | None]
-    if wanted_model is not None or res.allow_mixed_gpus:
+    if wanted_model is not None:
         models = [wanted_model]
+    elif res.allow_mixed_gpus:
+        # Any GPU model, but never GPU and CPU-only nodes in one job (nccl needs a GPU per
+        # rank); CPU-only nodes are the fallback kind, as below.
+        models = [ANY_GPU] + ([None] if any(not n.is_gpu for n in nodes) else [])
     else:
         # One model across all ranks: try each model in inventory order (CPU-only nodes are
         # their own kind), and take the first that yields enough nodes.
@@ -402,13 +458,13 @@ def _choose(
             if len(picked) == res.nodes:
                 break
         if len(picked) == res.nodes:
-            if len(models) > 1 and model is not None:
+            if len(models) > 1 and model is not None and model != ANY_GPU:
                 notes.append(
                     f"picked GPU model {model}; set resources.gpu_model to choose another"
                 )
             return picked
         reasons[model or "cpu"] = why
-    raise _refusal(job, inventory, nodes, memory, reasons, source)
+    raise _refusal(job, nodes, memory, reasons, source)
 
 
 def _fit(
@@ -426,9 +482,9 @@ def _fit(
         if want > node.capacity:
             return None, f"{node.capacity} slots, {want} requested"
         return _Choice(node, (), want), ""
-    if model is None and not res.allow_mixed_gpus and res.gpu_model is None:
+    if model is None:
         return None, "has GPUs (the job runs on CPU-only nodes)"
-    gpus = [g for g in node.gpus if model is None or g.model.lower() == model.lower()]
+    gpus = [g for g in node.gpus if model == ANY_GPU or g.model.lower() == model.lower()]
     if not gpus:
         return None, f"no {model} GPU"
     if res.min_gpu_memory_gb is not None:
@@ -452,7 +508,6 @@ def _fit(
 
 def _refusal(
     job: JobSpec,
-    inventory: Inventory,
     nodes: list[Node],
     memory: MemoryEstimate | None,
     reasons: dict[str, list[tuple[str, str]]],
@@ -460,28 +515,46 @@ def _refusal(
 ) -> UserError:
     res = job.resources
     if memory is not None and job.train is not None:
-        gpus = [g for n in nodes for g in n.gpus]
+        gpus = [g for n in nodes for g in n.gpus if _eligible(job, g)]
         if gpus and all(g.memory_gb * GB < memory.total for g in gpus):
             biggest = max(gpus, key=lambda g: g.memory_gb)
             return UserError.single(
-                f"{memory.describe()}; the largest GPU here, {biggest.model}, "
-                f"has {biggest.memory_gb:g} GB",
+                f"{memory.describe()}; {biggest.model} has {biggest.memory_gb:g} GB, "
+                "the most of any GPU this job may use",
                 source=source,
                 field="train",
                 hint="try " + remedies(job.train),
             )
-    best = max(reasons.values(), key=lambda why: len(nodes) - len(why)) if reasons else []
+    # Show the attempt (GPU model) that came closest; on a tie, the one with more GPUs.
+    capacity = {
+        kind: sum(
+            1 for n in nodes for g in n.gpus if kind in (ANY_GPU, "cpu") or g.model == kind
+        )
+        for kind in reasons
+    }
+    best_kind = max(reasons, key=lambda k: (len(nodes) - len(reasons[k]), capacity[k]), default="")
+    best = reasons.get(best_kind, [])
     matched = len(nodes) - len(best)
     detail = "; ".join(_group_reasons(best))
-    wanted = "all" if res.gpus_per_node == "all" else str(res.gpus_per_node)
+    unit = "slots" if best_kind == "cpu" else "GPUs"
+    each = f"all {unit}" if res.gpus_per_node == "all" else f"{res.gpus_per_node} {unit}"
+    plural = "node" if res.nodes == 1 else "nodes"
     return UserError.single(
-        f"{res.nodes} node(s) with {wanted} GPU(s)/slot(s) each requested, {matched} match"
+        f"{res.nodes} {plural} requested ({each} each), {matched} match"
         + (f": {detail}" if detail else ""),
         source=source,
         field="resources",
         hint="lower resources.nodes or gpus_per_node, relax gpu_model/min_gpu_memory_gb, "
         "or set allow_mixed_gpus",
     )
+
+
+def _eligible(job: JobSpec, gpu: Gpu) -> bool:
+    """Whether the job's model and memory-floor filters let it use ``gpu``."""
+    res = job.resources
+    if res.gpu_model is not None and gpu.model.lower() != res.gpu_model.lower():
+        return False
+    return res.min_gpu_memory_gb is None or gpu.memory_gb >= res.min_gpu_memory_gb
 
 
 def _group_reasons(reasons: list[tuple[str, str]], limit: int = 6) -> list[str]:
@@ -516,7 +589,12 @@ def _dist_backend(job: JobSpec, any_gpu: bool, source: str, warnings: list[str])
 
 
 def _node_env(
-    job: JobSpec, choice: _Choice, node_rank: int, multi_node: bool, dist_backend: str
+    job: JobSpec,
+    choice: _Choice,
+    node_rank: int,
+    multi_node: bool,
+    dist_backend: str,
+    found_interface: str | None = None,
 ) -> dict[str, str]:
     node = choice.node
     env: dict[str, str] = {
@@ -532,10 +610,12 @@ def _node_env(
         threads = max(1, node.cpus // choice.nproc) if node.cpus else 1
     env["OMP_NUM_THREADS"] = str(threads)
     net = node.network
-    if net is not None and net.interface:
-        env["GLOO_SOCKET_IFNAME"] = net.interface
+    # The inventory's interface wins; else the one a backend discovered on the node at submit.
+    interface = net.interface if net is not None and net.interface else found_interface
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = interface
         if dist_backend == "nccl":
-            env["NCCL_SOCKET_IFNAME"] = net.interface
+            env["NCCL_SOCKET_IFNAME"] = interface
     if dist_backend == "nccl":
         if (net is not None and net.fabric == "ethernet") or (net is None and multi_node):
             env["NCCL_IB_DISABLE"] = "1"

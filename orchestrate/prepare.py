@@ -18,7 +18,6 @@ from orchestrate.inventory import Inventory, load_inventory
 from orchestrate.job import JobSpec, job_dir, load_job
 from orchestrate.machine import local_inventory
 from orchestrate.plan import Plan, make_plan
-from orchestrate.render import render
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
 PREVIEW_SUFFIX = "dryrun"
@@ -75,8 +74,15 @@ def prepare(
     job_id: str | None = None,
     busy_gpus: Mapping[str, frozenset[int]] | None = None,
     master_port: int | None = None,
+    interfaces: Mapping[str, str] | None = None,
+    render_files: bool = True,
 ) -> Prepared:
-    """Load, plan and render a job file."""
+    """Load, plan and render a job file (``render_files=False``: the plan only, ``files`` empty;
+    ``orchestrate plan`` needs no scripts, and a 4,096-node job renders 4,096 of them).
+
+    ``busy_gpus``, ``master_port`` and ``interfaces`` are facts a backend found on the hosts
+    (leases, a free port, the interface towards the master); see :func:`make_plan`.
+    """
     job, inventory = load(path, overrides)
     job_id = job_id or f"{job.name}-{PREVIEW_SUFFIX}"
     run_dir = run_root(job, path) / job_id
@@ -93,6 +99,7 @@ def prepare(
         param_count=params,
         busy_gpus=busy_gpus,
         master_port=master_port,
+        interfaces=interfaces,
     )
     if note:
         plan = replace(plan, notes=(*plan.notes, note))
@@ -106,9 +113,12 @@ def prepare(
             field="templates_dir",
             got=str(templates_dir),
         )
-    return Prepared(
-        path, tuple(overrides), job, inventory, plan, render(plan, templates_dir), templates_dir
-    )
+    files: dict[str, str] = {}
+    if render_files:
+        from orchestrate.render import render  # Jinja is imported only when scripts are wanted
+
+        files = render(plan, templates_dir)
+    return Prepared(path, tuple(overrides), job, inventory, plan, files, templates_dir)
 
 
 def _count_params(job: JobSpec, inventory: Inventory, workdir: Path) -> tuple[float | None, str]:

@@ -9,6 +9,7 @@ keeps a value on its comment line, so nothing in a job or inventory file can inj
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from importlib import resources
@@ -18,15 +19,46 @@ from typing import Any
 import jinja2
 
 from orchestrate import __version__
+from orchestrate.allocation import slurm_layout
 from orchestrate.errors import UserError
-from orchestrate.layout import SBATCH_SCRIPT, TRAIN_CONFIG, node_script_name
+from orchestrate.layout import (
+    LOG_DIR,
+    MERGED_LOG,
+    SBATCH_SCRIPT,
+    SLURM_BATCH_LOG,
+    SLURM_EVENTS,
+    SLURM_EXITS,
+    SLURM_HOSTFILE,
+    SLURM_MERGE_OFFSETS,
+    SLURM_STATE,
+    TRAIN_CONFIG,
+    node_script_name,
+)
 from orchestrate.plan import Plan
 from orchestrate.ports import PORT_BASE, PORT_SPAN
+from orchestrate.train.config import EXIT_REQUEUE
 
 
 def quote(value: object) -> str:
     """Shell-quote any value (numbers too, so templates never reason about types)."""
     return shlex.quote(str(value))
+
+
+#: What sbatch reads unquoted in an ``#SBATCH`` line.
+_SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def sbatch_quote(value: object) -> str:
+    """Quote a value for an ``#SBATCH`` line, which sbatch parses itself, not the shell.
+
+    sbatch groups quoted text and lets a backslash escape any character (inside quotes too), so
+    a double-quoted value with backslashes and quotes escaped arrives literally; shell quoting
+    would lose its backslashes. Line breaks cannot be written at all: the renderer refuses them.
+    """
+    text = str(value)
+    if _SBATCH_PLAIN.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def comment(value: object) -> str:
@@ -57,6 +89,7 @@ def environment(templates_dir: Path | None = None) -> jinja2.Environment:
     )
     env.filters["q"] = quote
     env.filters["comment"] = comment
+    env.filters["sq"] = sbatch_quote
     return env
 
 
@@ -70,9 +103,20 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
     }
+    if plan.backend == "slurm" and not (plan.run_dir.isprintable() and "\\" not in plan.run_dir):
+        # The run directory is part of an #SBATCH line (--output), which sbatch reads alone.
+        raise UserError.single(
+            "the run directory cannot go into an #SBATCH line (line break, control character "
+            "or backslash)",
+            field="run_root",
+            got=plan.run_dir,
+            hint="choose a run_root without them (or set $ORCHESTRATE_RUNS)",
+        )
     try:
         if plan.backend == "slurm":
-            files[SBATCH_SCRIPT] = env.get_template("sbatch.sh.j2").render(context)
+            files[SBATCH_SCRIPT] = env.get_template("sbatch.sh.j2").render(
+                context, **slurm_context(plan)
+            )
         else:
             template = env.get_template("node.sh.j2")
             for node in plan.nodes:
@@ -87,6 +131,25 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
     if plan.train_config is not None:
         files[TRAIN_CONFIG] = json.dumps(plan.train_config, indent=2, sort_keys=True) + "\n"
     return files
+
+
+def slurm_context(plan: Plan) -> dict[str, Any]:
+    """What sbatch.sh.j2 lays out beyond the plan: the allocation, the run dir's file names."""
+    return {
+        "slurm": slurm_layout(plan),
+        "files": {
+            "script": SBATCH_SCRIPT,
+            "merged": MERGED_LOG,
+            "log_dir": LOG_DIR,
+            "state": SLURM_STATE,
+            "events": SLURM_EVENTS,
+            "exits": SLURM_EXITS,
+            "hostfile": SLURM_HOSTFILE,
+            "merge_offsets": SLURM_MERGE_OFFSETS,
+            "batch_log": SLURM_BATCH_LOG,
+        },
+        "exit_requeue": EXIT_REQUEUE,
+    }
 
 
 def merged(files: Mapping[str, str]) -> str:

@@ -12,3 +12,14 @@ class Spec(BaseModel):
     """A frozen model that rejects keys it does not know."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def single_line(value: str) -> str:
+    """Refuse line breaks and control characters in a value that must stay on one line.
+
+    Slurm settings end up in ``#SBATCH`` lines, which sbatch reads line by line: a line break
+    would end the option there and turn the rest into shell code.
+    """
+    if not value.isprintable():
+        raise ValueError("a line break or control character cannot go into an #SBATCH line")
+    return value

@@ -21,10 +21,11 @@ from orchestrate.errors import UserError
 
 SCHEMA_VERSION = 1
 
-#: States a job ends in; Slurm's own terminal states are added by the Slurm backend.
+#: States a job ends in: the local backends' and Slurm's terminal states (a preempted Slurm job
+#: that Slurm requeues is shown as REQUEUED, not PREEMPTED).
 TERMINAL = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "PREEMPTED_FINAL"}
+     "DEADLINE", "PREEMPTED", "PREEMPTED_FINAL", "REVOKED"}
 )
 
 _SCHEMA = """

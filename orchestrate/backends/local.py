@@ -174,7 +174,7 @@ class LocalBackend:
 def _this_machine_names() -> set[str]:
     names = {"localhost", socket.gethostname(), socket.getfqdn()}
     with contextlib.suppress(OSError):
-        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
+        names |= {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
     return names
 
 

@@ -1,18 +1,26 @@
-"""Rich tables for people; ``--json`` is for scripts."""
+"""Rich tables for people; ``--json`` is for scripts.
+
+rich is imported when a table is drawn, not when the CLI starts: ``--json`` output, scripts and
+the fast commands never pay for it.
+"""
 
 from __future__ import annotations
 
 import sys
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from orchestrate.inventory import Inventory, Node
 from orchestrate.plan import Plan
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
 
 def console(stderr: bool = False) -> Console:
     """A console that does not wrap or colour output going to a pipe."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     return Console(file=stream, highlight=False, width=None if stream.isatty() else 200)
 
@@ -30,6 +38,8 @@ def _gpu_summary(node: Node) -> str:
 
 def inventory_table(inv: Inventory) -> Table:
     """One row per node: address, GPUs by model with CUDA (PCI bus order) indices, links."""
+    from rich.table import Table
+
     table = Table(title=f"inventory {inv.name}: {len(inv.nodes)} node(s)")
     for column in ("node", "address", "GPUs (CUDA index = nvidia-smi index, PCI bus order)",
                    "link", "network", "partition"):
@@ -47,6 +57,8 @@ def inventory_table(inv: Inventory) -> Table:
 
 def plan_tables(plan: Plan) -> list[Table]:
     """The node table, the rank table and the common environment."""
+    from rich.table import Table
+
     head = (
         f"job {plan.job_id} via {plan.backend}: world_size {plan.world_size}, "
         f"{plan.dist_backend}, master {plan.master_addr}:{plan.master_port}"

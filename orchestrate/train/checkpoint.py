@@ -53,8 +53,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write ``path`` so that readers see the old content or the new, never a part."""
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None], *, sync_dir: bool = True) -> None:
+    """Write ``path`` so that readers see the old content or the new, never a part.
+
+    The data is fsynced before the rename; ``sync_dir`` also fsyncs the directory so the rename
+    itself survives a power loss.
+    """
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(temporary, "wb") as handle:
@@ -65,7 +69,8 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    if sync_dir:
+        _fsync_dir(path.parent)
 
 
 def _write_bytes(handle: IO[bytes], data: bytes) -> None:
@@ -89,7 +94,9 @@ def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Pat
     ``keep`` checkpoints."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name_for(step)
-    write_atomic(path, lambda handle: torch.save(dict(state), handle))
+    # One directory fsync (after ``latest``) covers both renames: should a crash persist the
+    # pointer's rename but not the checkpoint's, find_latest falls back to the newest file.
+    write_atomic(path, lambda handle: torch.save(dict(state), handle), sync_dir=False)
     pointer = f"{path.name}\n".encode()
     write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
     for _, old in checkpoints_in(directory)[:-keep]:

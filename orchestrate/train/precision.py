@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,14 +29,11 @@ class PrecisionPlan:
     param_dtype: torch.dtype
     scaler: torch.amp.GradScaler | None
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast for the forward pass and loss, or nothing."""
         if self.autocast_dtype is None:
-            yield
-            return
-        with torch.autocast(self.device_type, dtype=self.autocast_dtype):
-            yield
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def cast_input(self, value: torch.Tensor) -> torch.Tensor:
         """Floating inputs in the parameters' dtype (needed by ``bf16-true``)."""

@@ -2,18 +2,19 @@
 
 Slurm sends SIGTERM (or, with ``--signal``, SIGUSR2) before a time limit or a preemption; cloud
 schedulers do the same. Checkpointing *inside* a signal handler fails intermittently (it runs at an
-arbitrary point, possibly inside a collective), so the handler only records the signal. At every
-optimizer-step boundary the ranks all-reduce the flag with MAX, so a signal delivered to any one
+arbitrary point, possibly inside a collective), so the handler only records the signal. At
+optimizer-step boundaries the ranks all-reduce the flag with MAX, so a signal delivered to any one
 rank stops all of them at the same step; rank 0 then checkpoints and every rank exits with
 :data:`~orchestrate.train.config.EXIT_REQUEUE` (75). SIGUSR1 is never used: NCCL claims it.
 
-The exchange is started asynchronously on the CPU control group when a step begins and read when
-it ends, so it overlaps the step's computation instead of adding a round trip to it.
+The exchange runs on the CPU control group (no GPU synchronization) at an adaptive cadence of
+about twice per second; see :class:`StopAgreement`.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterable
 from types import FrameType
 from typing import Any
@@ -51,35 +52,52 @@ class StopFlag:
 
 
 class StopAgreement:
-    """The all-ranks view of a :class:`StopFlag`, exchanged once per optimizer step."""
+    """The all-ranks view of a :class:`StopFlag`, exchanged at optimizer-step boundaries.
+
+    An all-reduce per step costs a network round trip, which is a quarter of the step time of a
+    small model on gloo (measured: docs/train.md). So the exchange runs every ``every`` steps,
+    where ``every`` adapts so that exchanges happen about every :attr:`INTERVAL_S` seconds: each
+    exchange also carries the slowest rank's time per step since the previous one, and every
+    rank derives the next ``every`` from those identical numbers, so all ranks keep exchanging
+    (and stopping) at the same steps. A stop is noticed within about ``INTERVAL_S`` plus a step.
+    """
+
+    INTERVAL_S = 0.5
+    MAX_EVERY = 10_000
 
     def __init__(self, flag: StopFlag, group: dist.ProcessGroup | None) -> None:
         self.flag = flag
         self._group = group
-        self._buffer = torch.zeros(1, dtype=torch.int32)
-        self._work: Any = None
+        self._buffer = torch.zeros(2, dtype=torch.float64)  # stop flag, seconds per step
+        self.every = 1
+        self._since = 0
+        self._last = time.perf_counter()
         self.agreed = False
 
-    def begin(self) -> None:
-        """Start exchanging this rank's flag (a no-op in a single-process job)."""
-        if self._group is None or self._work is not None:
-            return
-        self._buffer.fill_(1 if self.flag.is_set else 0)
-        self._work = dist.all_reduce(
-            self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True
-        )
-
-    def settle(self) -> bool:
-        """Finish the exchange; True when some rank was asked to stop (sticky once True)."""
+    def step_done(self) -> bool:
+        """Call on every rank after every optimizer step; True when all ranks must stop."""
         if self._group is None:
             self.agreed = self.agreed or self.flag.is_set
             return self.agreed
-        if self._work is None:
-            self.begin()
-        work, self._work = self._work, None
-        work.wait()
-        self.agreed = self.agreed or bool(self._buffer.item())
+        self._since += 1
+        if self._since < self.every:
+            return self.agreed
+        now = time.perf_counter()
+        self._buffer[0] = 1.0 if self.flag.is_set else 0.0
+        self._buffer[1] = (now - self._last) / self._since
+        dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
+        stop, per_step = self._buffer.tolist()
+        self._since, self._last = 0, now
+        self.every = next_interval(per_step, self.INTERVAL_S, self.MAX_EVERY)
+        self.agreed = self.agreed or stop > 0
         return self.agreed
+
+
+def next_interval(per_step_s: float, interval_s: float, most: int) -> int:
+    """Steps until the next exchange, so that exchanges are about ``interval_s`` apart."""
+    if not per_step_s > 0:
+        return 1
+    return max(1, min(most, int(interval_s / per_step_s)))
 
 
 def signal_names(names: Iterable[str]) -> list[str]:

@@ -247,7 +247,7 @@ def _restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) -
     return restored
 
 
-def _agree(cluster: Cluster, failure: tuple[str, str] | None, payload: Any) -> list[Any]:
+def _gather_outcomes(cluster: Cluster, failure: tuple[str, str] | None, payload: Any) -> list[Any]:
     """All ranks' (failure, payload), gathered on the control group."""
     mine = (failure, payload)
     if cluster.control is None:
@@ -257,14 +257,14 @@ def _agree(cluster: Cluster, failure: tuple[str, str] | None, payload: Any) -> l
     return everyone
 
 
-def _checkpoint_agreement(
+def _agree_on(
     cluster: Cluster, phase: str, error: BaseException | None, payload: Any = None
 ) -> list[Any]:
     """Agree that ``phase`` worked on every rank; otherwise report once and stop everyone."""
     described = None if error is None else _describe(error)
     failure = None if described is None else (described[0], described[1])
     try:
-        outcomes = _agree(cluster, failure, payload)
+        outcomes = _gather_outcomes(cluster, failure, payload)
     except Exception:
         if described is not None:  # peers are gone; still say what went wrong here
             _say(f"rank {cluster.rank}: {described[1]}")
@@ -285,10 +285,9 @@ def _checkpoint_agreement(
         _say(f"rank {cluster.rank}: {message}{also}")
     if cluster.rank == 0 and failure is None:
         _say(f"rank 0: stopping: {phase} failed on rank(s) {_ranks_text([r for r, _ in failed])}")
-    only_user = all(fail[0] == "user" for _, fail in failed)
-    mine_user = failure is not None and failure[0] == "user"
-    raise SetupAborted(EXIT_USER_ERROR if mine_user or (failure is None and only_user) else
-                       EXIT_FAILED)
+    # A configuration mistake exits 2 on the ranks it hit, and on the others if it is all there is.
+    kinds = {failure[0]} if failure is not None else {fail[0] for _, fail in failed}
+    raise SetupAborted(EXIT_USER_ERROR if kinds == {"user"} else EXIT_FAILED)
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -306,7 +305,7 @@ def _setup(
         built = _build(spec, cluster, run_dir)
     except Exception as exc:
         error = exc
-    payloads = _checkpoint_agreement(
+    payloads = _agree_on(
         cluster, "setup", error, None if built is None else built.resume_from
     )
     assert built is not None
@@ -316,7 +315,7 @@ def _setup(
         restored = _restore(spec, cluster, built, log)
     except Exception as exc:
         error = exc
-    _checkpoint_agreement(cluster, "loading the checkpoint", error)
+    _agree_on(cluster, "loading the checkpoint", error)
 
     cuda = cluster.device.type == "cuda"
     model = DistributedDataParallel(
@@ -434,9 +433,10 @@ def run_session(
         leave(cluster, failed=True)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        where = "training failed"
+        where = "setup failed"
         if trainer is not None:
-            where += f" in epoch {trainer.position.epoch + 1} after step {trainer.position.step}"
+            p = trainer.position
+            where = f"training failed in epoch {p.epoch + 1} after step {p.step}"
         if _is_peer_failure(exc):
             _say(
                 f"rank {env.rank}: {where}: {_first_line(exc)} (a collective failed: another "

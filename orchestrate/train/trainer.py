@@ -105,10 +105,6 @@ class Trainer:
         return math.ceil(self.sampler.num_samples / self.spec.batch_size)
 
     @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(self.batches_per_epoch / self.spec.grad_accum_steps)
-
-    @property
     def _where(self) -> tuple[int, int, int]:
         return (self.position.epoch, self.position.batch, self.position.step)
 
@@ -157,8 +153,6 @@ class Trainer:
             group_start = index - index % accum
             group_size = min(accum, n_batches - group_start)
             last_of_group = index + 1 == group_start + group_size
-            if index == group_start:
-                self.stop.begin()
             self._micro_step(inputs, target, group_size, sync=last_of_group)
             index += 1
             if not last_of_group:
@@ -166,7 +160,7 @@ class Trainer:
             self._optimizer_step()
             self.position.step += 1
             self.position.batch = index
-            stopping = self.stop.settle()
+            stopping = self.stop.step_done()
             self._after_step()
             if stopping:
                 return "stop"
@@ -192,7 +186,7 @@ class Trainer:
             torch.autograd.backward(scaled)
         count = len(target)
         assert self._pending_loss is not None
-        self._pending_loss += loss.detach().double() * count
+        self._pending_loss.add_(loss.detach(), alpha=count)  # one kernel, float64 sum
         self._pending_samples += count
         self._epoch_samples_here += count
 

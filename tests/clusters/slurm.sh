@@ -4,6 +4,8 @@
 #   tests/clusters/slurm.sh up       install slurm-wlm + munge if missing, start the cluster
 #   tests/clusters/slurm.sh down     stop every daemon and job process it started, undo /etc/hosts
 #   tests/clusters/slurm.sh status   print sinfo; exit 0 when up, 3 when not
+#   tests/clusters/slurm.sh kill-node nK    a power cut: SIGKILL every process of node nK
+#   tests/clusters/slurm.sh start-node nK   start nK's slurmd again; wait until it is not down
 #
 # Why it looks like this (measured facts: docs/testing-clusters.md):
 # - Each node is one `slurmd -N nK` with its own port, spool and log, and its own network
@@ -526,6 +528,52 @@ do_down() {
     say "down in ${elapsed}s (logs kept in $DIR/log)"
 }
 
+node_arg() { # the node named by the verb's argument, checked against this cluster
+    local n=${1:-} k
+    for k in $(node_names); do
+        if [[ $k == "$n" ]]; then
+            echo "$n"
+            return 0
+        fi
+    done
+    die "no node '$n' in this cluster (nodes: $(node_names | tr '\n' ' '))"
+}
+
+do_kill_node() { # a node failure: its slurmd, slurmstepds and job tasks die at once
+    check_settings
+    use_recorded_settings
+    is_up || die "the cluster is not up"
+    local n inode pids=() p
+    n=$(node_arg "${1:-}")
+    inode=$(ns_inode "$(uts_file "$n")")
+    [[ -n $inode ]] || die "node $n has no pinned UTS namespace"
+    mapfile -t pids < <(pids_in_uts "$inode")
+    if ((${#pids[@]})); then kill -KILL "${pids[@]}" 2>/dev/null || true; fi
+    for p in "${pids[@]}"; do # wait until they are gone (a zombie counts as gone)
+        while alive "$p"; do sleep 0.05; done
+    done
+    say "killed node $n (${#pids[@]} processes)"
+}
+
+do_start_node() { # the node comes back: slurmd again, and ReturnToService=2 makes it usable
+    check_settings
+    use_recorded_settings
+    local n prefix deadline state
+    n=$(node_arg "${1:-}")
+    if ! alive "$(pid_of "slurmd-$n")"; then
+        mapfile -t prefix < <(node_prefix "$n")
+        start_daemon "slurmd-$n" "${prefix[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
+    fi
+    deadline=$((SECONDS + TIMEOUT))
+    while true; do
+        state=$(sinfo -h -N -n "$n" -o %T 2>/dev/null || true)
+        [[ -n $state && $state != *down* && $state != *'*' ]] && break
+        ((SECONDS < deadline)) || die "node $n still '$state' after ${TIMEOUT}s"
+        sleep 0.2
+    done
+    say "node $n is back ($state)"
+}
+
 do_status() {
     check_settings
     use_recorded_settings
@@ -541,8 +589,10 @@ case ${1:-} in
 up) do_up ;;
 down) do_down ;;
 status) do_status ;;
+kill-node) do_kill_node "${2:-}" ;;
+start-node) do_start_node "${2:-}" ;;
 *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|kill-node NODE|start-node NODE" >&2
     exit 2
     ;;
 esac

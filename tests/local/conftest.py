@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,12 @@ class Cli:
     home: Path
     work: Path
     env: dict[str, str]
+    uid: str
+
+    def id(self, name: str) -> str:
+        """A job id unique to this test run: processes are found (and reaped) by job id, so
+        ids must not repeat across runs that share a machine."""
+        return f"{name}-{self.uid}"
 
     def run(self, *args: str, timeout: float = 120, check: bool = False,
             **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -61,7 +68,7 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
     work.mkdir()
     env = dict(os.environ, ORCHESTRATE_HOME=str(home), ORCHESTRATE_RUNS=str(work / "runs"))
     env.pop("ORCHESTRATE_JOB_ID", None)
-    c = Cli(home=home, work=work, env=env)
+    c = Cli(home=home, work=work, env=env, uid=uuid.uuid4().hex[:6])
     yield c
     # Whatever a test leaves behind is a failure of that test, but never of the next one.
     for run in (work / "runs").glob("*") if (work / "runs").exists() else []:

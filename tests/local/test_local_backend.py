@@ -68,17 +68,17 @@ def _wait_ranks_running(cli: Cli, job: str, timeout: float = 60) -> dict[str, ob
 @pytest.mark.timeout(120)
 def test_two_rank_ddp_job_completes_with_rank_prefixed_output(cli: Cli) -> None:
     job = _ddp_job(cli, "allreduce")
-    proc = cli.run("submit", str(job), "--follow", "--job-id", "allreduce-1")
+    proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("allreduce-1"))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "[localhost:0] rank 0 local 0 sum 3" in lines
     assert "[localhost:1] rank 1 local 1 sum 3" in lines
-    status = cli.status("allreduce-1")
+    status = cli.status(cli.id("allreduce-1"))
     assert status["state"] == "COMPLETED"
     assert [r["exit_code"] for r in status["ranks"]] == [0, 0]
     run_dir = Path(str(status["run_dir"]))
     assert (run_dir / "logs" / "rank-1.log").read_text() == "rank 1 local 1 sum 3\n"
-    assert reaper.tagged_pids("allreduce-1") == []
+    assert reaper.tagged_pids(cli.id("allreduce-1")) == []
 
 
 @pytest.mark.timeout(120)
@@ -95,15 +95,15 @@ def test_the_script_render_prints_is_what_runs(cli: Cli) -> None:
 @pytest.mark.timeout(120)
 def test_killed_rank_fails_the_job_fast_and_leaves_nothing(cli: Cli) -> None:
     job = _ddp_job(cli, "victim", hold_s=120)
-    cli.run("submit", str(job), "--detach", "--job-id", "victim-1", check=True)
-    status = _wait_ranks_running(cli, "victim-1")
+    cli.run("submit", str(job), "--detach", "--job-id", cli.id("victim-1"), check=True)
+    status = _wait_ranks_running(cli, cli.id("victim-1"))
     time.sleep(3)  # let the ranks reach their collective
     victim = next(r for r in status["ranks"] if r["rank"] == 1)  # type: ignore[union-attr]
-    pids = reaper.tagged_pids("victim-1")
+    pids = reaper.tagged_pids(cli.id("victim-1"))
     target = next(p for p in pids if _is_python_rank(p, 1))
     killed_at = time.monotonic()
     os.kill(target, signal.SIGKILL)
-    final = _wait_state(cli, "victim-1", {"FAILED", "COMPLETED", "CANCELLED"}, 30)
+    final = _wait_state(cli, cli.id("victim-1"), {"FAILED", "COMPLETED", "CANCELLED"}, 30)
     assert time.monotonic() - killed_at < 10
     assert final["state"] == "FAILED"
     failure = final["failure"]
@@ -112,7 +112,7 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(cli: Cli) -> None:
     assert victim["node"] == failure["node"] == "localhost"
     assert "rank 1" in str(final["reason"])
     time.sleep(0.5)
-    assert reaper.tagged_pids("victim-1") == []
+    assert reaper.tagged_pids(cli.id("victim-1")) == []
 
 
 def _is_python_rank(pid: int, rank: int) -> bool:
@@ -131,16 +131,17 @@ def test_cancel_stops_every_process(cli: Cli) -> None:
         resources: {nodes: 1, gpus_per_node: 2}
         command: [bash, -c, "sleep 300 & sleep 300; wait"]
         """)
-    cli.run("submit", str(job), "--detach", "--job-id", "sleepy-1", check=True)
-    _wait_ranks_running(cli, "sleepy-1")
+    cli.run("submit", str(job), "--detach", "--job-id", cli.id("sleepy-1"), check=True)
+    _wait_ranks_running(cli, cli.id("sleepy-1"))
     time.sleep(0.3)
-    assert len(reaper.tagged_pids("sleepy-1")) >= 4  # two ranks, each with a background child
+    # two ranks, each with a background child
+    assert len(reaper.tagged_pids(cli.id("sleepy-1"))) >= 4
     started = time.monotonic()
     out = cli.run("cancel", "sleepy", check=True).stdout
     assert "CANCELLED" in out
     assert time.monotonic() - started < 10
-    assert reaper.tagged_pids("sleepy-1") == []
-    assert cli.status("sleepy-1")["state"] == "CANCELLED"
+    assert reaper.tagged_pids(cli.id("sleepy-1")) == []
+    assert cli.status(cli.id("sleepy-1"))["state"] == "CANCELLED"
 
 
 @pytest.mark.timeout(120)
@@ -150,13 +151,13 @@ def test_ctrl_c_on_follow_cancels_the_job(cli: Cli) -> None:
         resources: {nodes: 1, gpus_per_node: 2}
         command: [sleep, "300"]
         """)
-    proc = cli.popen("submit", str(job), "--follow", "--job-id", "ctrlc-1")
-    _wait_ranks_running(cli, "ctrlc-1")
+    proc = cli.popen("submit", str(job), "--follow", "--job-id", cli.id("ctrlc-1"))
+    _wait_ranks_running(cli, cli.id("ctrlc-1"))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     assert proc.returncode != 0
-    assert cli.status("ctrlc-1")["state"] == "CANCELLED"
-    assert reaper.tagged_pids("ctrlc-1") == []
+    assert cli.status(cli.id("ctrlc-1"))["state"] == "CANCELLED"
+    assert reaper.tagged_pids(cli.id("ctrlc-1")) == []
 
 
 @pytest.mark.timeout(120)
@@ -166,10 +167,10 @@ def test_early_exit_with_code_zero_is_reported(cli: Cli) -> None:
         resources: {nodes: 1, gpus_per_node: 2}
         command: [bash, -c, 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 14']
         """)
-    proc = cli.run("submit", str(job), "--follow", "--job-id", "early-1", timeout=60)
+    proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("early-1"), timeout=60)
     assert proc.returncode == 0
     assert "[orchestrate] rank 1 on localhost exited 0 more than" in proc.stdout
-    assert "still run" in str(cli.status("early-1")["reason"])
+    assert "still run" in str(cli.status(cli.id("early-1"))["reason"])
 
 
 @pytest.mark.timeout(120)
@@ -179,11 +180,11 @@ def test_logs_follow_streams_a_running_job(cli: Cli) -> None:
         resources: {nodes: 1, gpus_per_node: 1}
         command: [bash, -c, 'for i in 1 2 3 4 5; do echo "tick $i"; sleep 0.5; done']
         """)
-    cli.run("submit", str(job), "--detach", "--job-id", "ticker-1", check=True)
+    cli.run("submit", str(job), "--detach", "--job-id", cli.id("ticker-1"), check=True)
     proc = cli.run("logs", "ticker", "--follow", timeout=60, check=True)
     ticks = [line for line in proc.stdout.splitlines() if line.startswith("[localhost:")]
     assert ticks == [f"[localhost:0] tick {i}" for i in range(1, 6)]
-    rank_log = cli.run("logs", "ticker-1", "--rank", "0", check=True).stdout
+    rank_log = cli.run("logs", cli.id("ticker-1"), "--rank", "0", check=True).stdout
     assert rank_log.splitlines() == [f"tick {i}" for i in range(1, 6)]
 
 
@@ -213,22 +214,22 @@ def test_two_jobs_share_a_server_on_disjoint_gpus_and_ports(cli: Cli) -> None:
         distributed: {backend: gloo, master_port: auto}
         command: [bash, -c, 'echo "$CUDA_VISIBLE_DEVICES $MASTER_PORT"; sleep 30']
         """)
-    cli.run("submit", str(job), "--detach", "--job-id", "half-a", check=True)
-    cli.run("submit", str(job), "--detach", "--job-id", "half-b", check=True)
-    third = cli.run("submit", str(job), "--detach", "--job-id", "half-c")
+    cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-a"), check=True)
+    cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-b"), check=True)
+    third = cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-c"))
     assert third.returncode == 2
     assert "held by other jobs" in third.stderr
-    a, b = (_wait_ranks_running(cli, j) for j in ("half-a", "half-b"))
+    a, b = (_wait_ranks_running(cli, j) for j in (cli.id("half-a"), cli.id("half-b")))
     plans = [json.loads((Path(str(s["run_dir"])) / "plan.json").read_text()) for s in (a, b)]
     gpus = [set(p["nodes"][0]["cuda_visible_devices"].split(",")) for p in plans]
     assert gpus[0].isdisjoint(gpus[1])
     assert gpus[0] | gpus[1] == {"2", "3", "4", "5", "6", "7"}
     assert plans[0]["master_port"] != plans[1]["master_port"]
-    cli.run("cancel", "half-a", "half-b", check=True)
+    cli.run("cancel", cli.id("half-a"), cli.id("half-b"), check=True)
     # Once they are gone their leases are released and the GPUs are free again.
-    again = cli.run("submit", str(job), "--detach", "--job-id", "half-d")
+    again = cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-d"))
     assert again.returncode == 0, again.stderr
-    cli.run("cancel", "half-d", check=True)
+    cli.run("cancel", cli.id("half-d"), check=True)
 
 
 @pytest.mark.timeout(60)
@@ -242,12 +243,12 @@ def test_a_busy_derived_port_is_replaced_and_recorded(cli: Cli) -> None:
         resources: {nodes: 1, gpus_per_node: 1}
         command: [bash, -c, 'echo "port=$MASTER_PORT"']
         """)
-    busy = derive_port("porty-1")
+    busy = derive_port(cli.id("porty-1"))
     with socket.socket() as holder:
         holder.bind(("", busy))
         holder.listen()
-        proc = cli.run("submit", str(job), "--follow", "--job-id", "porty-1", check=True)
-    plan = json.loads((cli.work / "runs" / "porty-1" / "plan.json").read_text())
+        proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("porty-1"), check=True)
+    plan = json.loads((cli.work / "runs" / cli.id("porty-1") / "plan.json").read_text())
     assert plan["master_port"] != busy
     assert f"port={plan['master_port']}" in proc.stdout
 
@@ -270,12 +271,15 @@ def test_secret_env_reaches_ranks_but_no_file(cli: Cli) -> None:
         name: secret
         resources: {nodes: 1, gpus_per_node: 2}
         secret_env: [API_TOKEN]
-        command: [bash, -c, 'test "$(printf %s "$API_TOKEN" | rev)" = eulav-t3rc3s && echo ok-$RANK']
+        command:
+          - bash
+          - -c
+          - 'test "$(printf %s "$API_TOKEN" | rev)" = eulav-t3rc3s && echo ok-$RANK'
         """)
-    missing = cli.run("submit", str(job), "--detach", "--job-id", "secret-0")
+    missing = cli.run("submit", str(job), "--detach", "--job-id", cli.id("secret-0"))
     assert missing.returncode == 2 and "API_TOKEN is not set" in missing.stderr
     cli.env["API_TOKEN"] = "s3cr3t-value"
-    proc = cli.run("submit", str(job), "--follow", "--job-id", "secret-1", check=True)
+    proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("secret-1"), check=True)
     assert "[localhost:0] ok-0" in proc.stdout and "[localhost:1] ok-1" in proc.stdout
     for path in [*cli.work.rglob("*"), *cli.home.rglob("*")]:
         if path.is_file():
@@ -285,9 +289,10 @@ def test_secret_env_reaches_ranks_but_no_file(cli: Cli) -> None:
 @pytest.mark.timeout(180)
 def test_the_example_job_completes_with_metrics(cli: Cli) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "digits" / "job.yaml"
-    proc = cli.run("submit", str(example), "--follow", "--job-id", "digits-test", timeout=170)
+    job_id = cli.id("digits-test")
+    proc = cli.run("submit", str(example), "--follow", "--job-id", job_id, timeout=170)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
-    status = cli.status("digits-test")
+    status = cli.status(cli.id("digits-test"))
     assert status["state"] == "COMPLETED"
     assert status["first_step_at"] is not None
     metrics = [json.loads(line) for line in

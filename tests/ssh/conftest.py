@@ -11,13 +11,17 @@ skipped SSH suite looks green while proving nothing. Deselect with `-m "not ssh"
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +191,110 @@ def no_stray_remote_processes(ssh_hosts: SshHosts) -> Iterator[None]:
     while (strays := _strays(ssh_hosts)) and time.monotonic() < deadline:
         time.sleep(0.1)
     _signal_all(strays, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ the SSH backend's tests
+
+
+@dataclass
+class SshCli:
+    """Runs the real `python -m orchestrate` CLI with a private ORCHESTRATE_HOME, and writes
+    inventories that reach the test hosts the way a user's would."""
+
+    hosts: SshHosts
+    home: Path
+    work: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 120, check: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrate", *args], cwd=self.work, env=self.env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"orchestrate {args} exited {proc.returncode}:\n"
+                                 f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def status(self, job: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.run("status", job, "--json", check=True).stdout)
+        return result
+
+    def wait_state(self, job: str, states: set[str], timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(job)
+            if status["state"] in states or time.monotonic() > deadline:
+                return status
+            time.sleep(0.2)
+
+    def wait_running(self, job: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run("status", job).returncode != 0:  # still in preflight: not a job yet
+                time.sleep(0.2)
+                continue
+            status = self.status(job)
+            if status["state"] == "RUNNING" and all(r["pid"] for r in status["ranks"]):
+                return status
+            if status["state"] not in ("PENDING", "RUNNING"):
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"job {job} never ran all ranks: {self.status(job)}")
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.work / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def inventory(self, nodes: list[dict[str, Any]], name: str = "inv.yaml",
+                  python: str = sys.executable, **ssh: Any) -> Path:
+        """An inventory of test hosts: each node a dict with at least `name` (h1..) and `slots`
+        or `gpus`; the address comes from the running hosts unless given. JSON is YAML."""
+        addresses = dict(self.hosts.hosts)
+        settings = {
+            "config_file": str(self.hosts.ssh_config),
+            "known_hosts_file": str(self.hosts.known_hosts),
+            "identity_file": str(self.hosts.key),
+            **ssh,
+        }
+        entries = [{"address": addresses.get(n["name"]), **n} for n in nodes]
+        data = {"name": "test-hosts", "defaults": {"python": python, "ssh": settings},
+                "nodes": entries}
+        path = self.work / name
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+
+@pytest.fixture
+def ssh_cli(ssh_hosts: SshHosts, tmp_path: Path) -> Iterator[SshCli]:
+    """A CLI for SSH jobs on the test hosts; every job it ran is stopped on every host after."""
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, ORCHESTRATE_HOME=str(home), ORCHESTRATE_RUNS=str(work / "runs"))
+    env.pop("ORCHESTRATE_JOB_ID", None)
+    cli = SshCli(hosts=ssh_hosts, home=home, work=work, env=env)
+    yield cli
+    from orchestrate import reaper
+
+    # The PID space is shared by the hosts: a scan here sees every host's processes.
+    for run in (work / "runs").glob("*") if (work / "runs").exists() else []:
+        reaper.reap(run.name, grace_s=1.0)
+
+
+def tagged_on(hosts: SshHosts, job_id: str) -> dict[str, list[int]]:
+    """Pids carrying the job's tag, asked on each host over ssh (what a user would run)."""
+    script = (
+        "for p in /proc/[0-9]*; do "
+        f"grep -qzx 'ORCHESTRATE_JOB_ID={job_id}' $p/environ 2>/dev/null && echo ${{p#/proc/}}; "
+        "done; true"
+    )
+    found = {}
+    for name, _ in hosts.hosts:
+        result = hosts.run(name, script)
+        assert result.returncode == 0, result.stderr
+        found[name] = [int(pid) for pid in result.stdout.split()]
+    return {name: pids for name, pids in found.items() if pids}

@@ -65,7 +65,7 @@ def test_failure_mid_training_stops_all(launcher: Launcher, tmp_path: Path) -> N
     assert launch.ranks[0].stderr.startswith("rank 0: training failed in epoch 1")
 
 
-def _run_bare(args: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run_bare(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "orchestrate.train", *args], cwd=DIGITS, env=env,
         capture_output=True, text=True, timeout=60,
@@ -77,7 +77,7 @@ def test_bad_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = base_env() | {"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
                         "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     started = time.monotonic()
-    result = _run_bare(["--config", str(config)], env, tmp_path)
+    result = _run_bare(["--config", str(config)], env)
     assert result.returncode == 2
     assert result.stderr == (
         "orchestrate.train: environment: RANK: must be below WORLD_SIZE=2 (got 2)\n"
@@ -90,7 +90,7 @@ def test_bad_config_exit_2(tmp_path: Path) -> None:
     bad["epochz"] = 3
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
-    result = _run_bare(["--config", str(path)], base_env(), tmp_path)
+    result = _run_bare(["--config", str(path)], base_env())
     assert result.returncode == 2
     assert f"{path}: epochz: unknown key" in result.stderr
     assert "did you mean 'epochs'?" in result.stderr

@@ -74,7 +74,8 @@ def build_dataset(
     delay_s: float = 0.0,
     fail_on_rank: int | None = None,
     fail_after: int = 0,
-) -> tuple[Dataset[Any], Dataset[Any]]:
+    without_val: bool = False,
+) -> tuple[Dataset[Any], Dataset[Any] | None]:
     """digits.build_dataset, recorded; ``val_size`` keeps the first N validation samples."""
     train, val = digits.build_dataset()
     if val_size is not None:
@@ -87,7 +88,7 @@ def build_dataset(
     if record_dir is not None:
         path = Path(record_dir) / f"samples-rank{rank}.json"
         atexit.register(lambda: path.write_text(json.dumps(logs)))
-    return recorded_train, recorded_val
+    return recorded_train, None if without_val else recorded_val
 
 
 def mean_abs_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

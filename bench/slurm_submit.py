@@ -1,0 +1,148 @@
+"""What ``orchestrate submit`` adds on Slurm: submit-to-start and submit-to-end against sbatch.
+
+Both sides run the same rendered job.sbatch (2 nodes x 1 rank, each rank prints one line) on the
+test cluster (tests/clusters/slurm.sh; brought up and down here if it is not up already):
+
+- A: ``orchestrate submit job.yaml --detach`` (a fresh Python process: plan, render, write the run
+  directory, sbatch, record the job);
+- B: plain ``sbatch --parsable job.sbatch`` of a script ``orchestrate render`` wrote beforehand
+  (untimed), from its own run directory.
+
+Times are taken from just before the command starts to the script's own stamps in
+``slurm/events.jsonl``: ``start`` (the batch script began) and ``end`` (every rank exited and
+the logs were merged); ``submit`` is how long the command itself took. Runs are interleaved
+(A B A B ...) so that machine noise hits both alike; medians are printed.
+Target: A - B <= 0.5 s to start.
+
+    python bench/slurm_submit.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_SH = REPO / "tests" / "clusters" / "slurm.sh"
+STATE_DIR = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
+
+JOB = """\
+name: bench
+inventory: inventory.yaml
+backend: slurm
+resources: {{nodes: 2, gpus_per_node: 1}}
+command: [{python}, -c, "print('rank up')"]
+"""
+
+INVENTORY = """\
+name: bench
+defaults: {{python: {python}, slurm: {{partition: debug}}}}
+nodes:
+  - {{name: n1, slots: 4}}
+  - {{name: n2, slots: 4}}
+  - {{name: n3, slots: 4}}
+"""
+
+
+def cluster_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for line in (STATE_DIR / "env.sh").read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export":
+            name, _, value = words[1].partition("=")
+            env[name] = value
+    return env
+
+
+def events(run_dir: Path, timeout: float = 60) -> tuple[float, float]:
+    """(start, end) stamps of the first run of the job in ``run_dir``."""
+    path = run_dir / "slurm" / "events.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            found = {e["event"]: e["time"] for e in map(json.loads, path.read_text().splitlines())}
+            if "end" in found:
+                return float(found["start"]), float(found["end"])
+        time.sleep(0.05)
+    raise SystemExit(f"no end stamp in {path} after {timeout}s")
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
+
+
+def ours(work: Path, env: dict[str, str], index: int) -> tuple[float, float, float]:
+    job_id = f"ours-{index}"
+    t0 = time.time()
+    run([sys.executable, "-m", "orchestrate", "submit", "job.yaml", "--detach",
+         "--job-id", job_id], work, env)
+    took = time.time() - t0
+    start, end = events(work / "runs" / job_id)
+    return took, start - t0, end - t0
+
+
+def plain(work: Path, env: dict[str, str], index: int) -> tuple[float, float, float]:
+    job_id = f"plain-{index}"
+    run_dir = work / "runs" / job_id
+    run([sys.executable, "-m", "orchestrate", "render", "job.yaml", "--job-id", job_id,
+         "-o", str(run_dir)], work, env)
+    t0 = time.time()
+    run(["sbatch", "--parsable", "job.sbatch"], run_dir, env)
+    took = time.time() - t0
+    start, end = events(run_dir)
+    return took, start - t0, end - t0
+
+
+def summary(name: str, samples: list[tuple[float, float, float]]) -> tuple[float, ...]:
+    medians = tuple(statistics.median(s[i] for s in samples) for i in range(3))
+    print(f"{name:32s} submit {medians[0]:.3f} s   to start {medians[1]:.3f} s   "
+          f"to end {medians[2]:.3f} s")
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+    was_up = subprocess.run([str(SLURM_SH), "status"], capture_output=True,
+                            check=False).returncode == 0
+    if not was_up:
+        subprocess.run([str(SLURM_SH), "up"], check=True, capture_output=True)
+    try:
+        work = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
+        (work / "inventory.yaml").write_text(INVENTORY.format(python=sys.executable))
+        (work / "job.yaml").write_text(JOB.format(python=sys.executable))
+        env = dict(cluster_env(), ORCHESTRATE_HOME=str(work / "home"),
+                   ORCHESTRATE_RUNS=str(work / "runs"))
+        ours(work, env, 0)  # warm the page cache for both
+        plain(work, env, 0)
+        a, b = [], []
+        for i in range(1, args.runs + 1):
+            a.append(ours(work, env, i))
+            b.append(plain(work, env, i))
+        load = os.getloadavg()[0]
+        print(f"runs each: {args.runs} (interleaved), load average {load:.1f}")
+        ma = summary("A orchestrate submit --detach", a)
+        mb = summary("B sbatch (same script)", b)
+        print(f"A - B: to start {ma[1] - mb[1]:+.3f} s, to end {ma[2] - mb[2]:+.3f} s "
+              f"(target: to start <= +0.5 s)")
+        print("A to start, each run: " + " ".join(f"{s[1]:.2f}" for s in a))
+        print("B to start, each run: " + " ".join(f"{s[1]:.2f}" for s in b))
+    finally:
+        if not was_up:
+            subprocess.run([str(SLURM_SH), "down"], check=False, capture_output=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Talking to Slurm: its client commands, each with a time limit, and parsers for their output.
+
+The parsers are pure (text in, values out) and tested on recorded output. Every command has a
+timeout because a Slurm client blocks while the controller is down or restarting (``scontrol
+ping`` was seen to hang for seconds): a status query must never leave its caller waiting forever.
+Job state comes from ``scontrol show job`` (which keeps finished jobs for ``MinJobAge``) and
+``squeue``; ``sacct`` only where accounting is enabled, which small clusters often lack.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Slurm job states after which the job never runs again (unless someone requeues it by hand).
+FINAL_STATES = frozenset(
+    {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+     "PREEMPTED", "REVOKED", "TIMEOUT"}
+)
+#: How long one client command may take before we stop waiting for it.
+COMMAND_TIMEOUT_S = 10.0
+PING_TIMEOUT_S = 3.0
+
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
+_JOB_ID = re.compile(r"^\s*(\d+)(?:;\S+)?\s*$")
+_INVALID_JOB = "Invalid job id"
+
+
+class SlurmError(Exception):
+    """A Slurm client failed: the command, its exit status and its last stderr lines."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What a client command did."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def describe(self) -> str:
+        """``sbatch --parsable job.sbatch exited 1: <last stderr lines>``."""
+        tail = " | ".join(self.stderr.strip().splitlines()[-3:]) or self.stdout.strip()[-300:]
+        return f"{' '.join(self.argv)} exited {self.returncode}: {tail}"
+
+
+# ---- parsers ---------------------------------------------------------------------------------
+
+
+def parse_show_job(text: str) -> list[dict[str, str]]:
+    """``scontrol show job [--oneliner]`` output as one dict per job record.
+
+    A heterogeneous job prints one record per component; a record starts at ``JobId=``. Values
+    may contain spaces (``Reason=...``, ``Command=/a b/c``): a value runs until the next
+    `` Key=``.
+    """
+    records: list[dict[str, str]] = []
+    for block in re.split(r"(?=(?:^|\s)JobId=)", text.strip()):
+        block = " ".join(block.split())
+        if not block.startswith("JobId="):
+            continue
+        matches = list(_KEY.finditer(block))
+        record: dict[str, str] = {}
+        for i, match in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(block)
+            record[match.group(1)] = block[match.end():end].strip()
+        records.append(record)
+    return records
+
+
+def parse_job_id(text: str) -> str:
+    """The job id from ``sbatch --parsable`` output (``123`` or ``123;cluster``)."""
+    for line in text.splitlines():
+        match = _JOB_ID.match(line)
+        if match:
+            return match.group(1)
+    raise ValueError(f"no job id in sbatch output {text.strip()[:200]!r}")
+
+
+def parse_exit_code(value: str) -> tuple[int, int]:
+    """Slurm's ``ExitCode=3:0`` (exit status, signal) as two integers."""
+    status, _, signal = value.partition(":")
+    try:
+        return int(status), int(signal or 0)
+    except ValueError:
+        return 0, 0
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """``scontrol show hostnames`` output: one host per line."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N %T'`` output: node name to state (``down*``, ``idle``, ...)."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            states[words[0]] = words[1]
+    return states
+
+
+def parse_sacct(text: str) -> tuple[str, str] | None:
+    """``sacct -n -P -X -o State,ExitCode`` output: the job's (state, exit code), if any.
+
+    sacct writes ``CANCELLED by 0``; the first word is the state.
+    """
+    for line in text.splitlines():
+        state, _, code = line.partition("|")
+        if state.strip():
+            return state.split()[0], code.strip()
+    return None
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+class SlurmClient:
+    """Runs Slurm's client commands with ``env``, by default this process's environment as it
+    is at each call (SLURM_CONF included)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = None if env is None else dict(env)
+
+    def run(
+        self,
+        *argv: str,
+        timeout: float = COMMAND_TIMEOUT_S,
+        cwd: Path | None = None,
+        stdin: str | None = None,
+    ) -> Completed:
+        """Run one client; a timeout or a missing program is a :class:`SlurmError`."""
+        try:
+            proc = subprocess.run(
+                argv, env=self.env, cwd=cwd, input=stdin, capture_output=True, text=True,
+                timeout=timeout, check=False,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmError(
+                f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld up?)"
+            ) from None
+        except OSError as exc:
+            raise SlurmError(f"{argv[0]}: {exc.strerror}") from None
+        return Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
+        """Whether a controller answers ``scontrol ping`` in time."""
+        try:
+            done = self.run("scontrol", "ping", timeout=timeout)
+        except SlurmError:
+            return False
+        return done.returncode == 0 and "is UP" in done.stdout
+
+    def sbatch(self, script: Path | None, *options: str, cwd: Path | None = None,
+               text: str | None = None) -> Completed:
+        """``sbatch OPTIONS SCRIPT`` (or the script's text on stdin)."""
+        argv = ["sbatch", *options]
+        if script is not None:
+            argv.append(str(script))
+        return self.run(*argv, cwd=cwd, stdin=text)
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """The job's record (the first component of a heterogeneous job); None when the
+        controller no longer knows the job (purged after MinJobAge, or never existed)."""
+        done = self.run("scontrol", "show", "job", "--oneliner", job_id)
+        if done.returncode != 0:
+            if _INVALID_JOB in done.stderr or _INVALID_JOB in done.stdout:
+                return None
+            raise SlurmError(done.describe())
+        records = parse_show_job(done.stdout)
+        for record in records:
+            if record.get("JobId") == job_id:
+                return record
+        return records[0] if records else None
+
+    def in_queue(self, job_id: str) -> bool:
+        """Whether squeue still lists the job (pending, running or completing)."""
+        done = self.run("squeue", "-h", "-j", job_id, "-o", "%T")
+        return done.returncode == 0 and bool(done.stdout.strip())
+
+    def cancel(self, job_id: str, *options: str) -> Completed:
+        """``scancel [OPTIONS] JOB_ID``."""
+        return self.run("scancel", *options, job_id)
+
+    def node_states(self, nodes: Sequence[str]) -> dict[str, str]:
+        """The Slurm state of each node (``down*``, ``allocated``, ...)."""
+        if not nodes:
+            return {}
+        done = self.run("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T")
+        return parse_node_states(done.stdout) if done.returncode == 0 else {}
+
+    def accounted(self, job_id: str) -> tuple[str, str] | None:
+        """(state, exit code) from accounting, or None where sacct does not work."""
+        try:
+            done = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State,ExitCode")
+        except SlurmError:
+            return None
+        return parse_sacct(done.stdout) if done.returncode == 0 else None
