@@ -58,7 +58,7 @@ class SSHBackend:
         plan = prepared.plan
         run_dir = Path(plan.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        from orchestrate.backends.sshkit.launcher import targets_for
+        from orchestrate.backends.sshkit.connections import targets_for
 
         # The supervisor runs in this cwd, so relative paths (ORCHESTRATE_RUNS=runs) agree. It
         # starts logging into the planned hosts before it has imported and planned itself.
@@ -106,7 +106,8 @@ class SSHBackend:
         """``submit --dry-run``: run the preflight (read-only) and print the per-host table."""
         from rich.console import Console
 
-        from orchestrate.backends.sshkit.launcher import Launcher, targets_for
+        from orchestrate.backends.sshkit.connections import targets_for
+        from orchestrate.backends.sshkit.launcher import Launcher
         from orchestrate.backends.sshkit.preflight import problems, table
         from orchestrate.backends.sshkit.sessions import HostPool
 
@@ -264,7 +265,7 @@ def _log(text: str) -> None:
 
 def run_supervisor(job_id: str, store_path: Path) -> int:
     """The supervisor process's body: launch the job, then run its ranks to the end."""
-    from orchestrate.backends.sshkit.connections import Target
+    from orchestrate.backends.sshkit.connections import Target, preload
     from orchestrate.backends.sshkit.sessions import HostPool
 
     handshake = json.loads(sys.stdin.readline() or "{}")
@@ -276,7 +277,8 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
         verdict.send({"ok": False, "problems": [asdict(p) for p in exc.problems]})
         return 2
     # Log into the hosts submit planned while this process imports and plans (the logins are
-    # what costs; they need no plan).
+    # what costs; they need no plan). SSH first: imports hold the GIL the handshakes need.
+    preload()
     pool = HostPool(int(handshake.get("fanout", 32)), secrets)
     for host in handshake.get("hosts", []):
         pool.open(Target.from_json(host["target"]), int(host["nproc"]))

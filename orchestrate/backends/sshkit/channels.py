@@ -22,7 +22,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from importlib import resources
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from orchestrate.backends.sshkit.connections import Link, SshChannel
@@ -34,9 +35,10 @@ MARK = "\x1eorchestrate:"
 LOST = 255
 
 
+@lru_cache(maxsize=1)
 def agent_source() -> str:
     """The agent program's text (it is a module of this package, sent to each host)."""
-    return (resources.files("orchestrate.backends.sshkit") / "agent.py").read_text("utf-8")
+    return (Path(__file__).parent / "agent.py").read_text("utf-8")
 
 
 def agent_command(python: str, *args: str) -> str:

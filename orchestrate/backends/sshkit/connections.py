@@ -23,7 +23,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+if TYPE_CHECKING:
+    from orchestrate.inventory import Inventory
+    from orchestrate.plan import Plan
 
 T = TypeVar("T")
 
@@ -59,6 +63,28 @@ class Target:
     def from_json(cls, data: dict[str, Any]) -> Target:
         """The inverse of :meth:`to_json`."""
         return cls(**data)
+
+
+def targets_for(plan: Plan, inventory: Inventory, connect_timeout_s: float) -> dict[str, Target]:
+    """How to reach each node of the plan (inventory ssh settings over the job's defaults)."""
+    targets = {}
+    for node in plan.nodes:
+        spec = inventory.node(node.name)
+        ssh = spec.ssh if spec is not None else None
+        targets[node.name] = Target(
+            name=node.name,
+            address=node.address,
+            python=node.python,
+            user=ssh.user if ssh else None,
+            port=ssh.port if ssh else None,
+            identity_file=ssh.identity_file if ssh else None,
+            config_file=ssh.config_file if ssh else None,
+            known_hosts_file=ssh.known_hosts_file if ssh else None,
+            accept_unknown_host_keys=bool(ssh and ssh.accept_unknown_host_keys),
+            connect_timeout_s=(ssh.connect_timeout_s if ssh and ssh.connect_timeout_s
+                               else connect_timeout_s),
+        )
+    return targets
 
 
 class ConnectError(Exception):
@@ -126,6 +152,13 @@ def fan_out(
             except Exception as exc:  # every failure becomes that host's data
                 results[target.name] = PerHost(error=exc)
     return results
+
+
+def preload() -> None:
+    """Import Fabric and paramiko now (a few hundred ms on a busy machine): the supervisor does
+    it before anything else, so the logins start as early as they can."""
+    import fabric  # noqa: F401
+    import paramiko  # noqa: F401
 
 
 @lru_cache(maxsize=16)

@@ -26,7 +26,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.sshkit.channels import ChannelError, SSHRank
-from orchestrate.backends.sshkit.connections import ConnectError, Links, Target, fan_out
+from orchestrate.backends.sshkit.connections import (
+    ConnectError,
+    Links,
+    Target,
+    fan_out,
+    targets_for,
+)
 from orchestrate.backends.sshkit.preflight import HostFacts, Judgement, judge, request
 from orchestrate.backends.sshkit.reaping import HostStopper
 from orchestrate.backends.sshkit.sessions import READY_TIMEOUT_S, HostPool
@@ -59,28 +65,6 @@ class PreflightFailed(Exception):
 
 class Cancelled(Exception):
     """The supervisor was asked to stop before the job started."""
-
-
-def targets_for(plan: Plan, inventory: Inventory, connect_timeout_s: float) -> dict[str, Target]:
-    """How to reach each node of the plan (inventory ssh settings over the job's defaults)."""
-    targets = {}
-    for node in plan.nodes:
-        spec = inventory.node(node.name)
-        ssh = spec.ssh if spec is not None else None
-        targets[node.name] = Target(
-            name=node.name,
-            address=node.address,
-            python=node.python,
-            user=ssh.user if ssh else None,
-            port=ssh.port if ssh else None,
-            identity_file=ssh.identity_file if ssh else None,
-            config_file=ssh.config_file if ssh else None,
-            known_hosts_file=ssh.known_hosts_file if ssh else None,
-            accept_unknown_host_keys=bool(ssh and ssh.accept_unknown_host_keys),
-            connect_timeout_s=(ssh.connect_timeout_s if ssh and ssh.connect_timeout_s
-                               else connect_timeout_s),
-        )
-    return targets
 
 
 def needs_interface(inventory: Inventory) -> set[str]:
