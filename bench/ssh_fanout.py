@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -145,6 +146,7 @@ def main() -> None:
                         figures[n]["done"].append(d)
             print(f"round {rep + 1}/{runs} done", file=sys.stderr)
     finally:
+        shutil.rmtree(work, ignore_errors=True)
         if started_hosts and not args.keep_hosts:
             subprocess.run(["bash", str(SCRIPT), "down"], check=False, capture_output=True)
     print(f"| hosts | submit returns | all ranks started | COMPLETED | pdsh -R ssh true "

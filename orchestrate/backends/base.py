@@ -8,7 +8,6 @@ backend.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -65,16 +64,3 @@ def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord
         hosts=[n.address for n in plan.nodes],
         ranks=[RankRecord(rank=r.rank, node=r.node) for r in plan.ranks],
     )
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a local process exists."""
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from orchestrate import reaper
-from orchestrate.backends.base import new_record, pid_alive, write_run_dir
+from orchestrate.backends.base import new_record, write_run_dir
 from orchestrate.errors import UserError
 from orchestrate.layout import SUPERVISOR_LOG, node_script_name
 from orchestrate.lease import LeaseBook, holder_alive, new_lease
@@ -158,12 +158,12 @@ class LocalBackend:
         if pid is not None and holder_alive(pid, job.id):
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S + 10
-            while time.monotonic() < deadline and pid_alive(pid):
+            while time.monotonic() < deadline and holder_alive(pid, job.id):
                 current = store.get(job.id)
                 if current is not None and current.terminal:
                     break
                 time.sleep(0.05)
-            if pid_alive(pid) and holder_alive(pid, job.id):
+            if holder_alive(pid, job.id):
                 os.kill(pid, signal.SIGKILL)
         reaper.reap(job.id)
         store.finish(job.id, "CANCELLED", "cancelled")
