@@ -45,14 +45,12 @@ def submit_function(
     cancelled, timed out, node failure, forgotten) without a result from every rank.
     """
     from orchestrate.backends.slurmfn import run_function
-    from orchestrate.cli.jobs import new_job_id
-    from orchestrate.prepare import load, prepare
+    from orchestrate.prepare import new_id_suffix, prepare
     from orchestrate.store import Store
 
     path, temporary = _job_file(job)
     try:
-        spec, _ = load(path, tuple(overrides))
-        prepared = prepare(path, tuple(overrides), job_id=new_job_id(spec.name))
+        prepared = prepare(path, tuple(overrides), id_suffix=new_id_suffix())
     finally:
         if temporary:
             path.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ inventory, and counts the model's parameters; the core it calls does none of tha
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -18,6 +19,13 @@ from orchestrate.inventory import Inventory, load_inventory
 from orchestrate.job import JobSpec, job_dir, load_job
 from orchestrate.machine import local_inventory
 from orchestrate.plan import Plan, make_plan
+
+
+def new_id_suffix() -> str:
+    """Job ids are ``<name>-<6 hex>``: readable, unique enough for one user's store, and safe
+    in file names."""
+    return secrets.token_hex(3)
+
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
 PREVIEW_SUFFIX = "dryrun"
@@ -72,6 +80,7 @@ def prepare(
     overrides: tuple[str, ...] = (),
     *,
     job_id: str | None = None,
+    id_suffix: str | None = None,
     busy_gpus: Mapping[str, frozenset[int]] | None = None,
     master_port: int | None = None,
     interfaces: Mapping[str, str] | None = None,
@@ -80,11 +89,13 @@ def prepare(
     """Load, plan and render a job file (``render_files=False``: the plan only, ``files`` empty;
     ``orchestrate plan`` needs no scripts, and a 4,096-node job renders 4,096 of them).
 
-    ``busy_gpus``, ``master_port`` and ``interfaces`` are facts a backend found on the hosts
-    (leases, a free port, the interface towards the master); see :func:`make_plan`.
+    ``job_id`` names the job; else ``<name>-<id_suffix>`` (``submit`` passes a fresh suffix),
+    else ``<name>-dryrun``. ``busy_gpus``, ``master_port`` and ``interfaces`` are facts a
+    backend found on the hosts (leases, a free port, the interface towards the master); see
+    :func:`make_plan`.
     """
     job, inventory = load(path, overrides)
-    job_id = job_id or f"{job.name}-{PREVIEW_SUFFIX}"
+    job_id = job_id or f"{job.name}-{id_suffix or PREVIEW_SUFFIX}"
     run_dir = run_root(job, path) / job_id
     workdir = (job_dir(path) / os.path.expanduser(job.workdir or ".")).resolve()
     params, note = _count_params(job, inventory, workdir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -26,11 +25,6 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
     return get_backend(job.backend).refresh(job, store)
 
 
-def new_job_id(name: str) -> str:
-    """``<name>-<6 hex>``: readable, unique enough for one user's store, safe in file names."""
-    return f"{name}-{secrets.token_hex(3)}"
-
-
 @cli.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
@@ -42,11 +36,10 @@ def new_job_id(name: str) -> str:
 def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_run: bool,
            job_id: str | None) -> None:
     """Launch a job; exits 0 when a followed job completes, 1 when it fails."""
-    from orchestrate.prepare import load, prepare
+    from orchestrate.prepare import new_id_suffix, prepare
     from orchestrate.render import merged
 
-    job_spec, _ = load(job_file, overrides)
-    prepared = prepare(job_file, overrides, job_id=job_id or new_job_id(job_spec.name))
+    prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix())
     backend = get_backend(prepared.plan.backend)
     if dry_run:
         click.echo(merged(prepared.files), nl=False)
