@@ -19,11 +19,10 @@ from typing import Literal
 
 from orchestrate import hostlist
 from orchestrate.errors import Problem, UserError, show_value
+from orchestrate.ports import PORT_BASE, PORT_SPAN
 
 #: Slurm has no MASTER_PORT; derive one from the job id like this so that two jobs sharing a node
 #: rarely collide, and every rank of one job agrees without talking.
-SLURM_PORT_BASE = 20000
-SLURM_PORT_SPAN = 12000
 
 _TORCHRUN_MARKERS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _INT = re.compile(r"\s*\d+\s*")
@@ -184,7 +183,7 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
         master_port = _port(env, "MASTER_PORT")
     else:
         job_id = _integer(env, "SLURM_JOB_ID")
-        master_port = SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+        master_port = PORT_BASE + job_id % PORT_SPAN  # as the sbatch script derives it
     place = DistEnv(
         rank=_integer(env, "SLURM_PROCID"),
         local_rank=_integer(env, "SLURM_LOCALID"),
