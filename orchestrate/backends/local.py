@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING
 
 from orchestrate import reaper
 from orchestrate.backends.base import new_record, write_run_dir
+from orchestrate.backends.sshkit.agent import port_free
 from orchestrate.errors import UserError
 from orchestrate.layout import SUPERVISOR_LOG, node_script_name
 from orchestrate.lease import LeaseBook, holder_alive, new_lease
@@ -34,19 +35,6 @@ if TYPE_CHECKING:
 
 #: How long a rank gets between SIGTERM and SIGKILL (the entrypoint checkpoints in between).
 STOP_GRACE_S = 5.0
-
-
-def port_free(port: int) -> bool:
-    """Whether a TCP port can be bound on every interface of this machine right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR, as torch's TCPStore sets it: a port in TIME_WAIT is usable, one with a
-        # listener is not.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def lease_book() -> LeaseBook:
