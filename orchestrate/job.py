@@ -7,6 +7,7 @@ validates into :class:`JobSpec`. Paths inside the file are relative to the file.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -187,7 +188,24 @@ def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec
     data, lines = read_yaml(path)
     if isinstance(data, dict):
         data = apply_overrides(data, overrides)
-    return validate(JobSpec, data, str(path), lines)
+    try:
+        return validate(JobSpec, data, str(path), lines)
+    except UserError as exc:
+        raise UserError(_blame_overrides(exc.problems, overrides)) from None
+
+
+def _blame_overrides(
+    problems: tuple[Problem, ...], overrides: list[str] | tuple[str, ...]
+) -> list[Problem]:
+    """A problem in a field that ``--set`` gave comes from ``--set``, not from a file line."""
+    given = [tuple(item.partition("=")[0].strip().split(".")) for item in overrides]
+    blamed = []
+    for problem in problems:
+        field = tuple(problem.field.split("."))
+        if any(field[: len(g)] == g or g[: len(field)] == field for g in given):
+            problem = replace(problem, source="--set", line=None)
+        blamed.append(problem)
+    return blamed
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:

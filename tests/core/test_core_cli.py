@@ -151,3 +151,18 @@ def test_version_and_help() -> None:
     assert result.code == 0
     for command in ("validate", "plan", "render", "inventory", "schema"):
         assert command in result.out
+
+
+def test_a_bad_set_value_is_blamed_on_set_not_on_a_file_line() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[2] / "examples" / "digits" / "job.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrate", "plan", str(job), "--set", "resources.nodes=x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: --set: resources.nodes: ")
+    assert "(got 'x')" in proc.stderr and "Traceback" not in proc.stderr
