@@ -15,11 +15,11 @@ host Slurm gave a matching task count (uneven layouts, matched most ranks first)
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from orchestrate.errors import UserError
+from orchestrate.job import time_limit_seconds
 from orchestrate.plan import Plan
 
 #: Set at run time by the batch script: the first host and a port derived from the Slurm job id.
@@ -28,7 +28,6 @@ RUNTIME_ENV = ("MASTER_ADDR", "MASTER_PORT")
 SLURM_OWNED_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 _OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9-]*$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     """
     slurm = plan.slurm
     nodes = plan.nodes
-    pinned = bool(slurm.get("nodelist"))
+    pinned = slurm.nodelist is not None
     options: list[Option] = [("--job-name", plan.job_name), ("--nodes", str(len(nodes)))]
     counts = [n.nproc for n in nodes]
     if plan.uniform:
@@ -91,12 +90,10 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         # exactly each node's count (the smaller nodes keep a few allocated CPUs idle).
         options += [("--ntasks", str(plan.world_size)), ("--ntasks-per-node", str(max(counts)))]
     options += _gpu_options(plan)
-    if slurm.get("cpus_per_task"):
-        options.append(("--cpus-per-task", str(int(slurm["cpus_per_task"]))))
-    if slurm.get("mem"):  # the planner's Slurm form of resources.mem_gb ("900G", "1536M")
-        options.append(("--mem", str(slurm["mem"])))
-    elif slurm.get("mem_gb"):
-        options.append(("--mem", f"{_megabytes(float(slurm['mem_gb']))}M"))
+    if slurm.cpus_per_task:
+        options.append(("--cpus-per-task", str(slurm.cpus_per_task)))
+    if slurm.mem:
+        options.append(("--mem", slurm.mem))
     if plan.time_limit:
         options.append(("--time", plan.time_limit))
     partition = _one_of(
@@ -105,22 +102,21 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     )
     if partition:
         options.append(("--partition", partition))
-    for key in ("account", "qos"):
-        if slurm.get(key):
-            options.append((f"--{key}", str(slurm[key])))
-    if pinned:
-        options.append(("--nodelist", str(slurm["nodelist"])))
-    signal = str(slurm.get("signal") or "USR2")
-    before = int(slurm.get("signal_seconds_before") or 120)
-    _check_signal_time(plan.time_limit, before)
+    if slurm.account:
+        options.append(("--account", slurm.account))
+    if slurm.qos:
+        options.append(("--qos", slurm.qos))
+    if slurm.nodelist is not None:
+        options.append(("--nodelist", slurm.nodelist))
+    _check_signal_time(plan.time_limit, slurm.signal_seconds_before)
     # Without "B:" Slurm signals every process of the job's steps (the ranks), not the batch
     # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
-    options.append(("--signal", f"{signal}@{before}"))
-    requeue = bool(slurm.get("requeue_on_node_failure", True))
+    options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
+    requeue = slurm.requeue_on_node_failure
     options.append(("--requeue" if requeue else "--no-requeue", None))
     options.append(("--open-mode", "append"))
-    for i, arg in enumerate(slurm.get("extra_args") or []):
-        name, sep, value = str(arg).partition("=")
+    for i, arg in enumerate(slurm.extra_args):
+        name, sep, value = arg.partition("=")
         if not _OPTION.match(name):
             raise UserError.single(
                 "each item is one sbatch option", field=f"slurm.extra_args.{i}", got=arg,
@@ -150,37 +146,10 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         ranks=ranks,
         common_env=common,
         python=nodes[0].python,
-        signal=signal,
-        max_restarts=int(slurm.get("max_restarts", 3)),
+        signal=slurm.signal,
+        max_restarts=slurm.max_restarts,
         requeue_on_node_failure=requeue,
     )
-
-
-def rank_env(layout: SlurmLayout, rank: int) -> dict[str, str]:
-    """The plan's environment of one rank (without MASTER_ADDR/MASTER_PORT), as the script
-    exports it; the Python API sets the same in each task."""
-    slot = layout.ranks[rank]
-    env = dict(layout.common_env)
-    env.update(layout.nodes[slot.node_index].env)
-    env["RANK"] = str(slot.rank)
-    env["LOCAL_RANK"] = str(slot.local_rank)
-    return env
-
-
-def time_limit_seconds(limit: str) -> int:
-    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    match = _TIME.match(limit)
-    if match is None:
-        raise ValueError(f"not a Slurm time limit: {limit!r}")
-    days, first, second, third = match.groups()
-    if days is not None:
-        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
-        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    if third is not None:
-        return (int(first) * 60 + int(second)) * 60 + int(third)
-    if second is not None:
-        return int(first) * 60 + int(second)
-    return int(first) * 60
 
 
 def _gpu_options(plan: Plan) -> list[Option]:
@@ -213,22 +182,23 @@ def _one_of(what: str, values: list[str | None], field: str, hint: str) -> str |
     return distinct[0] if distinct else None
 
 
+#: Slurm may send the stop signal up to a minute before it is due (it checks on a cadence).
+SIGNAL_SLACK_S = 60
+
+
 def _check_signal_time(limit: str | None, before: int) -> None:
     if limit is None:
         return
     seconds = time_limit_seconds(limit)
-    if before >= seconds:
+    if seconds - before < SIGNAL_SLACK_S:
         raise UserError.single(
             f"the stop signal would be sent {before}s before a time limit of {seconds}s, "
-            "that is at once, and every rerun would be stopped again",
+            f"less than {SIGNAL_SLACK_S}s after the job starts (Slurm may send it up to "
+            f"{SIGNAL_SLACK_S}s early): every run would be stopped almost at once and requeued",
             field="slurm.signal_seconds_before", got=before,
-            hint=f"lower it well below {seconds}s (Slurm may send it up to 60s early), "
+            hint=f"keep it at most {max(1, seconds - SIGNAL_SLACK_S)}s for this time limit, "
             "or raise resources.time",
         )
-
-
-def _megabytes(gb: float) -> int:
-    return max(1, math.ceil(gb * 1024))
 
 
 def _check_printable(option: str) -> None:

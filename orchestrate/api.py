@@ -11,14 +11,11 @@ variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) already 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from orchestrate.job import JobSpec
+from orchestrate.job import JobSpec, apply_overrides
 
 R = TypeVar("R")
 
@@ -40,35 +37,21 @@ def submit_function(
     returns once Slurm reports the job ended, or forgot it, with or without accounting.
 
     Raises :class:`~orchestrate.errors.UserError` for a job that cannot be planned,
-    ``submitit.core.utils.FailedJobError`` when ``fn`` raised on a rank, and
-    :class:`~orchestrate.backends.slurmfn.FunctionJobFailed` when the job ended (failed,
-    cancelled, timed out, node failure, forgotten) without a result from every rank.
+    ``submitit.core.utils.FailedJobError`` with the error of the rank that failed first when
+    ``fn`` raised, and :class:`~orchestrate.backends.slurmfn.FunctionJobFailed` when the job ended
+    (failed, cancelled, timed out, node failure, forgotten) without a result from every rank.
     """
     from orchestrate.backends.slurmfn import run_function
-    from orchestrate.prepare import new_id_suffix, prepare
+    from orchestrate.prepare import load, load_spec, new_id_suffix, plan_job
     from orchestrate.store import Store
 
-    path, temporary = _job_file(job)
-    try:
-        prepared = prepare(path, tuple(overrides), id_suffix=new_id_suffix())
-    finally:
-        if temporary:
-            path.unlink(missing_ok=True)
+    if isinstance(job, JobSpec):
+        if overrides:
+            data = apply_overrides(job.model_dump(mode="json", exclude_unset=True),
+                                   tuple(overrides))
+            job = JobSpec.model_validate(data)
+        loaded = load_spec(job, Path.cwd(), f"<JobSpec {job.name}>", tuple(overrides))
+    else:
+        loaded = load(Path(job), tuple(overrides))
+    prepared = plan_job(loaded, f"{loaded.job.name}-{new_id_suffix()}")
     return run_function(prepared, fn, args, kwargs, Store(), timeout_s)
-
-
-def _job_file(job: str | os.PathLike[str] | JobSpec) -> tuple[Path, bool]:
-    """A job file for ``job``: the given path, or a temporary file holding the spec with its
-    relative paths resolved against the working directory."""
-    if not isinstance(job, JobSpec):
-        return Path(job), False
-    data = job.model_dump(mode="json", exclude_none=True)
-    here = Path.cwd()
-    for key in ("inventory", "templates_dir", "run_root"):
-        if key in data:
-            data[key] = str(here / os.path.expanduser(data[key]))
-    data["workdir"] = str(here / os.path.expanduser(data.get("workdir", ".")))
-    fd, name = tempfile.mkstemp(prefix=f"orchestrate-{job.name}-", suffix=".yaml")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        yaml.safe_dump(data, f, sort_keys=False)
-    return Path(name), True

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: Exit status for every user mistake (like usage errors in most Unix tools).
-EXIT_USER_ERROR = 2
+from orchestrate.exits import EXIT_USER_ERROR
+
+__all__ = ["EXIT_USER_ERROR", "Problem", "UserError", "show_value"]
 
 
 @dataclass(frozen=True)

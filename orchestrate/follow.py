@@ -1,7 +1,9 @@
 """Following a job: its merged output as it is written, and a progress line from its metrics.
 
-Works for every backend: it tails the run directory's ``output.log`` and ``metrics.jsonl`` and
-asks the backend for the job's state, until the job ends.
+Works for every backend: it tails the run directory's ``output.log`` (or one rank's log) and
+``metrics.jsonl`` every 50 ms, and asks the backend for the job's state at the backend's own
+pace (:attr:`~orchestrate.backends.base.Backend.poll_interval_s`: a Slurm controller is asked
+every 2 s, not 20 times a second), until the job ends.
 """
 
 from __future__ import annotations
@@ -63,11 +65,14 @@ def follow(
     out: IO[str] | None = None,
     live: bool = False,
     from_start: bool = True,
+    refresh_every_s: float = 0.2,
+    path: Path | None = None,
 ) -> JobRecord:
-    """Print the job's merged output until it ends; returns the final record."""
+    """Print the job's merged output (or the file at ``path``) until it ends; returns the final
+    record. ``refresh`` is called at most every ``refresh_every_s``."""
     stream = out or sys.stdout
     run_dir = Path(job.run_dir)
-    log = Tail(run_dir / MERGED_LOG)
+    log = Tail(path or run_dir / MERGED_LOG)
     metrics = Tail(run_dir / METRICS)
     if not from_start:
         log.lines()
@@ -95,7 +100,7 @@ def follow(
                         latest.update(json.loads(record))
                 status.update(progress_text(latest))
             now = time.monotonic()
-            if now - last_refresh > 0.2:
+            if now - last_refresh >= refresh_every_s:
                 last_refresh = now
                 job = refresh()
                 if job.terminal:

@@ -223,10 +223,15 @@ class Inventory:
         return counts
 
 
+def load_inventory_spec(path: Path) -> tuple[InventorySpec, Lines]:
+    """Read and validate an inventory file (the spec, and each field's line for errors)."""
+    data, lines = read_yaml(path)
+    return validate(InventorySpec, data, str(path), lines), lines
+
+
 def load_inventory(path: Path) -> Inventory:
     """Read, validate and resolve an inventory file."""
-    data, lines = read_yaml(path)
-    spec = validate(InventorySpec, data, str(path), lines)
+    spec, lines = load_inventory_spec(path)
     return resolve_inventory(spec, str(path), lines)
 
 

@@ -23,9 +23,47 @@ Backend = Literal["local", "slurm", "ssh"]
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
-#: Set per rank by the planner; a job cannot override them for all ranks at once.
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+#: Set per rank or per node by the planner; one value in the job's env cannot be right for all.
 PER_RANK_ENV = ("RANK", "LOCAL_RANK")
+PER_NODE_ENV = ("GROUP_RANK", "LOCAL_WORLD_SIZE")
+#: orchestrate's own variables (the job's tag that finds its processes, its run directory, ...):
+#: a job that set them would escape cancel or write elsewhere.
+RESERVED_PREFIX = "ORCHESTRATE_"
+
+
+def check_job_id(value: str) -> str:
+    """Job ids (``--job-id``) follow job names: a file name, never a path."""
+    if not _JOB_NAME.match(value):
+        raise ValueError("letters, digits, '.', '_' and '-' (at most 64), starting alnum")
+    return value
+
+
+def time_limit_seconds(limit: str) -> int:
+    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    match = _TIME.match(limit)
+    if match is None:
+        raise ValueError(f"not a Slurm time limit: {limit!r}")
+    days, first, second, third = match.groups()
+    if days is not None:
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if third is not None:
+        return (int(first) * 60 + int(second)) * 60 + int(third)
+    if second is not None:
+        return int(first) * 60 + int(second)
+    return int(first) * 60
+
+
+def plain_text(value: str) -> str:
+    """Text that can reach a script, an environment or a command line: UTF-8, no NUL byte."""
+    if "\0" in value:
+        raise ValueError("a NUL character cannot be passed to a program")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
 
 
 class Resources(Spec):
@@ -39,7 +77,11 @@ class Resources(Spec):
     min_gpu_memory_gb: float | None = Field(default=None, gt=0)
     node_names: list[str] | None = None
     allow_mixed_gpus: bool = False
-    time: str | None = Field(default=None, description="Slurm time limit, e.g. 02:00:00")
+    time: str | None = Field(
+        default=None,
+        description="time limit, e.g. 02:00:00 (Slurm's formats; a bare number is minutes); "
+        "enforced on every backend",
+    )
     cpus_per_task: int | None = Field(default=None, ge=1)
     mem_gb: float | None = Field(default=None, gt=0, description="memory per node")
 
@@ -50,11 +92,18 @@ class Resources(Spec):
             raise ValueError("must be at least 1, or 'all'")
         return value
 
-    @field_validator("time")
+    @field_validator("time", mode="before")
     @classmethod
-    def _time(cls, value: str | None) -> str | None:
-        if value is not None and not _TIME.match(value):
-            raise ValueError("a time limit looks like MM, HH:MM:SS or D-HH:MM:SS")
+    def _time(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # minutes, as Slurm reads a bare number
+        if isinstance(value, str):
+            try:
+                seconds = time_limit_seconds(value)
+            except ValueError:
+                raise ValueError("a time limit looks like MM, HH:MM:SS or D-HH:MM:SS") from None
+            if seconds <= 0:
+                raise ValueError("a time limit must be more than 0")
         return value
 
 
@@ -151,19 +200,20 @@ class JobSpec(Spec):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
-            if key in PER_RANK_ENV:
-                raise ValueError(f"{key} is set per rank by the planner and cannot be overridden")
+        for key, item in value.items():
+            _check_env_name(key)
+            if isinstance(item, str):
+                try:
+                    plain_text(item)
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
         return value
 
     @field_validator("secret_env")
     @classmethod
     def _secret_names(cls, value: list[str]) -> list[str]:
         for key in value:
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
+            _check_env_name(key)
         return value
 
     @field_validator("command")
@@ -171,7 +221,14 @@ class JobSpec(Spec):
     def _command(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and not value:
             raise ValueError("the command is empty")
+        for arg in value or []:
+            plain_text(arg)
         return value
+
+    @field_validator("workdir", "run_root", "templates_dir", "inventory")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        return None if value is None else plain_text(value)
 
     @model_validator(mode="after")
     def _train_or_command(self) -> JobSpec:
@@ -183,15 +240,43 @@ class JobSpec(Spec):
         return self
 
 
+def _check_env_name(key: str) -> None:
+    if not _ENV_NAME.match(key):
+        raise ValueError(f"{key!r} is not an environment variable name")
+    for names, unit in ((PER_RANK_ENV, "rank"), (PER_NODE_ENV, "node")):
+        if key in names:
+            raise ValueError(f"{key} is set per {unit} by the planner and cannot be overridden")
+    if key.startswith(RESERVED_PREFIX):
+        raise ValueError(f"{key}: variables starting with {RESERVED_PREFIX} are orchestrate's "
+                         "own (the job's tag, its run directory, ...)")
+
+
 def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
     """Read a job file, apply ``--set`` overrides and validate."""
     data, lines = read_yaml(path)
     if isinstance(data, dict):
+        in_file = {key for key in ("train", "command") if key in data}
         data = apply_overrides(data, overrides)
+        _check_one_entrypoint(data, in_file, overrides)
     try:
         return validate(JobSpec, data, str(path), lines)
     except UserError as exc:
         raise UserError(_blame_overrides(exc.problems, overrides)) from None
+
+
+def _check_one_entrypoint(data: dict[str, Any], in_file: set[str],
+                          overrides: list[str] | tuple[str, ...]) -> None:
+    """``--set train.epochs=3`` on a ``command:`` job adds a second entrypoint: say that it
+    was ``--set`` (the model's own check would blame the whole file)."""
+    given = [key for key in ("train", "command") if key in data and key not in in_file]
+    if given and {"train", "command"} <= set(data):
+        items = [o for o in overrides if o.partition("=")[0].split(".")[0] == given[0]]
+        raise UserError.single(
+            f"the file's job has '{next(iter(in_file))}', and --set adds '{given[0]}': a job "
+            "has exactly one of 'train' (the shared entrypoint) or 'command'",
+            source="--set", field=given[0], got=", ".join(items) or None,
+            hint=f"drop the --set of {given[0]}.*, or remove '{next(iter(in_file))}' from the file",
+        )
 
 
 def _blame_overrides(

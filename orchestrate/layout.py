@@ -25,6 +25,8 @@ SLURM_EXITS = "exits"
 SLURM_HOSTFILE = "hostfile-"
 #: How far the log merger got in each rank's log (a requeued job's next run goes on from there).
 SLURM_MERGE_OFFSETS = "merged-offsets.json"
+#: The program beside the batch script that merges logs and judges how the ranks ended.
+SLURM_MONITOR = "monitor.py"
 #: The batch script's own output (sbatch --output); %j is the Slurm job id.
 SLURM_BATCH_LOG = "slurm-%j.out"
 #: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.

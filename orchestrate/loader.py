@@ -8,6 +8,7 @@ keys get a did-you-mean, wrong types and ranges name the dotted field and the va
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -33,15 +34,51 @@ def read_yaml(path: Path) -> tuple[Any, Lines]:
         raise UserError.single(
             "file not found", source=str(path), hint="check the path (relative to your cwd)"
         ) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise UserError.single(
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
+            source=str(path), line=line,
+            hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
     except OSError as exc:
         raise UserError.single(f"cannot read: {exc.strerror}", source=str(path)) from None
     return parse_yaml(text, str(path))
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2's plain scalars where YAML 1.1 surprises: ``4:00:00`` is the text of a time
+    limit, not the base-60 number 14400 that PyYAML (YAML 1.1) would make of it."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+# PyYAML's own int and float patterns without their base-60 alternatives.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"""^(?:[-+]?0b[0-1_]+
+                   |[-+]?0[0-7_]+
+                   |[-+]?(?:0|[1-9][0-9_]*)
+                   |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+                   |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
 def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
     """Parse YAML text; ``source`` names it in errors."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -58,7 +95,7 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
     duplicates = _duplicate_keys(node, (), source)
     if duplicates:
         raise UserError(duplicates)
-    loader = yaml.SafeLoader("")
+    loader = _Loader("")
     try:
         data = loader.construct_document(node)
     finally:

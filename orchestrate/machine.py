@@ -2,41 +2,28 @@
 
 The one place the local backend's planning looks at the hardware: ``nvidia-smi`` lists GPUs in
 PCI bus order (the order CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); without it, the node
-is CPU-only with one slot per core.
+is CPU-only with one slot per core. The probe itself is :func:`orchestrate.host.gpus`, the same
+one the SSH agent runs on remote hosts.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess  # noqa: TID251 - probing the local machine is this module's whole job
 
+from orchestrate import host
 from orchestrate.inventory import Gpu, Inventory, Node
 
 
 def probe_gpus() -> list[Gpu]:
     """GPUs by CUDA index in PCI bus order, or [] without a working nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
+    found = host.gpus()
+    if not found.get("ok"):
         return []
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit():
-            mib = float(parts[2]) if parts[2].replace(".", "", 1).isdigit() else 0.0
-            gpus.append(Gpu(int(parts[0]), parts[1].replace(" ", "-"), round(mib * 2**20 / 1e9, 1)))
-    return gpus
+    return [
+        Gpu(int(index), str(name).replace(" ", "-"), round(float(mib) * 2**20 / 1e9, 1))
+        for index, name, mib in found["present"]
+    ]
 
 
 def local_inventory() -> Inventory:

@@ -1,9 +1,17 @@
 """The planner: job + inventory in, a launch plan out. Pure: no files, sockets, clock or dice.
 
-It picks nodes and GPUs, numbers every rank, chooses the master address and port, and computes
-the environment of every process. What cannot work is refused here, with the reason, before
-anything is queued. Everything the backends and templates need is in :class:`Plan`; templates
-only lay it out.
+It picks nodes and GPUs (:mod:`orchestrate.placement`), numbers every rank
+(:mod:`orchestrate.ranks`), chooses the master address and port, and computes the environment of
+every process (:mod:`orchestrate.rankenv`). What cannot work is refused there, with the reason,
+before anything is queued. Everything the backends and templates need is in :class:`Plan`, typed
+down to the backend settings; templates only lay it out.
+
+Facts only a backend can know (what other jobs hold on a host, a port found free there, the
+interface towards the master) come in as a :class:`HostFacts` value, so a backend re-plans by
+calling :func:`make_plan` again with what it found.
+
+A plan crosses process and store boundaries as JSON (``plan.json`` in the run directory, the
+job store, ``orchestrate plan --json``); :meth:`Plan.from_json` reads it back into the same value.
 """
 
 from __future__ import annotations
@@ -14,25 +22,13 @@ from typing import Any
 
 from orchestrate import hostlist
 from orchestrate.errors import UserError
-from orchestrate.inventory import Gpu, Inventory, Node
+from orchestrate.inventory import Inventory
 from orchestrate.job import JobSpec
-from orchestrate.memory import GB, MemoryEstimate, estimate, remedies
+from orchestrate.memory import MemoryEstimate, estimate
+from orchestrate.placement import Busy, place
 from orchestrate.ports import derive_port
-
-#: The "model" the planner tries under ``allow_mixed_gpus``: any GPU, of any model.
-ANY_GPU = "*"
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    """One process."""
-
-    rank: int
-    local_rank: int
-    node: str
-    node_rank: int
-    gpu_index: int | None  # CUDA index (PCI bus order) of the GPU it drives, or None on CPU
-    gpu_model: str | None
+from orchestrate.rankenv import common_env, dist_backend, node_env, text
+from orchestrate.ranks import RankPlan, number_ranks
 
 
 @dataclass(frozen=True)
@@ -69,6 +65,53 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """The Slurm side of a plan: the job's ``slurm:`` section and the allocation's sizes.
+
+    Values come from the job spec (:class:`orchestrate.job.SlurmJob`, which owns the defaults)
+    and the job's resources; nothing here has a default of its own.
+    """
+
+    partition: str | None
+    account: str | None
+    qos: str | None
+    extra_args: tuple[str, ...]
+    signal: str
+    signal_seconds_before: int
+    max_restarts: int
+    requeue_on_node_failure: bool
+    gres_type: str | None
+    cpus_per_task: int | None
+    mem_gb: float | None
+    mem: str | None  # --mem as sbatch takes it ("900G", "1536M")
+    nodelist: str | None  # the nodes the job names, which Slurm must give it
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """The SSH side of a plan (from the job's ``ssh:`` section, which owns the defaults)."""
+
+    fanout: int
+    connect_timeout_s: float
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a backend found on the hosts, for a re-plan.
+
+    ``busy_gpus``/``busy_slots``: GPUs and CPU slots other running jobs lease, per node;
+    ``master_port``: a port found free on the master host, replacing the derived one;
+    ``interfaces``: the interface carrying traffic to the master, per node, used where the
+    inventory names none.
+    """
+
+    busy_gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    busy_slots: Mapping[str, int] = field(default_factory=dict)
+    master_port: int | None = None
+    interfaces: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything needed to launch the job; the backends and templates add nothing to it."""
 
@@ -86,14 +129,14 @@ class Plan:
     workdir: str
     run_dir: str
     timeout_s: float
+    slurm: SlurmSettings
+    ssh: SSHSettings
     secret_env: tuple[str, ...] = ()
     train_config: dict[str, Any] | None = None
     memory: MemoryEstimate | None = None
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     time_limit: str | None = None
-    slurm: dict[str, Any] = field(default_factory=dict)
-    ssh: dict[str, Any] = field(default_factory=dict)
     master_addr_fixed: bool = False  # MASTER_ADDR set by the job's env (else the first node)
 
     @property
@@ -106,8 +149,12 @@ class Plan:
         """Whether every node runs the same number of processes."""
         return len({n.nproc for n in self.nodes}) == 1
 
+    def node(self, name: str) -> NodePlan | None:
+        """The plan node called ``name``."""
+        return next((n for n in self.nodes if n.name == name), None)
+
     def to_json(self) -> dict[str, Any]:
-        """The machine-readable plan (``orchestrate plan --json``)."""
+        """The machine-readable plan (``orchestrate plan --json``, ``plan.json``)."""
         return {
             "job_id": self.job_id,
             "job_name": self.job_name,
@@ -117,6 +164,7 @@ class Plan:
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "port_fixed": self.port_fixed,
+            "master_addr_fixed": self.master_addr_fixed,
             "nodes": [
                 {
                     "name": n.name,
@@ -130,40 +178,78 @@ class Plan:
                     "env": n.env,
                     "python": n.python,
                     "command": list(n.command),
+                    "partition": n.partition,
+                    "gres_type": n.gres_type,
                 }
                 for n in self.nodes
             ],
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "local_rank": r.local_rank,
-                    "node": r.node,
-                    "node_rank": r.node_rank,
-                    "gpu_index": r.gpu_index,
-                    "gpu_model": r.gpu_model,
-                }
-                for r in self.ranks
-            ],
+            "ranks": [asdict(r) for r in self.ranks],
             "env": self.env,
             "command": list(self.command),
             "workdir": self.workdir,
             "run_dir": self.run_dir,
             "timeout_s": self.timeout_s,
             "secret_env": list(self.secret_env),
+            "train_config": self.train_config,
             "memory": None if self.memory is None else asdict(self.memory),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "time_limit": self.time_limit,
-            "slurm": self.slurm,
-            "ssh": self.ssh,
+            "slurm": {**asdict(self.slurm), "extra_args": list(self.slurm.extra_args)},
+            "ssh": asdict(self.ssh),
         }
 
-
-@dataclass(frozen=True)
-class _Choice:
-    node: Node
-    gpus: tuple[Gpu, ...]  # empty on CPU-only nodes
-    nproc: int
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        """The plan :meth:`to_json` wrote (a stored plan, ``plan.json``), as a value again."""
+        ranks = [RankPlan(**r) for r in data["ranks"]]
+        nodes = tuple(
+            NodePlan(
+                name=n["name"],
+                address=n["address"],
+                node_rank=int(n["node_rank"]),
+                nproc=int(n["nproc"]),
+                first_rank=int(n["first_rank"]),
+                gpu_indices=tuple(n["gpu_indices"]),
+                gpu_models=tuple(n["gpu_models"]),
+                cuda_visible_devices=n["cuda_visible_devices"],
+                env=dict(n["env"]),
+                python=n["python"],
+                command=tuple(n["command"]),
+                partition=n.get("partition"),
+                gres_type=n.get("gres_type"),
+                ranks=tuple(r for r in ranks if r.node_rank == n["node_rank"]),
+            )
+            for n in data["nodes"]
+        )
+        slurm = dict(data["slurm"])
+        slurm["extra_args"] = tuple(slurm["extra_args"])
+        memory = data.get("memory")
+        return cls(
+            job_id=data["job_id"],
+            job_name=data["job_name"],
+            backend=data["backend"],
+            dist_backend=data["dist_backend"],
+            world_size=int(data["world_size"]),
+            master_addr=data["master_addr"],
+            master_port=int(data["master_port"]),
+            port_fixed=bool(data["port_fixed"]),
+            master_addr_fixed=bool(data.get("master_addr_fixed", False)),
+            nodes=nodes,
+            env=dict(data["env"]),
+            command=tuple(data["command"]),
+            workdir=data["workdir"],
+            run_dir=data["run_dir"],
+            timeout_s=float(data["timeout_s"]),
+            slurm=SlurmSettings(**slurm),
+            ssh=SSHSettings(**data["ssh"]),
+            secret_env=tuple(data.get("secret_env", ())),
+            train_config=data.get("train_config"),
+            memory=None if memory is None else MemoryEstimate(**memory),
+            warnings=tuple(data.get("warnings", ())),
+            notes=tuple(data.get("notes", ())),
+            time_limit=data.get("time_limit"),
+        )
 
 
 def make_plan(
@@ -176,160 +262,133 @@ def make_plan(
     source: str = "job",
     python: str = "python3",
     param_count: float | None = None,
-    busy_gpus: Mapping[str, frozenset[int]] | None = None,
-    master_port: int | None = None,
-    interfaces: Mapping[str, str] | None = None,
+    facts: HostFacts | None = None,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
     ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
-    model size when the caller counted it (else ``train.model_params``); ``busy_gpus`` the GPUs
-    other running jobs hold per node (leases), which are not picked; ``master_port`` a port the
-    backend found free, replacing the derived one; ``interfaces`` the network interface per node
-    that a backend found carrying traffic to the master (SSH preflight), used for
-    GLOO/NCCL_SOCKET_IFNAME where the inventory names none.
+    model size when the caller counted it (else ``train.model_params``); ``facts`` what a
+    backend found on the hosts (see :class:`HostFacts`).
     """
-    res = job.resources
+    facts = facts or HostFacts()
     warnings: list[str] = []
-    notes: list[str] = []
     memory = _memory(job, param_count)
-    nodes = _candidate_nodes(job, inventory, source)
-    choices = _choose(job, inventory, nodes, memory, busy_gpus or {}, source, notes)
-
-    any_gpu = any(c.gpus for c in choices)
-    dist_backend = _dist_backend(job, any_gpu, source, warnings)
-    if len({g.model for c in choices for g in c.gpus}) > 1:
-        warnings.append(
-            "GPU models are mixed across ranks ("
-            + ", ".join(sorted({g.model for c in choices for g in c.gpus}))
-            + "): every step waits for the slowest GPU"
-        )
-
-    port_fixed = isinstance(job.distributed.master_port, int)
-    if master_port is not None:
-        port = master_port
-    elif isinstance(job.distributed.master_port, int):
-        port = job.distributed.master_port
-    else:
-        port = derive_port(job_id)
-
-    master_addr = choices[0].node.address
-    # The job's env overrides any of it, the master's address and port included; the plan
-    # (and so the table, the JSON and the sbatch) then shows what the ranks will really use.
-    addr_fixed = "MASTER_ADDR" in job.env
-    if addr_fixed:
-        master_addr = _text(job.env["MASTER_ADDR"])
-    if "MASTER_PORT" in job.env:
-        port = _env_port(job.env["MASTER_PORT"], source)
-        port_fixed = True
+    placement = place(job, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots), source)
+    choices = placement.choices
+    backend = dist_backend(job, placement.any_gpu, source, warnings)
+    if len(placement.models) > 1:
+        warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
+                        "every step waits for the slowest GPU")
+    master_addr, port, addr_fixed, port_fixed = _master(job, choices[0].node.address, job_id,
+                                                        facts.master_port, source)
     world_size = sum(c.nproc for c in choices)
-    common: dict[str, str] = {
-        "WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(port),
-        "ORCHESTRATE_JOB_ID": job_id,
-        "ORCHESTRATE_RUN_DIR": run_dir,
-        "ORCHESTRATE_DIST_BACKEND": dist_backend,
-        "ORCHESTRATE_TIMEOUT_S": _number(job.distributed.timeout_s),
-        "PYTHONUNBUFFERED": "1",
-    }
-    if any_gpu:
-        common["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    if dist_backend == "nccl":
-        # A rank that dies must not leave the others blocked inside a collective until the
-        # process-group timeout: async error handling tears the communicator down.
-        common["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
-
+    if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
+        raise UserError.single(
+            f"contradicts the plan, which runs {world_size} rank(s)", source=source,
+            field="env.WORLD_SIZE", got=text(job.env["WORLD_SIZE"]),
+            hint="drop it from env: the planner sets WORLD_SIZE from resources",
+        )
+    common = common_env(job, job_id=job_id, run_dir=run_dir, backend=backend,
+                        any_gpu=placement.any_gpu, world_size=world_size,
+                        master_addr=master_addr, master_port=port)
     command = _command(job, run_dir)
-    node_plans: list[NodePlan] = []
-    first = 0
-    multi_node = len(choices) > 1
-    for node_rank, choice in enumerate(choices):
-        found = (interfaces or {}).get(choice.node.name)
-        node_env = _node_env(job, choice, node_rank, multi_node, dist_backend, found)
+    nodes: list[NodePlan] = []
+    for numbered in number_ranks(choices):
+        choice = numbered.choice
+        env = node_env(job, choice, numbered.node_rank, len(choices) > 1, backend,
+                       facts.interfaces.get(choice.node.name))
+        # The job's env overrides any of it (the master's address and port included): the plan,
+        # and so the tables, the JSON and the scripts, show what the ranks will really use.
         for key, value in job.env.items():
-            (node_env if key in node_env else common)[key] = _text(value)
-        ranks = tuple(
-            RankPlan(
-                rank=first + local,
-                local_rank=local,
-                node=choice.node.name,
-                node_rank=node_rank,
-                gpu_index=choice.gpus[local].index if choice.gpus else None,
-                gpu_model=choice.gpus[local].model if choice.gpus else None,
-            )
-            for local in range(choice.nproc)
-        )
-        node_plans.append(
-            NodePlan(
-                name=choice.node.name,
-                address=choice.node.address,
-                node_rank=node_rank,
-                nproc=choice.nproc,
-                first_rank=first,
-                gpu_indices=tuple(g.index for g in choice.gpus),
-                gpu_models=tuple(g.model for g in choice.gpus),
-                cuda_visible_devices=node_env.get("CUDA_VISIBLE_DEVICES"),
-                env=node_env,
-                python=choice.node.python or python,
-                command=_node_command(command, choice.node.python or python),
-                partition=job.slurm.partition or choice.node.partition,
-                gres_type=job.slurm.gres_type or choice.node.gres_type,
-                ranks=ranks,
-            )
-        )
-        first += choice.nproc
-
-    train_config = None if job.train is None else job.train.model_dump(mode="json")
+            (env if key in env else common)[key] = text(value)
+        node_python = choice.node.python or python
+        nodes.append(NodePlan(
+            name=choice.node.name,
+            address=choice.node.address,
+            node_rank=numbered.node_rank,
+            nproc=choice.nproc,
+            first_rank=numbered.first_rank,
+            gpu_indices=tuple(g.index for g in choice.gpus),
+            gpu_models=tuple(g.model for g in choice.gpus),
+            cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+            env=env,
+            python=node_python,
+            command=_node_command(command, node_python),
+            partition=job.slurm.partition or choice.node.partition,
+            gres_type=job.slurm.gres_type or choice.node.gres_type,
+            ranks=numbered.ranks,
+        ))
     return Plan(
         job_id=job_id,
         job_name=job.name,
         backend=job.backend,
-        dist_backend=dist_backend,
+        dist_backend=backend,
         world_size=world_size,
         master_addr=master_addr,
         master_port=port,
         port_fixed=port_fixed,
         master_addr_fixed=addr_fixed,
-        nodes=tuple(node_plans),
+        nodes=tuple(nodes),
         env=common,
         command=command,
         workdir=workdir,
         run_dir=run_dir,
         timeout_s=job.distributed.timeout_s,
+        slurm=_slurm_settings(job, [c.node.name for c in choices]),
+        ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
         secret_env=tuple(job.secret_env),
-        train_config=train_config,
+        train_config=None if job.train is None else job.train.model_dump(mode="json"),
         memory=memory,
         warnings=tuple(warnings),
-        notes=tuple(notes),
-        time_limit=res.time,
-        slurm=job.slurm.model_dump(mode="json")
-        | {
-            "cpus_per_task": res.cpus_per_task,
-            "mem_gb": res.mem_gb,
-            "mem": None if res.mem_gb is None else _slurm_memory(res.mem_gb),
-            # Nodes the job names are the nodes Slurm must give it.
-            "nodelist": None
-            if res.node_names is None
-            else hostlist.compress([n.name for n in nodes]),
-        },
-        ssh=job.ssh.model_dump(mode="json"),
+        notes=placement.notes,
+        time_limit=job.resources.time,
+    )
+
+
+def _master(
+    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
+) -> tuple[str, int, bool, bool]:
+    """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived)."""
+    port_fixed = isinstance(job.distributed.master_port, int)
+    if found_port is not None:
+        port = found_port
+    elif isinstance(job.distributed.master_port, int):
+        port = job.distributed.master_port
+    else:
+        port = derive_port(job_id)
+    addr = first_address
+    addr_fixed = "MASTER_ADDR" in job.env
+    if addr_fixed:
+        addr = text(job.env["MASTER_ADDR"])
+    if "MASTER_PORT" in job.env:
+        port = _env_port(job.env["MASTER_PORT"], source)
+        port_fixed = True
+    return addr, port, addr_fixed, port_fixed
+
+
+def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
+    s, res = job.slurm, job.resources
+    return SlurmSettings(
+        partition=s.partition,
+        account=s.account,
+        qos=s.qos,
+        extra_args=tuple(s.extra_args),
+        signal=s.signal,
+        signal_seconds_before=s.signal_seconds_before,
+        max_restarts=s.max_restarts,
+        requeue_on_node_failure=s.requeue_on_node_failure,
+        gres_type=s.gres_type,
+        cpus_per_task=res.cpus_per_task,
+        mem_gb=res.mem_gb,
+        mem=None if res.mem_gb is None else _slurm_memory(res.mem_gb),
+        # Nodes the job names are the nodes Slurm must give it.
+        nodelist=None if res.node_names is None else hostlist.compress(chosen),
     )
 
 
 def _slurm_memory(gb: float) -> str:
     """``--mem`` as sbatch takes it: a whole number and a unit (``900G``; it refuses ``900.0G``)."""
     return f"{int(gb)}G" if float(gb).is_integer() else f"{max(1, round(gb * 1024))}M"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
-def _text(value: str | int | float | bool) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
 
 
 def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:
@@ -356,271 +415,15 @@ def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
     return estimate(job.train, params)
 
 
-def _candidate_nodes(job: JobSpec, inventory: Inventory, source: str) -> list[Node]:
-    given = job.resources.node_names
-    if given is None:
-        return list(inventory.nodes)
-    try:  # node_names may use hostlists, like the inventory: [gpu[01-04], gpu09]
-        names = [name for item in given for name in hostlist.expand(item)]
-    except ValueError as exc:
-        raise UserError.single(
-            str(exc), source=source, field="resources.node_names", got=given
-        ) from None
-    by_name = {node.name: node for node in inventory.nodes}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise UserError.single(
-            f"node {', '.join(repr(u) for u in unknown[:12])} not in inventory '{inventory.name}'",
-            source=source,
-            field="resources.node_names",
-            hint="nodes there: " + _short_list([n.name for n in inventory.nodes]),
-        )
-    if len(set(names)) != len(names):
-        raise UserError.single(
-            "a node is named twice", source=source, field="resources.node_names", got=given
-        )
-    return [by_name[name] for name in names]
-
-
 def _env_port(value: str | int | float | bool, source: str) -> int:
     """MASTER_PORT from the job's env, which must be a port number like distributed's."""
-    text = _text(value)
-    if not text.isdigit() or not 1024 <= int(text) <= 65535:
+    port = text(value)
+    if not port.isdigit() or not 1024 <= int(port) <= 65535:
         raise UserError.single(
             "MASTER_PORT must be a port between 1024 and 65535",
             source=source,
             field="env.MASTER_PORT",
-            got=text,
+            got=port,
             hint="or set distributed.master_port, or leave both out for a derived port",
         )
-    return int(text)
-
-
-def _short_list(names: list[str], limit: int = 12) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
-
-
-def _choose(
-    job: JobSpec,
-    inventory: Inventory,
-    nodes: list[Node],
-    memory: MemoryEstimate | None,
-    busy: Mapping[str, frozenset[int]],
-    source: str,
-    notes: list[str],
-) -> list[_Choice]:
-    res = job.resources
-    if job.backend == "local" and res.nodes > 1:
-        raise UserError.single(
-            "the local backend runs on this machine only",
-            source=source,
-            field="resources.nodes",
-            got=res.nodes,
-            hint="use backend: ssh or slurm for several nodes",
-        )
-    wanted_model = res.gpu_model
-    if wanted_model is not None:
-        counts = inventory.model_counts()
-        if not any(m.lower() == wanted_model.lower() for m in counts):
-            there = ", ".join(f"{m} ({n})" for m, n in counts.items()) or "none (CPU-only)"
-            raise UserError.single(
-                f"gpu_model '{wanted_model}' not in inventory '{inventory.name}'; "
-                f"models there: {there}",
-                source=source,
-                field="resources.gpu_model",
-                hint="set resources.gpu_model to one of them, or leave it out",
-            )
-    models: list[str | None]
-    if wanted_model is not None:
-        models = [wanted_model]
-    elif res.allow_mixed_gpus:
-        # Any GPU model, but never GPU and CPU-only nodes in one job (nccl needs a GPU per
-        # rank); CPU-only nodes are the fallback kind, as below.
-        models = [ANY_GPU] + ([None] if any(not n.is_gpu for n in nodes) else [])
-    else:
-        # One model across all ranks: try each model in inventory order (CPU-only nodes are
-        # their own kind), and take the first that yields enough nodes.
-        models = list(dict.fromkeys(g.model for n in nodes for g in n.gpus))
-        if any(not n.is_gpu for n in nodes):
-            models.append(None)
-        models = models or [None]
-    reasons: dict[str, list[tuple[str, str]]] = {}
-    for model in models:
-        picked: list[_Choice] = []
-        why: list[tuple[str, str]] = []
-        for node in nodes:
-            choice, reason = _fit(job, node, model, memory, busy.get(node.name, frozenset()))
-            if choice is None:
-                why.append((node.name, reason))
-            else:
-                picked.append(choice)
-            if len(picked) == res.nodes:
-                break
-        if len(picked) == res.nodes:
-            if len(models) > 1 and model is not None and model != ANY_GPU:
-                notes.append(
-                    f"picked GPU model {model}; set resources.gpu_model to choose another"
-                )
-            return picked
-        reasons[model or "cpu"] = why
-    raise _refusal(job, nodes, memory, reasons, source)
-
-
-def _fit(
-    job: JobSpec,
-    node: Node,
-    model: str | None,
-    memory: MemoryEstimate | None,
-    busy: frozenset[int],
-) -> tuple[_Choice | None, str]:
-    res = job.resources
-    if not node.is_gpu:
-        if res.gpu_model is not None or res.min_gpu_memory_gb is not None or model is not None:
-            return None, "CPU-only"
-        want = node.capacity if res.gpus_per_node == "all" else res.gpus_per_node
-        if want > node.capacity:
-            return None, f"{node.capacity} slots, {want} requested"
-        return _Choice(node, (), want), ""
-    if model is None:
-        return None, "has GPUs (the job runs on CPU-only nodes)"
-    gpus = [g for g in node.gpus if model == ANY_GPU or g.model.lower() == model.lower()]
-    if not gpus:
-        return None, f"no {model} GPU"
-    if res.min_gpu_memory_gb is not None:
-        gpus = [g for g in gpus if g.memory_gb >= res.min_gpu_memory_gb]
-        if not gpus:
-            return None, f"no GPU with at least {res.min_gpu_memory_gb:g} GB"
-    if memory is not None:
-        fits = [g for g in gpus if g.memory_gb * GB >= memory.total]
-        if not fits:
-            small = max(gpus, key=lambda g: g.memory_gb)
-            return None, f"model does not fit ({small.model} has {small.memory_gb:g} GB)"
-        gpus = fits
-    free = [g for g in gpus if g.index not in busy]
-    want = len(free) if res.gpus_per_node == "all" else res.gpus_per_node
-    if want == 0 or len(free) < want:
-        held = len(gpus) - len(free)
-        extra = f" ({held} held by other jobs)" if held else ""
-        return None, f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
-    return _Choice(node, tuple(free[:want]), want), ""
-
-
-def _refusal(
-    job: JobSpec,
-    nodes: list[Node],
-    memory: MemoryEstimate | None,
-    reasons: dict[str, list[tuple[str, str]]],
-    source: str,
-) -> UserError:
-    res = job.resources
-    if memory is not None and job.train is not None:
-        gpus = [g for n in nodes for g in n.gpus if _eligible(job, g)]
-        if gpus and all(g.memory_gb * GB < memory.total for g in gpus):
-            biggest = max(gpus, key=lambda g: g.memory_gb)
-            return UserError.single(
-                f"{memory.describe()}; {biggest.model} has {biggest.memory_gb:g} GB, "
-                "the most of any GPU this job may use",
-                source=source,
-                field="train",
-                hint="try " + remedies(job.train),
-            )
-    # Show the attempt (GPU model) that came closest; on a tie, the one with more GPUs.
-    capacity = {
-        kind: sum(
-            1 for n in nodes for g in n.gpus if kind in (ANY_GPU, "cpu") or g.model == kind
-        )
-        for kind in reasons
-    }
-    best_kind = max(reasons, key=lambda k: (len(nodes) - len(reasons[k]), capacity[k]), default="")
-    best = reasons.get(best_kind, [])
-    matched = len(nodes) - len(best)
-    detail = "; ".join(_group_reasons(best))
-    unit = "slots" if best_kind == "cpu" else "GPUs"
-    each = f"all {unit}" if res.gpus_per_node == "all" else f"{res.gpus_per_node} {unit}"
-    plural = "node" if res.nodes == 1 else "nodes"
-    return UserError.single(
-        f"{res.nodes} {plural} requested ({each} each), {matched} match"
-        + (f": {detail}" if detail else ""),
-        source=source,
-        field="resources",
-        hint="lower resources.nodes or gpus_per_node, relax gpu_model/min_gpu_memory_gb, "
-        "or set allow_mixed_gpus",
-    )
-
-
-def _eligible(job: JobSpec, gpu: Gpu) -> bool:
-    """Whether the job's model and memory-floor filters let it use ``gpu``."""
-    res = job.resources
-    if res.gpu_model is not None and gpu.model.lower() != res.gpu_model.lower():
-        return False
-    return res.min_gpu_memory_gb is None or gpu.memory_gb >= res.min_gpu_memory_gb
-
-
-def _group_reasons(reasons: list[tuple[str, str]], limit: int = 6) -> list[str]:
-    """Nodes refused for the same reason share one entry: ``gpu[01-16]: no A100 GPU``."""
-    by_reason: dict[str, list[str]] = {}
-    for name, why in reasons:
-        by_reason.setdefault(why, []).append(name)
-    lines = [f"{hostlist.compress(names)}: {why}" for why, names in by_reason.items()]
-    if len(lines) > limit:
-        return [*lines[:limit], f"... ({len(lines) - limit} more reasons)"]
-    return lines
-
-
-def _dist_backend(job: JobSpec, any_gpu: bool, source: str, warnings: list[str]) -> str:
-    asked = job.distributed.backend
-    if asked == "auto":
-        return "nccl" if any_gpu else "gloo"
-    if asked == "nccl" and not any_gpu:
-        raise UserError.single(
-            "nccl needs GPUs, and the chosen nodes are CPU-only",
-            source=source,
-            field="distributed.backend",
-            got="nccl",
-            hint="use 'auto' or 'gloo'",
-        )
-    if asked == "gloo" and any_gpu:
-        warnings.append(
-            "gloo on GPUs is several times slower than nccl (5-20x measured); "
-            "use distributed.backend: auto unless you know why"
-        )
-    return asked
-
-
-def _node_env(
-    job: JobSpec,
-    choice: _Choice,
-    node_rank: int,
-    multi_node: bool,
-    dist_backend: str,
-    found_interface: str | None = None,
-) -> dict[str, str]:
-    node = choice.node
-    env: dict[str, str] = {
-        "LOCAL_WORLD_SIZE": str(choice.nproc),
-        "GROUP_RANK": str(node_rank),
-    }
-    if choice.gpus:
-        # Every local rank sees all of the job's GPUs on the node and uses cuda:LOCAL_RANK;
-        # isolating one GPU per process would block NCCL peer-to-peer over NVLink.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in choice.gpus)
-    threads = job.distributed.omp_num_threads
-    if threads is None:
-        threads = max(1, node.cpus // choice.nproc) if node.cpus else 1
-    env["OMP_NUM_THREADS"] = str(threads)
-    net = node.network
-    # The inventory's interface wins; else the one a backend discovered on the node at submit.
-    interface = net.interface if net is not None and net.interface else found_interface
-    if interface:
-        env["GLOO_SOCKET_IFNAME"] = interface
-        if dist_backend == "nccl":
-            env["NCCL_SOCKET_IFNAME"] = interface
-    if dist_backend == "nccl":
-        if (net is not None and net.fabric == "ethernet") or (net is None and multi_node):
-            env["NCCL_IB_DISABLE"] = "1"
-        if net is not None and net.hca:
-            env["NCCL_IB_HCA"] = net.hca
-        if node.gpu_link == "none":
-            env["NCCL_P2P_DISABLE"] = "1"
-    return env
+    return int(port)

@@ -1,8 +1,13 @@
 """From a job file on disk to a plan and its scripts: the shell around the pure core.
 
-``plan``, ``render`` and ``submit`` all come through here, so what ``render`` prints is what
-``submit`` writes. This module reads files, probes this machine for local jobs without an
-inventory, and counts the model's parameters; the core it calls does none of that.
+Two halves. :func:`load` does the I/O, once per submit: it reads the job file (with ``--set``
+overrides) and its inventory, probes this machine for local jobs without an inventory, and counts
+the model's parameters by importing the user's factory. :func:`plan_job` is pure: from what was
+loaded, a job id and the facts a backend found on its hosts, it makes the plan and renders its
+scripts. Backends re-plan (other jobs' GPUs, a busy port, a discovered interface) by calling
+:func:`plan_job` again; they never read the files a second time, so the job that runs is the job
+``submit`` showed even if its file is edited meanwhile. ``plan``, ``render`` and ``submit`` all
+come through here, so what ``render`` prints is what ``submit`` writes.
 """
 
 from __future__ import annotations
@@ -10,15 +15,17 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrate.errors import UserError
-from orchestrate.inventory import Inventory, load_inventory
-from orchestrate.job import JobSpec, job_dir, load_job
-from orchestrate.machine import local_inventory
-from orchestrate.plan import Plan, make_plan
+from orchestrate.inventory import Inventory, InventorySpec, load_inventory_spec, resolve_inventory
+from orchestrate.job import JobSpec, check_job_id, job_dir, load_job
+from orchestrate.plan import HostFacts, Plan, make_plan
+
+#: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
+PREVIEW_SUFFIX = "dryrun"
 
 
 def new_id_suffix() -> str:
@@ -27,52 +34,164 @@ def new_id_suffix() -> str:
     return secrets.token_hex(3)
 
 
-#: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
-PREVIEW_SUFFIX = "dryrun"
+@dataclass(frozen=True)
+class Loaded:
+    """A job and everything read or measured for it, ready to be planned (any number of times).
+
+    ``inventory_spec`` is None for a local job without an inventory file (this machine,
+    probed). :meth:`to_json` / :meth:`from_json` carry it to a supervisor process without
+    reading a file again.
+    """
+
+    source: str  # what errors name: the job file, or "<JobSpec>"
+    overrides: tuple[str, ...]
+    job: JobSpec
+    inventory: Inventory
+    inventory_spec: InventorySpec | None
+    inventory_source: str
+    workdir: Path
+    runs: Path  # where run directories go
+    templates_dir: Path | None
+    param_count: float | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> Path:
+        """The job file (for messages)."""
+        return Path(self.source)
+
+    def run_dir(self, job_id: str) -> Path:
+        """The run directory of ``job_id``."""
+        return self.runs / job_id
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything :meth:`from_json` needs, as JSON values (a file inventory only)."""
+        if self.inventory_spec is None:
+            raise ValueError("a probed local inventory does not travel; plan locally")
+        return {
+            "source": self.source,
+            "overrides": list(self.overrides),
+            "job": self.job.model_dump(mode="json"),
+            "inventory": self.inventory_spec.model_dump(mode="json", exclude_unset=True),
+            "inventory_source": self.inventory_source,
+            "workdir": str(self.workdir),
+            "runs": str(self.runs),
+            "templates_dir": None if self.templates_dir is None else str(self.templates_dir),
+            "param_count": self.param_count,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Loaded:
+        """The inverse of :meth:`to_json` (pure: validates and resolves again, reads nothing)."""
+        spec = InventorySpec.model_validate(data["inventory"])
+        return cls(
+            source=data["source"],
+            overrides=tuple(data["overrides"]),
+            job=JobSpec.model_validate(data["job"]),
+            inventory=resolve_inventory(spec, data["inventory_source"]),
+            inventory_spec=spec,
+            inventory_source=data["inventory_source"],
+            workdir=Path(data["workdir"]),
+            runs=Path(data["runs"]),
+            templates_dir=None if data["templates_dir"] is None else Path(data["templates_dir"]),
+            param_count=data["param_count"],
+            notes=tuple(data["notes"]),
+        )
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A job made ready to launch."""
+    """A job made ready to launch: what was loaded, its plan and its rendered files."""
 
-    path: Path
-    overrides: tuple[str, ...]
-    job: JobSpec
-    inventory: Inventory
+    loaded: Loaded
     plan: Plan
     files: dict[str, str]
-    templates_dir: Path | None
+
+    @property
+    def path(self) -> Path:
+        """The job file."""
+        return self.loaded.path
+
+    @property
+    def job(self) -> JobSpec:
+        """The job spec."""
+        return self.loaded.job
+
+    @property
+    def inventory(self) -> Inventory:
+        """The resolved inventory."""
+        return self.loaded.inventory
+
+    @property
+    def templates_dir(self) -> Path | None:
+        """The job's own templates, if any."""
+        return self.loaded.templates_dir
 
 
-def run_root(job: JobSpec, path: Path) -> Path:
-    """Where run directories go: the job's ``run_root``, else $ORCHESTRATE_RUNS, else ./runs."""
-    if job.run_root is not None:
-        return (job_dir(path) / os.path.expanduser(job.run_root)).resolve()
-    return Path(os.environ.get("ORCHESTRATE_RUNS", "runs")).expanduser().resolve()
-
-
-def load(path: Path, overrides: tuple[str, ...] = ()) -> tuple[JobSpec, Inventory]:
-    """The job (with overrides) and its inventory."""
+def load(path: Path, overrides: tuple[str, ...] = ()) -> Loaded:
+    """Read a job file (with ``--set`` overrides) and everything it needs."""
     job = load_job(path, overrides)
-    if job.inventory is None:
-        if job.backend != "local":
-            raise UserError.single(
-                f"the {job.backend} backend needs an inventory",
-                source=str(path),
-                field="inventory",
-                hint="point 'inventory' at a file describing the nodes (see inventory/)",
-            )
-        return job, local_inventory()
-    inv_path = job_dir(path) / os.path.expanduser(job.inventory)
-    if not inv_path.exists():
-        raise UserError.single(
-            "inventory file not found",
-            source=str(path),
-            field="inventory",
-            got=str(inv_path),
-            hint="the path is relative to the job file",
-        )
-    return job, load_inventory(inv_path)
+    return load_spec(job, job_dir(path), str(path), overrides)
+
+
+def load_spec(
+    job: JobSpec, base: Path, source: str = "<JobSpec>", overrides: tuple[str, ...] = ()
+) -> Loaded:
+    """Load what a job spec needs; its relative paths are relative to ``base``."""
+    inventory, spec, inventory_source = _inventory(job, base, source)
+    workdir = (base / os.path.expanduser(job.workdir or ".")).resolve()
+    templates_dir = None
+    if job.templates_dir is not None:
+        templates_dir = (base / job.templates_dir).resolve()
+        if not templates_dir.is_dir():
+            raise UserError.single("templates folder not found", source=source,
+                                   field="templates_dir", got=str(templates_dir))
+    params, note = _count_params(job, inventory, workdir)
+    return Loaded(
+        source=source,
+        overrides=tuple(overrides),
+        job=job,
+        inventory=inventory,
+        inventory_spec=spec,
+        inventory_source=inventory_source,
+        workdir=workdir,
+        runs=_runs(job, base),
+        templates_dir=templates_dir,
+        param_count=params,
+        notes=(note,) if note else (),
+    )
+
+
+def plan_job(
+    loaded: Loaded,
+    job_id: str,
+    facts: HostFacts | None = None,
+    *,
+    render_files: bool = True,
+) -> Prepared:
+    """Plan and render a loaded job (pure; ``render_files=False``: the plan only, ``files``
+    empty: ``orchestrate plan`` needs no scripts, and a 4,096-node job renders 4,096 of them).
+    """
+    plan = make_plan(
+        loaded.job,
+        loaded.inventory,
+        job_id=job_id,
+        run_dir=str(loaded.run_dir(job_id)),
+        workdir=str(loaded.workdir),
+        source=loaded.source,
+        python=sys.executable if loaded.job.backend == "local" else "python3",
+        param_count=loaded.param_count,
+        facts=facts,
+    )
+    if loaded.notes:
+        plan = replace(plan, notes=(*plan.notes, *loaded.notes))
+    files: dict[str, str] = {}
+    if render_files:
+        from orchestrate.render import render  # Jinja is imported only when scripts are wanted
+
+        files = render(plan, loaded.templates_dir)
+    return Prepared(loaded, plan, files)
 
 
 def prepare(
@@ -81,55 +200,53 @@ def prepare(
     *,
     job_id: str | None = None,
     id_suffix: str | None = None,
-    busy_gpus: Mapping[str, frozenset[int]] | None = None,
-    master_port: int | None = None,
-    interfaces: Mapping[str, str] | None = None,
     render_files: bool = True,
 ) -> Prepared:
-    """Load, plan and render a job file (``render_files=False``: the plan only, ``files`` empty;
-    ``orchestrate plan`` needs no scripts, and a 4,096-node job renders 4,096 of them).
+    """Load, plan and render a job file. ``job_id`` names the job; else ``<name>-<id_suffix>``
+    (``submit`` passes a fresh suffix), else ``<name>-dryrun``."""
+    if job_id is not None:
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            raise UserError.single(str(exc), field="--job-id", got=job_id,
+                                   hint="a job id names a folder: no '/' and no '..'") from None
+    loaded = load(path, overrides)
+    job_id = job_id or f"{loaded.job.name}-{id_suffix or PREVIEW_SUFFIX}"
+    return plan_job(loaded, job_id, render_files=render_files)
 
-    ``job_id`` names the job; else ``<name>-<id_suffix>`` (``submit`` passes a fresh suffix),
-    else ``<name>-dryrun``. ``busy_gpus``, ``master_port`` and ``interfaces`` are facts a
-    backend found on the hosts (leases, a free port, the interface towards the master); see
-    :func:`make_plan`.
-    """
-    job, inventory = load(path, overrides)
-    job_id = job_id or f"{job.name}-{id_suffix or PREVIEW_SUFFIX}"
-    run_dir = run_root(job, path) / job_id
-    workdir = (job_dir(path) / os.path.expanduser(job.workdir or ".")).resolve()
-    params, note = _count_params(job, inventory, workdir)
-    plan = make_plan(
-        job,
-        inventory,
-        job_id=job_id,
-        run_dir=str(run_dir),
-        workdir=str(workdir),
-        source=str(path),
-        python=sys.executable if job.backend == "local" else "python3",
-        param_count=params,
-        busy_gpus=busy_gpus,
-        master_port=master_port,
-        interfaces=interfaces,
-    )
-    if note:
-        plan = replace(plan, notes=(*plan.notes, note))
-    templates_dir = (
-        None if job.templates_dir is None else (job_dir(path) / job.templates_dir).resolve()
-    )
-    if templates_dir is not None and not templates_dir.is_dir():
+
+def _inventory(
+    job: JobSpec, base: Path, source: str
+) -> tuple[Inventory, InventorySpec | None, str]:
+    if job.inventory is None:
+        if job.backend != "local":
+            raise UserError.single(
+                f"the {job.backend} backend needs an inventory",
+                source=source,
+                field="inventory",
+                hint="point 'inventory' at a file describing the nodes (see inventory/)",
+            )
+        from orchestrate.machine import local_inventory
+
+        return local_inventory(), None, ""
+    inv_path = base / os.path.expanduser(job.inventory)
+    if not inv_path.exists():
         raise UserError.single(
-            "templates folder not found",
-            source=str(path),
-            field="templates_dir",
-            got=str(templates_dir),
+            "inventory file not found",
+            source=source,
+            field="inventory",
+            got=str(inv_path),
+            hint="the path is relative to the job file",
         )
-    files: dict[str, str] = {}
-    if render_files:
-        from orchestrate.render import render  # Jinja is imported only when scripts are wanted
+    spec, lines = load_inventory_spec(inv_path)
+    return resolve_inventory(spec, str(inv_path), lines), spec, str(inv_path)
 
-        files = render(plan, templates_dir)
-    return Prepared(path, tuple(overrides), job, inventory, plan, files, templates_dir)
+
+def _runs(job: JobSpec, base: Path) -> Path:
+    """Where run directories go: the job's ``run_root``, else $ORCHESTRATE_RUNS, else ./runs."""
+    if job.run_root is not None:
+        return (base / os.path.expanduser(job.run_root)).resolve()
+    return Path(os.environ.get("ORCHESTRATE_RUNS", "runs")).expanduser().resolve()
 
 
 def _count_params(job: JobSpec, inventory: Inventory, workdir: Path) -> tuple[float | None, str]:

@@ -30,18 +30,30 @@ from orchestrate.layout import (
     SLURM_EXITS,
     SLURM_HOSTFILE,
     SLURM_MERGE_OFFSETS,
+    SLURM_MONITOR,
     SLURM_STATE,
     TRAIN_CONFIG,
     node_script_name,
 )
 from orchestrate.plan import Plan
 from orchestrate.ports import PORT_BASE, PORT_SPAN
-from orchestrate.train.config import EXIT_REQUEUE
+from orchestrate.shipping import bundle
+
+#: The modules of the Slurm batch job's monitor program (monitor.py in the run directory).
+MONITOR_MODULES = ("orchestrate.exits", "orchestrate.outcome", "orchestrate.backends.slurmmonitor")
 
 
 def quote(value: object) -> str:
-    """Shell-quote any value (numbers too, so templates never reason about types)."""
-    return shlex.quote(str(value))
+    """Shell-quote any value (numbers too, so templates never reason about types).
+
+    Backslashes are written outside the single quotes (``'a'\\'b'``): inside them a backslash
+    before the closing quote reads like an attempt to escape it, which shellcheck flags
+    (SC1003), and rendered scripts must pass shellcheck whatever a job file holds.
+    """
+    text = str(value)
+    if "\\" not in text:
+        return shlex.quote(text)
+    return "\\\\".join(shlex.quote(part) if part else "" for part in text.split("\\"))
 
 
 #: What sbatch reads unquoted in an ``#SBATCH`` line.
@@ -117,6 +129,7 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
             files[SBATCH_SCRIPT] = env.get_template("sbatch.sh.j2").render(
                 context, **slurm_context(plan)
             )
+            files[SLURM_MONITOR] = bundle(*MONITOR_MODULES)
         else:
             template = env.get_template("node.sh.j2")
             for node in plan.nodes:
@@ -147,8 +160,8 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
             "hostfile": SLURM_HOSTFILE,
             "merge_offsets": SLURM_MERGE_OFFSETS,
             "batch_log": SLURM_BATCH_LOG,
+            "monitor": SLURM_MONITOR,
         },
-        "exit_requeue": EXIT_REQUEUE,
     }
 
 

@@ -1,11 +1,22 @@
 """The supervisor: the one process that watches every rank of a running job.
 
 It starts the ranks (through a backend's :class:`RankHandle`), copies their output into the
-log sink, records each exit in the store, and enforces the failure rule: the first rank that
-fails is named (rank, node, exit status, last log lines) and every other rank is stopped within
-seconds instead of waiting in a collective for torch's timeout. A cancel (SIGTERM/SIGINT/SIGHUP
-to the supervisor) stops every rank the same way. Local and SSH jobs share this loop; only the
-handles differ.
+log sink, records each exit in the store, and ends the job the moment it cannot succeed, naming
+why, instead of leaving ranks to wait in a collective for torch's timeout:
+
+- the first rank that fails (:func:`orchestrate.outcome.first_failure`) is named with its node,
+  exit status and last log lines, and every other rank is stopped (FAILED);
+- a cancel (SIGTERM/SIGINT/SIGHUP to the supervisor) stops every rank (CANCELLED);
+- the job's time limit (``resources.time``), enforced as Slurm does: SIGTERM to every rank, a
+  grace period, SIGKILL (TIMEOUT);
+- rank 0 finished while other ranks still run: a notice after :data:`EARLY_EXIT_NOTICE_S`; if
+  they are still running ``distributed.timeout_s`` + :data:`LINGER_SLACK_S` later (no collective
+  can still be waiting for rank 0 by then), they are stopped (FAILED);
+- the run directory cannot take the ranks' output (its file system is full): the ranks are
+  stopped rather than left blocked on a full pipe (FAILED, "cannot write logs").
+
+Ranks the job stops itself are recorded as STOPPED, with their exit, never as FAILED: only the
+first failure failed. Local and SSH jobs share this loop; only the handles differ.
 """
 
 from __future__ import annotations
@@ -13,45 +24,27 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from orchestrate.job import time_limit_seconds
 from orchestrate.layout import METRICS, rank_log
 from orchestrate.logsink import LogSink, last_lines
-from orchestrate.store import Store
+from orchestrate.outcome import Exit, Failure, RankEnd, first_failure
+from orchestrate.plan import Plan
+from orchestrate.store import STOPPED, Store
 
-#: Exit status of a rank that checkpointed and asks to be started again (see orchestrate.train).
-EXIT_REQUEUE = 75
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
 #: are probably waiting for it in a collective. Reported, not killed: rank 0 may legitimately
-#: finish alone (a final evaluation or save).
+#: finish alone (a final evaluation or save), and other ranks after it.
 EARLY_EXIT_NOTICE_S = 10.0
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How a rank ended: an exit code, or the signal that killed it."""
-
-    code: int | None = None
-    signal: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Exited with status 0."""
-        return self.code == 0
-
-    def describe(self) -> str:
-        """``exit code 3`` or ``signal 9 (SIGKILL)``."""
-        if self.signal is not None:
-            try:
-                name = signal.Signals(self.signal).name
-            except ValueError:
-                name = "?"
-            return f"signal {self.signal} ({name})"
-        return f"exit code {self.code}"
+#: Past the process-group timeout, how long ranks may outlive a finished rank 0.
+LINGER_SLACK_S = 30.0
+#: After SIGKILL, how long to wait for a rank's end before giving up on it.
+KILL_WAIT_S = 5.0
 
 
 class RankHandle(Protocol):
@@ -91,7 +84,129 @@ class Outcome:
 
     state: str
     reason: str
-    failure: dict[str, object] | None
+    failure: Failure | None
+
+
+class _Run:
+    """One supervised run of the job's ranks: what happened so far, and the rules above."""
+
+    def __init__(self, job_id: str, run_dir: Path, store: Store, plan: Plan,
+                 handles: Sequence[RankHandle], sink: LogSink, grace_s: float) -> None:
+        self.job_id = job_id
+        self.run_dir = run_dir
+        self.store = store
+        self.sink = sink
+        self.grace_s = grace_s
+        self.running: dict[int, RankHandle] = {h.rank: h for h in handles}
+        self.exits: dict[int, Exit] = {}
+        self.failure: Failure | None = None
+        self.ending: Outcome | None = None  # why the job is being stopped, once it is
+        self.stop_deadline: float | None = None
+        self.limit_at: float | None = None
+        if plan.time_limit:
+            self.limit_s = time_limit_seconds(plan.time_limit)
+            self.limit_at = time.monotonic() + self.limit_s
+        self.linger_s = plan.timeout_s + LINGER_SLACK_S
+        self.first_done: tuple[int, str, float] | None = None  # the first rank to exit 0
+        self.zero_done_at: float | None = None  # when rank 0 exited 0
+        self.noticed_early = False
+
+    # ---- events --------------------------------------------------------------------------
+
+    def collect(self) -> None:
+        """Record the ranks that ended since the last call; apply the failure rule."""
+        ended: list[RankEnd] = []
+        for rank, handle in list(self.running.items()):
+            result = handle.poll()
+            if result is None:
+                continue
+            del self.running[rank]
+            self.exits[rank] = result
+            now = time.time()
+            ended.append(RankEnd(rank, handle.node, result, now))
+            stopped_by_us = self.ending is not None
+            state = "COMPLETED" if result.ok else (STOPPED if stopped_by_us else "FAILED")
+            self.store.update_rank(self.job_id, rank, state=state, exit_code=result.code,
+                                   signal=result.signal, finished_at=now)
+            if result.ok and self.first_done is None:
+                self.first_done = (rank, handle.node, time.monotonic())
+            if rank == 0 and result.ok:
+                self.zero_done_at = time.monotonic()
+        first = first_failure(ended)
+        if first is not None and self.ending is None:
+            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, first.rank), 10))
+            reason = self.failure.sentence()
+            if self.failure.requeue:
+                reason += (" (it checkpointed and asks to be started again: "
+                           f"`orchestrate resume {self.job_id}`)")
+            self.stop_all(Outcome("FAILED", reason, self.failure),
+                          f"{self.failure.sentence()}; stopping the other "
+                          f"{len(self.running)} rank(s)")
+
+    def check_rules(self, cancel: str | None) -> None:
+        """Cancel, time limit, lingering ranks, a log that cannot be written."""
+        if self.ending is not None or not self.running:
+            return
+        now = time.monotonic()
+        if cancel:
+            self.stop_all(Outcome("CANCELLED", cancel, None),
+                          f"{cancel}; stopping {len(self.running)} rank(s)")
+        elif self.sink.error is not None:
+            reason = f"cannot write logs: {self.sink.error}"
+            self.stop_all(Outcome("FAILED", reason, None), f"{reason}; stopping every rank")
+        elif self.limit_at is not None and now >= self.limit_at:
+            reason = (f"time limit ({self.limit_s}s, resources.time) reached; the ranks got "
+                      f"SIGTERM and {self.grace_s:.0f}s to checkpoint")
+            self.stop_all(Outcome("TIMEOUT", reason, None), reason)
+        elif self.first_done is not None:
+            self._linger(now)
+
+    def _linger(self, now: float) -> None:
+        assert self.first_done is not None
+        rank, node, done_at = self.first_done
+        others = sorted(self.running)
+        if now - done_at > EARLY_EXIT_NOTICE_S and not self.noticed_early:
+            self.noticed_early = True
+            notice = (f"rank {rank} on {node} exited 0 more than {EARLY_EXIT_NOTICE_S:.0f}s ago "
+                      f"while rank(s) {others} still run; ")
+            if rank == 0:
+                notice += (f"they are stopped if still running {self.linger_s:.0f}s after it "
+                           f"(distributed.timeout_s + {LINGER_SLACK_S:.0f}s)")
+            else:
+                notice += ("if they wait for it in a collective they will fail at the "
+                           "process-group timeout")
+            self.sink.note(notice)
+            self.store.update(self.job_id, reason=notice)
+        if self.zero_done_at is None:
+            return
+        waited = now - self.zero_done_at
+        if waited > self.linger_s:
+            reason = (f"rank(s) {others} still ran {waited:.0f}s after rank 0 finished "
+                      "(longer than distributed.timeout_s + "
+                      f"{LINGER_SLACK_S:.0f}s: not waiting for a collective any more)")
+            self.stop_all(Outcome("FAILED", reason, None), f"{reason}; stopping them")
+
+    def stop_all(self, ending: Outcome, note: str) -> None:
+        """Start stopping every running rank (SIGTERM now, SIGKILL after the grace period)."""
+        self.ending = ending
+        self.sink.note(note)
+        for handle in list(self.running.values()):
+            handle.stop(force=False)
+        self.stop_deadline = time.monotonic() + self.grace_s
+
+    def enforce(self) -> None:
+        """SIGKILL whatever outlived its grace period."""
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            for handle in self.running.values():
+                handle.stop(force=True)
+            self.stop_deadline = time.monotonic() + KILL_WAIT_S
+
+    def outcome(self) -> Outcome:
+        if self.ending is not None:
+            return self.ending
+        if all(e.ok for e in self.exits.values()):
+            return Outcome("COMPLETED", "", None)
+        return Outcome("FAILED", "a rank failed", None)
 
 
 def supervise(
@@ -102,77 +217,30 @@ def supervise(
     stop: StopRequest,
     grace_s: float = 5.0,
     cleanup: Callable[[], None] | None = None,
+    sink: LogSink | None = None,
+    plan: Plan | None = None,
 ) -> Outcome:
-    """Run the ranks to the end; returns (and records) the outcome."""
-    sink = LogSink(run_dir, {h.rank: h.node for h in handles})
+    """Run the ranks to the end; returns (and records) the outcome. ``sink`` is the job's log
+    (made here unless the caller made it to write notes of its own); it is closed at the end.
+    ``plan`` (default: the stored one) gives the time limit and the collective timeout."""
+    sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles})
+    if plan is None:
+        record = store.get(job_id)
+        assert record is not None, job_id
+        plan = record.plan
+    run = _Run(job_id, run_dir, store, plan, handles, sink, grace_s)
     metrics = run_dir / METRICS
-    running: dict[int, RankHandle] = {}
-    failure: dict[str, object] | None = None
-    exits: dict[int, Exit] = {}
-    cancel_reason: str | None = None
-    stop_deadline: float | None = None
-    early_exit: tuple[int, str, float] | None = None  # rank, node, when
     first_step_seen = False
     try:
         for handle in handles:
             pid = handle.start(_emitter(sink, handle.rank))
-            running[handle.rank] = handle
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
         store.update(job_id, state="RUNNING", started_at=time.time())
-        while running:
-            for rank, handle in list(running.items()):
-                result = handle.poll()
-                if result is None:
-                    continue
-                del running[rank]
-                exits[rank] = result
-                store.update_rank(
-                    job_id, rank, state="COMPLETED" if result.ok else "FAILED",
-                    exit_code=result.code, signal=result.signal, finished_at=time.time(),
-                )
-                if result.ok:
-                    if early_exit is None:
-                        early_exit = (rank, handle.node, time.monotonic())
-                    continue
-                if failure is None and cancel_reason is None:
-                    failure = {
-                        "rank": rank,
-                        "node": handle.node,
-                        "exit_code": result.code,
-                        "signal": result.signal,
-                        "description": result.describe(),
-                        "last_lines": last_lines(rank_log(run_dir, rank), 10),
-                        "requeue": result.code == EXIT_REQUEUE,
-                    }
-                    sink.note(
-                        f"rank {rank} on {handle.node} failed with {result.describe()}; "
-                        f"stopping the other {len(running)} rank(s)"
-                    )
-                    stop_deadline = _stop_all(running.values(), grace_s)
-            if (
-                early_exit is not None
-                and running
-                and stop_deadline is None
-                and time.monotonic() - early_exit[2] > EARLY_EXIT_NOTICE_S
-            ):
-                rank, node, _ = early_exit
-                early_exit = (rank, node, float("inf"))
-                notice = (
-                    f"rank {rank} on {node} exited 0 more than {EARLY_EXIT_NOTICE_S:.0f}s ago "
-                    f"while rank(s) {sorted(running)} still run; if they wait for it in a "
-                    "collective they will fail at the process-group timeout"
-                )
-                sink.note(notice)
-                store.update(job_id, reason=notice)
-            if stop.reason and cancel_reason is None and failure is None:
-                cancel_reason = stop.reason
-                sink.note(f"{cancel_reason}; stopping {len(running)} rank(s)")
-                stop_deadline = _stop_all(running.values(), grace_s)
-            if stop_deadline is not None and time.monotonic() > stop_deadline:
-                for handle in running.values():
-                    handle.stop(force=True)
-                stop_deadline = time.monotonic() + 5.0
+        while run.running:
+            run.collect()
+            run.check_rules(stop.reason)
+            run.enforce()
             if not first_step_seen and metrics.exists():
                 first_step_seen = _record_first_step(store, job_id, metrics)
             time.sleep(POLL_S)
@@ -181,7 +249,7 @@ def supervise(
             cleanup()
         if not first_step_seen and metrics.exists():
             _record_first_step(store, job_id, metrics)
-    outcome = _outcome(exits, failure, cancel_reason)
+    outcome = run.outcome()
     sink.note(f"job {job_id} {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
     sink.close()
     store.finish(job_id, outcome.state, outcome.reason, failure=outcome.failure)
@@ -195,12 +263,6 @@ def _emitter(sink: LogSink, rank: int) -> Callable[[str], None]:
     return emit
 
 
-def _stop_all(handles: Iterable[RankHandle], grace_s: float) -> float:
-    for handle in list(handles):
-        handle.stop(force=False)
-    return time.monotonic() + grace_s
-
-
 def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:
     try:
         first = metrics.read_text(encoding="utf-8").splitlines()[:1]
@@ -212,17 +274,3 @@ def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:
     store.update(job_id, first_step_at=stamp)
     return True
 
-
-def _outcome(
-    exits: dict[int, Exit], failure: dict[str, object] | None, cancel_reason: str | None
-) -> Outcome:
-    if cancel_reason is not None:
-        return Outcome("CANCELLED", cancel_reason, None)
-    if failure is not None:
-        reason = f"rank {failure['rank']} on {failure['node']} failed with {failure['description']}"
-        if failure.get("requeue"):
-            reason += " (it checkpointed and asks to be resubmitted to resume)"
-        return Outcome("FAILED", reason, failure)
-    if all(e.ok for e in exits.values()):
-        return Outcome("COMPLETED", "", None)
-    return Outcome("FAILED", "a rank failed", None)

@@ -1,27 +1,36 @@
-"""What every backend does: submit a prepared job, report its state, cancel it.
+"""What every backend does, and what they share.
 
-``submit`` returns once the job is launched (or queued); watching it is the job store's and the
-log's business, so ``--follow``, ``status``, ``logs`` and ``cancel`` work the same on every
-backend.
+A backend submits a prepared job, reports its state, cancels it, and checks it without running
+it (``submit --dry-run``). ``submit`` returns once the job is launched (or queued); watching it is
+the job store's and the log's business, so ``--follow``, ``status``, ``logs`` and ``cancel`` work
+the same on every backend. :class:`Backend` lists every entry point the CLI calls.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from orchestrate.errors import UserError
 from orchestrate.layout import PLAN_FILE
 from orchestrate.store import JobRecord, RankRecord, Store
 
 if TYPE_CHECKING:
     from orchestrate.prepare import Prepared
 
+#: How long a rank gets between SIGTERM and SIGKILL (the entrypoint checkpoints in between).
+STOP_GRACE_S = 5.0
+
 
 class Backend(Protocol):
     """A way of running jobs."""
 
     name: str
+    #: How often a follower (``--follow``, ``logs -f``) may ask :meth:`refresh`: a cluster
+    #: citizen asks a scheduler every few seconds, a local supervisor's store can answer often.
+    poll_interval_s: float
 
     def submit(self, prepared: Prepared, store: Store) -> JobRecord:
         """Launch (or queue) the job and record it; returns without waiting for it."""
@@ -32,6 +41,11 @@ class Backend(Protocol):
     def cancel(self, job: JobRecord, store: Store) -> JobRecord:
         """Stop every process of the job; returns the record once it is stopped."""
 
+    def check(self, prepared: Prepared) -> None:
+        """``submit --dry-run``: check what can be checked without running anything (a cluster's
+        ``sbatch --test-only``, the hosts' preflight), printing the verdict on stderr; a refusal
+        is a :class:`~orchestrate.errors.UserError`."""
+
 
 def write_run_dir(prepared: Prepared) -> Path:
     """Create the run directory with the rendered files and the plan; returns it.
@@ -40,13 +54,22 @@ def write_run_dir(prepared: Prepared) -> Path:
     others to read, and secrets never go into it at all.
     """
     run_dir = Path(prepared.plan.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for name, text in prepared.files.items():
-        target = run_dir / name
-        target.write_text(text, encoding="utf-8")
-        if name.endswith((".sh", ".sbatch")):
-            target.chmod(0o700)
-    (run_dir / PLAN_FILE).write_text(json.dumps(prepared.plan.to_json(), indent=2) + "\n")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name, text in prepared.files.items():
+            target = run_dir / name
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            target.write_text(text, encoding="utf-8")
+            if name.endswith((".sh", ".sbatch")):
+                target.chmod(0o700)
+        (run_dir / PLAN_FILE).write_text(json.dumps(prepared.plan.to_json(), indent=2) + "\n")
+    except OSError as exc:
+        raise UserError.single(
+            f"cannot write the run directory: {exc.strerror}", source=str(prepared.path),
+            field="run_root", got=str(exc.filename or run_dir),
+            hint="run directories go under the job's run_root, else $ORCHESTRATE_RUNS, else "
+            "./runs: choose a writable place with free space",
+        ) from None
     return run_dir
 
 
@@ -59,8 +82,29 @@ def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord
         backend=plan.backend,
         state=state,
         run_dir=plan.run_dir,
-        plan=plan.to_json(),
+        plan=plan,
         submitted_at=submitted_at,
         hosts=[n.address for n in plan.nodes],
         ranks=[RankRecord(rank=r.rank, node=r.node) for r in plan.ranks],
     )
+
+
+def secret_values(names: tuple[str, ...], source: str) -> list[str]:
+    """The secret env values from this environment, refusing missing or multi-line ones.
+
+    Secrets reach ranks on standard input (local, SSH) or through sbatch's inherited environment
+    (Slurm); they are never written to a file or a command line.
+    """
+    values = []
+    for name in names:
+        value = os.environ.get(name)
+        if value is None:
+            raise UserError.single(
+                f"{name} is not set in your environment", source=source, field="secret_env",
+                hint=f"export {name}=... before submitting; its value is never written to a file",
+            )
+        if "\n" in value:
+            raise UserError.single(f"{name} holds a line break", source=source,
+                                   field="secret_env")
+        values.append(value)
+    return values

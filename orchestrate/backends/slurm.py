@@ -23,32 +23,41 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import new_record, write_run_dir
-from orchestrate.backends.slurmctl import FINAL_STATES, SlurmClient, SlurmError, parse_job_id
-from orchestrate.backends.slurmrecord import (
-    Run,
-    first_failure,
-    rank_exits,
-    rank_hosts,
-    read_runs,
+from orchestrate.backends.slurmctl import (
+    FINAL_STATES,
+    SlurmClient,
+    SlurmError,
+    SlurmTimeout,
+    parse_job_id,
 )
+from orchestrate.backends.slurmrecord import Run, job_failure, rank_exits, rank_hosts, read_runs
 from orchestrate.errors import UserError
 from orchestrate.layout import METRICS, SBATCH_SCRIPT
-from orchestrate.store import JobRecord, Store
+from orchestrate.outcome import Failure
+from orchestrate.store import STOPPED, JobRecord, Store
 
 if TYPE_CHECKING:
     from orchestrate.prepare import Prepared
 
 #: How long ``cancel`` waits for Slurm to report every process of the job gone.
 CANCEL_WAIT_S = 60.0
-POLL_S = 0.2
+POLL_S = 0.5
 #: Shown instead of Slurm's PENDING while a requeued job waits to run again.
 REQUEUED = "REQUEUED"
+#: A job whose sbatch did not answer: it may be queued; refresh looks it up.
+SUBMITTING = "SUBMITTING"
+#: How long after such a submit a controller that answers but has no such job means "never
+#: queued" (the job's record, the controller's, and the clocks may lag a little).
+FIND_GRACE_S = 30.0
 
 
 class SlurmBackend:
     """Runs jobs through sbatch on the cluster whose clients this machine has."""
 
     name = "slurm"
+    #: Followers ask the controller at most this often (submitit's watcher waits 5 s): every
+    #: refresh is an ``scontrol`` RPC to slurmctld, which all of a cluster's users share.
+    poll_interval_s = 2.0
 
     def __init__(self, client: SlurmClient | None = None) -> None:
         self._client = client
@@ -70,9 +79,20 @@ class SlurmBackend:
         submitted_at = time.time()
         try:
             done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir)
+        except SlurmTimeout as exc:
+            # The controller may queue it anyway once it answers again: record the job, so
+            # that refresh finds it (by name and batch script) instead of leaving it untracked.
+            record = new_record(prepared, SUBMITTING, submitted_at)
+            record.reason = (f"{exc}; the job may still be queued: status looks it up once the "
+                             "controller answers")
+            store.add(record)
+            _say(f"warning: {record.reason} (orchestrate status {record.id})")
+            return record
         except SlurmError as exc:
+            _remove_run_dir(run_dir)
             raise UserError.single(str(exc), field="backend", hint=_HINT) from None
         if done.returncode != 0:
+            _remove_run_dir(run_dir)
             raise UserError.single(
                 "sbatch refused the job: " + _message(done.stderr or done.stdout),
                 source=str(prepared.path), hint="`orchestrate submit --dry-run` shows the script"
@@ -84,7 +104,7 @@ class SlurmBackend:
         store.add(record)
         return record
 
-    def dry_run_check(self, prepared: Prepared) -> None:
+    def check(self, prepared: Prepared) -> None:
         """Validate the script with ``sbatch --test-only`` when a cluster answers.
 
         Prints Slurm's verdict on stderr; a refused script is a :class:`UserError` (exit 2).
@@ -114,6 +134,8 @@ class SlurmBackend:
 
     def refresh(self, job: JobRecord, store: Store) -> JobRecord:
         """The job's state from the controller, or from its run directory once forgotten."""
+        if job.state == SUBMITTING and job.external_id is None:
+            job = self._find_submitted(job, store)
         if job.terminal or job.external_id is None:
             return job
         try:
@@ -129,6 +151,26 @@ class SlurmBackend:
         view = self._vanished(job, runs) if info is None else _view(job, info, runs, self.client)
         return _apply(job, store, view, runs)
 
+    def _find_submitted(self, job: JobRecord, store: Store) -> JobRecord:
+        """A job whose sbatch timed out: find it by its name and batch script once the
+        controller answers; if the controller has no such job, the submission never happened."""
+        script = Path(job.run_dir) / SBATCH_SCRIPT
+        try:
+            found = self.client.find_batch_job(job.plan.job_name, script)
+        except SlurmError as exc:
+            note = (f"sbatch did not answer and the controller still does not ({exc}); the job "
+                    "may be queued")
+            if job.reason != note:
+                store.update(job.id, reason=note)
+            return store.get(job.id) or job
+        if found is not None:
+            store.update(job.id, external_id=found, state="PENDING",
+                         reason=f"Slurm job {found} (found after sbatch timed out)")
+        elif time.time() - job.submitted_at > FIND_GRACE_S:
+            store.finish(job.id, "FAILED", "sbatch timed out and the controller never queued "
+                         "the job: nothing ran; submit it again")
+        return store.get(job.id) or job
+
     def _vanished(self, job: JobRecord, runs: list[Run]) -> View:
         """The controller no longer knows the job: accounting if it works, else the run dir."""
         assert job.external_id is not None
@@ -141,7 +183,7 @@ class SlurmBackend:
         if last is None:
             return View("FAILED", f"{forgotten}; it left no sign of having started", None)
         exits = rank_exits(Path(job.run_dir), last.restart)
-        failure = first_failure(Path(job.run_dir), exits)
+        failure = job_failure(Path(job.run_dir), exits)
         end = last.end
         if end is None:
             return View("FAILED", f"{forgotten}; its last run (restart {last.restart}) never "
@@ -158,6 +200,12 @@ class SlurmBackend:
 
     def cancel(self, job: JobRecord, store: Store) -> JobRecord:
         """scancel, then wait until Slurm lists nothing of the job any more."""
+        if job.state == SUBMITTING and job.external_id is None:
+            job = self._find_submitted(job, store)
+            if job.external_id is None and not job.terminal:
+                store.finish(job.id, "CANCELLED", "cancelled while its sbatch had not answered; "
+                             f"if Slurm queues it later: scancel -n {job.plan.job_name}")
+                return store.get(job.id) or job
         if job.terminal or job.external_id is None:
             return job
         done = self.client.cancel(job.external_id)
@@ -188,7 +236,7 @@ class View:
 
     state: str
     reason: str
-    failure: dict[str, Any] | None
+    failure: Failure | None
     restarts: int = 0
 
     @property
@@ -206,9 +254,9 @@ def _view(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmCl
     run_dir = Path(job.run_dir)
     last = runs[-1] if runs else None
     exits = rank_exits(run_dir, last.restart) if last is not None else {}
-    failure = first_failure(run_dir, exits)
+    failure = job_failure(run_dir, exits)
     end = last.end if last is not None else None
-    max_restarts = int(job.plan.get("slurm", {}).get("max_restarts", 3))
+    max_restarts = job.plan.slurm.max_restarts
     if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
         why = _requeue_reason(end, failure, last, client)
         return View(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
@@ -239,11 +287,11 @@ def _view(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmCl
     return View(state, f"Slurm: {state} ({slurm_reason})", None, restarts)
 
 
-def _requeue_reason(end: dict[str, Any] | None, failure: dict[str, Any] | None,
+def _requeue_reason(end: dict[str, Any] | None, failure: Failure | None,
                     last: Run | None, client: SlurmClient) -> str:
     if end is not None and end.get("outcome") == "REQUEUED":
-        rank = failure["rank"] if failure else end.get("rank")
-        return f"requeued: rank {rank} checkpointed on the stop signal and asked to resume"
+        who = f"rank {failure.rank}" if failure else "the ranks"
+        return f"requeued: {who} checkpointed on the stop signal and asked to resume"
     if last is None:
         return "requeued by Slurm before it ran"
     down = [n for n, s in client.node_states(last.hosts).items()
@@ -263,12 +311,12 @@ def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> 
     return f"nodes {info.get('NodeList', '?')}"
 
 
-def _failed_reason(failure: dict[str, Any] | None, end: dict[str, Any] | None,
+def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
                    job: JobRecord) -> str:
     if failure is not None:
-        text = f"rank {failure['rank']} on {failure['node']} failed with {failure['description']}"
-        if failure.get("requeue"):
-            limit = job.plan.get("slurm", {}).get("max_restarts", 3)
+        text = failure.sentence()
+        if failure.requeue:
+            limit = job.plan.slurm.max_restarts
             text += (f" (it checkpointed and asked to resume, but the job was requeued "
                      f"{limit} time(s) already: slurm.max_restarts)")
         return text
@@ -316,15 +364,17 @@ def _update_ranks(job: JobRecord, store: Store, runs: list[Run], view: View) -> 
             fields["host"] = hosts[record.rank]
         ended = exits.get(record.rank)
         if ended is not None:
+            # Only the first failure failed; the ranks srun stopped after it (or a cancel, the
+            # time limit, a node failure stopped) were stopped, whatever their exit says.
+            failed = view.failure is not None and view.failure.rank == record.rank
             fields.update(
-                state="COMPLETED" if ended.status == 0 else "FAILED",
-                exit_code=None if ended.signal is not None else ended.status,
-                signal=ended.signal, finished_at=ended.at_us / 1e6,
+                state="COMPLETED" if ended.exit.ok else ("FAILED" if failed else STOPPED),
+                exit_code=ended.exit.code, signal=ended.exit.signal, finished_at=ended.at,
             )
         elif view.state == "RUNNING":
             fields.update(state="RUNNING", exit_code=None, signal=None, finished_at=None)
         elif view.final or view.state == REQUEUED:
-            fields["state"] = "STOPPED" if last.start else "PENDING"
+            fields["state"] = STOPPED if last.start else "PENDING"
         if fields:
             store.update_rank(job.id, record.rank, **fields)
 
@@ -339,10 +389,15 @@ def _first_step(run_dir: Path) -> float | None:
 
 
 def _check_secrets(prepared: Prepared) -> None:
-    from orchestrate.backends.local import secret_values
+    from orchestrate.backends.base import secret_values
 
     # sbatch hands the submitting environment to the job; the values never go into a file.
     secret_values(prepared.plan.secret_env, str(prepared.path))
+
+
+def _remove_run_dir(run_dir: Path) -> None:
+    """A refused submit leaves no run directory that no record points to."""
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _check_sbatch() -> None:

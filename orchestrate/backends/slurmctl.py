@@ -33,6 +33,11 @@ class SlurmError(Exception):
     """A Slurm client failed: the command, its exit status and its last stderr lines."""
 
 
+class SlurmTimeout(SlurmError):
+    """A Slurm client did not answer in time: the controller is down, restarting or frozen.
+    What it was asked may still happen (a queued job runs once the controller wakes)."""
+
+
 @dataclass(frozen=True)
 class Completed:
     """What a client command did."""
@@ -90,11 +95,6 @@ def parse_exit_code(value: str) -> tuple[int, int]:
         return 0, 0
 
 
-def parse_hostnames(text: str) -> list[str]:
-    """``scontrol show hostnames`` output: one host per line."""
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
 def parse_node_states(text: str) -> dict[str, str]:
     """``sinfo -h -N -o '%N %T'`` output: node name to state (``down*``, ``idle``, ...)."""
     states: dict[str, str] = {}
@@ -142,7 +142,7 @@ class SlurmClient:
                 stdin=None if stdin is not None else subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
-            raise SlurmError(
+            raise SlurmTimeout(
                 f"{' '.join(argv)} did not answer within {timeout:g}s (is slurmctld up?)"
             ) from None
         except OSError as exc:
@@ -178,6 +178,18 @@ class SlurmClient:
             if record.get("JobId") == job_id:
                 return record
         return records[0] if records else None
+
+    def find_batch_job(self, name: str, script: Path) -> str | None:
+        """The id of the job named ``name`` whose batch script is ``script``, among the jobs the
+        controller still knows (queued, running or recently ended), if there is one."""
+        done = self.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i|%o")
+        if done.returncode != 0:
+            raise SlurmError(done.describe())
+        for line in done.stdout.splitlines():
+            job_id, _, command = line.strip().partition("|")
+            if command == str(script) and job_id.isdigit():
+                return job_id
+        return None
 
     def in_queue(self, job_id: str) -> bool:
         """Whether squeue still lists the job (pending, running or completing)."""

@@ -148,19 +148,22 @@ def wait_for_results(
         time.sleep(1.0)
     final = backend.refresh(store.get(record.id) or record, store)
     tasks = range(len(record.ranks))
-    present = [t for t in tasks if _result_file(job, t).exists()]
-    missing = [t for t in tasks if t not in present]
-    for t in present:
-        job.task(t).result()  # a rank that raised: submitit's FailedJobError with its traceback
+    missing = [t for t in tasks if not _result_file(job, t).exists()]
     if not missing:
+        # Every rank returned something; if some raised, the root cause is the rank that failed
+        # first (its exit time is recorded), not the first in task order: the others mostly
+        # report the connection it closed.
+        first = final.failure.rank if final.failure is not None else None
+        for t in ([first] if first is not None else []) + list(tasks):
+            job.task(t).result()  # a rank that raised: submitit's FailedJobError, its traceback
         return job.results()
     state = job.state if job.state not in ("", "UNKNOWN") else final.state
     if final.terminal:
         state = final.state
     where = Path(record.run_dir)
-    failure = final.failure or {}
-    rank = int(failure.get("rank", missing[0]))
-    lines = failure.get("last_lines") or last_lines(rank_log(where, rank), 10)
+    rank = final.failure.rank if final.failure is not None else missing[0]
+    lines = (final.failure.last_lines if final.failure is not None else []) or last_lines(
+        rank_log(where, rank), 10)
     tail = "\n".join(f"  {line}" for line in lines)
     raise FunctionJobFailed(
         f"Slurm job {job.job_id} ended {state} without a result from rank(s) {missing}"

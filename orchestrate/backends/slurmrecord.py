@@ -11,11 +11,11 @@ the rank that failed first.
 from __future__ import annotations
 
 import json
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrate.backends.slurmmonitor import rank_ends
 from orchestrate.layout import (
     SLURM_EVENTS,
     SLURM_STATE,
@@ -24,33 +24,7 @@ from orchestrate.layout import (
     slurm_hostfile,
 )
 from orchestrate.logsink import last_lines
-from orchestrate.train.config import EXIT_REQUEUE
-
-
-@dataclass(frozen=True)
-class RankExit:
-    """How one rank ended in one run."""
-
-    rank: int
-    status: int  # the shell's $?: 128 + N when signal N killed it
-    at_us: int
-    host: str
-
-    @property
-    def signal(self) -> int | None:
-        """The signal that killed the rank, if the status says so."""
-        return self.status - 128 if 128 < self.status < 128 + 65 else None
-
-    def describe(self) -> str:
-        """``exit code 3`` or ``signal 9 (SIGKILL)``."""
-        sig = self.signal
-        if sig is None:
-            return f"exit code {self.status}"
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = "?"
-        return f"signal {sig} ({name})"
+from orchestrate.outcome import Failure, RankEnd, first_failure
 
 
 @dataclass(frozen=True)
@@ -89,41 +63,18 @@ def read_runs(run_dir: Path) -> list[Run]:
     return [Run(r, starts[r], ends.get(r)) for r in sorted(starts)]
 
 
-def rank_exits(run_dir: Path, restart: int) -> dict[int, RankExit]:
-    """The exits the ranks of one run recorded, by rank."""
-    exits: dict[int, RankExit] = {}
-    folder = slurm_exit_dir(run_dir, restart)
-    try:
-        entries = list(folder.iterdir())
-    except OSError:
-        return exits
-    for path in entries:
-        if not path.name.startswith("rank-"):
-            continue
-        try:
-            rank = int(path.name.removeprefix("rank-"))
-            status, at_us, host = path.read_text(encoding="utf-8").split()[:3]
-            exits[rank] = RankExit(rank, int(status), int(at_us), host)
-        except (OSError, ValueError):
-            continue
-    return exits
+def rank_exits(run_dir: Path, restart: int) -> dict[int, RankEnd]:
+    """How the ranks of one run ended (what each rank's shell recorded), by rank."""
+    return {end.rank: end for end in rank_ends(str(slurm_exit_dir(run_dir, restart)))}
 
 
-def first_failure(run_dir: Path, exits: dict[int, RankExit]) -> dict[str, Any] | None:
-    """The rank that failed first (the earliest non-zero exit), in the store's failure form."""
-    failed = [e for e in exits.values() if e.status != 0]
-    if not failed:
+def job_failure(run_dir: Path, exits: dict[int, RankEnd]) -> Failure | None:
+    """The first failure of a run (:func:`orchestrate.outcome.first_failure`), with the last
+    lines of that rank's log."""
+    first = first_failure(exits.values())
+    if first is None:
         return None
-    first = min(failed, key=lambda e: (e.at_us, e.rank))
-    return {
-        "rank": first.rank,
-        "node": first.host,
-        "exit_code": None if first.signal is not None else first.status,
-        "signal": first.signal,
-        "description": first.describe(),
-        "last_lines": last_lines(rank_log(run_dir, first.rank), 10),
-        "requeue": first.status == EXIT_REQUEUE,
-    }
+    return Failure.of(first, last_lines(rank_log(run_dir, first.rank), 10))
 
 
 def rank_hosts(run_dir: Path, restart: int) -> list[str]:

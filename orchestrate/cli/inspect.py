@@ -13,7 +13,7 @@ from orchestrate.cli import cli
 from orchestrate.cli.tables import console, inventory_table, plan_tables
 from orchestrate.errors import Problem, UserError
 from orchestrate.inventory import InventorySpec, load_inventory
-from orchestrate.job import JobSpec, load_job
+from orchestrate.job import JobSpec
 from orchestrate.loader import read_yaml
 from orchestrate.prepare import prepare
 
@@ -146,13 +146,21 @@ def render(job: Path, overrides: tuple[str, ...], job_id: str | None, output: Pa
     if output is None:
         click.echo(merged(prepared.files), nl=False)
         return
-    output.mkdir(parents=True, exist_ok=True)
-    for name, text in prepared.files.items():
-        target = output / name
-        target.write_text(text, encoding="utf-8")
-        if name.endswith((".sh", ".sbatch")):
-            target.chmod(0o755)
-        click.echo(str(target))
+    if output.exists() and not output.is_dir():
+        raise UserError.single("exists and is not a folder", field="-o/--output",
+                               got=str(output), hint="-o names a folder for the scripts")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for name, text in prepared.files.items():
+            target = output / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            if name.endswith((".sh", ".sbatch")):
+                target.chmod(0o755)
+            click.echo(str(target))
+    except OSError as exc:
+        raise UserError.single(f"cannot write: {exc.strerror}", field="-o/--output",
+                               got=str(exc.filename or output)) from None
 
 
 @cli.command()
@@ -162,6 +170,3 @@ def schema(kind: str) -> None:
     model = InventorySpec if kind == "inventory" else JobSpec
     click.echo(json.dumps(model.model_json_schema(), indent=2))
 
-
-# For the type checker: keep the job loader reachable for validate's callers.
-__all__ = ["inventory_show", "load_job", "plan", "render", "schema", "validate"]

@@ -43,13 +43,17 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     backend = get_backend(prepared.plan.backend)
     if dry_run:
         click.echo(merged(prepared.files), nl=False)
-        check = getattr(backend, "dry_run_check", None)
-        if check is not None:
-            check(prepared)
+        backend.check(prepared)
         return
     for warning in prepared.plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     store = _store()
+    if job_id is not None and store.get(job_id) is not None:
+        raise UserError.single(
+            f"a job with id {job_id} exists already", field="--job-id", got=job_id,
+            hint=f"`orchestrate resume {job_id}` runs it again in its run directory; "
+            "or choose another id",
+        )
     record = backend.submit(prepared, store)
     if follow is None:
         follow = sys.stdout.isatty()
@@ -63,7 +67,7 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
 
 
-def _follow(store: Store, record: JobRecord, from_start: bool = True) -> JobRecord:
+def _follow(store: Store, record: JobRecord, path: Path | None = None) -> JobRecord:
     from orchestrate.follow import follow
 
     backend = get_backend(record.backend)
@@ -71,8 +75,9 @@ def _follow(store: Store, record: JobRecord, from_start: bool = True) -> JobReco
         return follow(
             record,
             lambda: backend.refresh(store.get(record.id) or record, store),
-            live=sys.stderr.isatty(),
-            from_start=from_start,
+            live=sys.stderr.isatty() and path is None,
+            refresh_every_s=backend.poll_interval_s,
+            path=path,
         )
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: cancelling job {record.id}", err=True)
@@ -87,12 +92,11 @@ def _summary(job: JobRecord) -> None:
                err=True)
     failure = job.failure
     if failure:
-        lines = failure.get("last_lines") or []
-        if lines:
-            click.echo(f"last lines of rank {failure['rank']} ({failure['node']}):", err=True)
-            for line in lines:
+        if failure.last_lines:
+            click.echo(f"last lines of rank {failure.rank} ({failure.node}):", err=True)
+            for line in failure.last_lines:
                 click.echo(f"  {line}", err=True)
-        click.echo(f"full log: orchestrate logs {job.id} --rank {failure['rank']}", err=True)
+        click.echo(f"full log: orchestrate logs {job.id} --rank {failure.rank}", err=True)
 
 
 @cli.command("list")
@@ -111,7 +115,7 @@ def list_jobs(as_json: bool, limit: int) -> None:
     for column in ("id", "backend", "state", "ranks", "submitted", "run dir"):
         table.add_column(column)
     for j in jobs:
-        table.add_row(j.id, j.backend, j.state, str(j.plan.get("world_size", "?")),
+        table.add_row(j.id, j.backend, j.state, str(j.plan.world_size),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at)),
                       j.run_dir)
     console().print(table)
@@ -167,7 +171,7 @@ def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
                                    hint=f"ranks are 0-{len(job.ranks) - 1}")
         path = rank_log(run_dir, rank)
         if follow_:
-            _follow_file(store, job, path)
+            _follow(store, job, path)
         else:
             click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
         return
@@ -176,22 +180,6 @@ def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
         return
     path = run_dir / MERGED_LOG
     click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
-
-
-def _follow_file(store: Store, job: JobRecord, path: Path) -> None:
-    from orchestrate.follow import Tail
-
-    tail = Tail(path)
-    backend = get_backend(job.backend)
-    while True:
-        for line in tail.lines():
-            click.echo(line)
-        job = backend.refresh(store.get(job.id) or job, store)
-        if job.terminal:
-            for line in tail.lines():
-                click.echo(line)
-            return
-        time.sleep(0.1)
 
 
 @cli.command()

@@ -17,6 +17,7 @@ loads into a plain model. Loading accepts either form, because other tools save 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -94,15 +95,39 @@ def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Pat
     ``keep`` checkpoints."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name_for(step)
-    # One directory fsync (after ``latest``) covers both renames: should a crash persist the
-    # pointer's rename but not the checkpoint's, find_latest falls back to the newest file.
-    write_atomic(path, lambda handle: torch.save(dict(state), handle), sync_dir=False)
-    pointer = f"{path.name}\n".encode()
-    write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
+    try:
+        # One directory fsync (after ``latest``) covers both renames: should a crash persist
+        # the pointer's rename but not the checkpoint's, find_latest falls back to the newest.
+        write_atomic(path, lambda handle: torch.save(dict(state), handle), sync_dir=False)
+        pointer = f"{path.name}\n".encode()
+        write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
+    except (OSError, RuntimeError) as exc:
+        # torch.save reports a full disk from its C++ writer ("inline_container.cc ...
+        # unexpected pos"), which names neither the cause nor the place.
+        if _disk_full(exc, directory):
+            kept = find_latest(directory)
+            raise TrainFailure(
+                f"no space left on device at {directory}: checkpoint {path.name} was not "
+                "written; " + (f"the previous one is kept ({kept.name})" if kept is not None
+                               else "no earlier checkpoint exists")
+                + " (free space there, or set train.checkpoint_dir / keep_checkpoints)"
+            ) from exc
+        raise
     for _, old in checkpoints_in(directory)[:-keep]:
         if old != path:
             old.unlink(missing_ok=True)
     return path
+
+
+def _disk_full(exc: BaseException, directory: Path) -> bool:
+    """Whether a failed write was the file system running out of space."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        free = os.statvfs(directory)
+    except OSError:
+        return False
+    return free.f_bavail * free.f_frsize < 1 << 20
 
 
 def clean_temporaries(directory: Path) -> list[Path]:

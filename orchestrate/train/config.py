@@ -12,10 +12,6 @@ from pydantic import Field, field_validator
 
 from orchestrate.schema import Spec
 
-#: Exit status of a rank that checkpointed because it was asked to stop (SIGTERM/SIGUSR2 before a
-#: time limit or a preemption). Backends read it as "requeue me": Slurm requeues the job.
-EXIT_REQUEUE = 75  # EX_TEMPFAIL from sysexits.h: "try again later"
-
 StopSignal = Literal["SIGTERM", "SIGUSR2", "SIGINT", "SIGHUP"]
 
 

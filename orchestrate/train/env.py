@@ -42,11 +42,6 @@ class DistEnv:
     master_port: int
     source: Literal["torchrun", "slurm", "standalone"]
 
-    @property
-    def is_main(self) -> bool:
-        """Rank 0: the one that writes checkpoints and metrics."""
-        return self.rank == 0
-
 
 def _problem(var: str, message: str, got: str | None = None) -> UserError:
     return UserError(

@@ -6,5 +6,29 @@ later. So a rank's own failure (a factory that raised, a checkpoint that does no
 """
 
 
+from __future__ import annotations
+
+from pathlib import Path
+
+
 class TrainFailure(Exception):
     """This rank cannot go on; ``str(exc)`` is the line to print after ``rank N:``."""
+
+
+class NonFiniteLoss(TrainFailure):
+    """The loss (or the weights) went NaN or infinite: training stops on every rank at once,
+    before a checkpoint of NaN weights could rotate the last good ones out."""
+
+    def __init__(self, epoch: int, step: int, ranks: list[int], kept: Path | None) -> None:
+        where = "rank " if len(ranks) == 1 else "ranks "
+        where += ", ".join(map(str, ranks))
+        last = f"the last finite checkpoint is kept: {kept}" if kept is not None else (
+            "no checkpoint was written before it")
+        super().__init__(
+            f"the loss is not finite (NaN or inf) at epoch {epoch}, by step {step}, on {where}; "
+            f"training stopped; {last} (lower the learning rate, clip gradients with "
+            "train.grad_clip_norm, or check the data)"
+        )
+        self.epoch = epoch
+        self.step = step
+        self.ranks = ranks

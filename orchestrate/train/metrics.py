@@ -15,6 +15,7 @@ installed; a missing one is a note on stdout, never a failure.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ class MetricsLog:
         if not self.enabled:
             return
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            # Strict JSON: a NaN or infinite number is written as null, never as bare NaN.
+            handle.write(json.dumps(_finite(record), allow_nan=False) + "\n")
         if record["kind"] == "epoch":
             self.say(format_epoch(record, self._epochs))
         numbers = {
@@ -94,6 +96,17 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _open_tensorboard(run_dir: Path) -> Any:

@@ -5,7 +5,7 @@ schedulers do the same. Checkpointing *inside* a signal handler fails intermitte
 arbitrary point, possibly inside a collective), so the handler only records the signal. At
 optimizer-step boundaries the ranks all-reduce the flag with MAX, so a signal delivered to any one
 rank stops all of them at the same step; rank 0 then checkpoints and every rank exits with
-:data:`~orchestrate.train.config.EXIT_REQUEUE` (75). SIGUSR1 is never used: NCCL claims it.
+:data:`~orchestrate.exits.EXIT_REQUEUE` (75). SIGUSR1 is never used: NCCL claims it.
 
 The exchange runs on the CPU control group (no GPU synchronization) at an adaptive cadence of
 about twice per second; see :class:`StopAgreement`.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
@@ -60,37 +60,46 @@ class StopAgreement:
     exchange also carries the slowest rank's time per step since the previous one, and every
     rank derives the next ``every`` from those identical numbers, so all ranks keep exchanging
     (and stopping) at the same steps. A stop is noticed within about ``INTERVAL_S`` plus a step.
+
+    The same exchange carries a health flag (``unhealthy``, e.g. "my running loss is not
+    finite"), so a NaN on any rank stops every rank at the same step, before a checkpoint can
+    store NaN weights: :attr:`unhealthy_agreed`.
     """
 
     INTERVAL_S = 0.5
     MAX_EVERY = 10_000
 
-    def __init__(self, flag: StopFlag, group: dist.ProcessGroup | None) -> None:
+    def __init__(self, flag: StopFlag, group: dist.ProcessGroup | None,
+                 unhealthy: Callable[[], bool] = lambda: False) -> None:
         self.flag = flag
         self._group = group
-        self._buffer = torch.zeros(2, dtype=torch.float64)  # stop flag, seconds per step
+        self.unhealthy = unhealthy
+        # stop flag, seconds per step, unhealthy flag
+        self._buffer = torch.zeros(3, dtype=torch.float64)
         self.every = 1
         self._since = 0
         self._last = time.perf_counter()
         self.agreed = False
+        self.unhealthy_agreed = False
 
     def step_done(self) -> bool:
-        """Call on every rank after every optimizer step; True when all ranks must stop."""
-        if self._group is None:
-            self.agreed = self.agreed or self.flag.is_set
-            return self.agreed
+        """Call on every rank after every optimizer step; True when all ranks must stop (a
+        stop signal, or :attr:`unhealthy_agreed`)."""
         self._since += 1
         if self._since < self.every:
-            return self.agreed
+            return self.agreed or self.unhealthy_agreed
         now = time.perf_counter()
         self._buffer[0] = 1.0 if self.flag.is_set else 0.0
         self._buffer[1] = (now - self._last) / self._since
-        dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
-        stop, per_step = self._buffer.tolist()
+        self._buffer[2] = 1.0 if self.unhealthy() else 0.0
+        if self._group is not None:
+            dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group)
+        stop, per_step, unhealthy = self._buffer.tolist()
         self._since, self._last = 0, now
         self.every = next_interval(per_step, self.INTERVAL_S, self.MAX_EVERY)
         self.agreed = self.agreed or stop > 0
-        return self.agreed
+        self.unhealthy_agreed = self.unhealthy_agreed or unhealthy > 0
+        return self.agreed or self.unhealthy_agreed
 
 
 def next_interval(per_step_s: float, interval_s: float, most: int) -> int:

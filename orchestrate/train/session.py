@@ -29,12 +29,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.errors import UserError
+from orchestrate.exits import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REQUEUE,
+    EXIT_USER_ERROR,
+)
 from orchestrate.train import checkpoint, factories, rng
-from orchestrate.train.config import EXIT_REQUEUE, TrainSpec
+from orchestrate.train.config import TrainSpec
 from orchestrate.train.distributed import Cluster, join, leave
 from orchestrate.train.env import DistEnv
-from orchestrate.train.failure import TrainFailure
+from orchestrate.train.failure import NonFiniteLoss, TrainFailure
 from orchestrate.train.losses import LossFn, resolve_loss
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.optimizer import build_optimizer, build_scheduler
@@ -42,10 +49,6 @@ from orchestrate.train.precision import PrecisionPlan, plan_precision
 from orchestrate.train.preemption import StopAgreement, StopFlag, signal_names
 from orchestrate.train.sampling import ResumableSampler, validation_shard
 from orchestrate.train.trainer import EpochTotals, Position, Trainer
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 _PEER_SIGNS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout")
 
@@ -366,6 +369,8 @@ def _setup(
         totals=restored.totals,
         resumed_from=restored.resumed_from,
     )
+    trainer.stop.unhealthy = trainer.loss_not_finite
+    trainer.last_checkpoint = built.resume_from
     _announce(spec, cluster, built, restored, log)
     if restored.resumed_from is not None:
         p = restored.position
@@ -432,6 +437,12 @@ def run_session(
         _say(f"rank {env.rank}: interrupted")
         leave(cluster, failed=True)
         return EXIT_INTERRUPTED
+    except NonFiniteLoss as exc:
+        # Every rank stops at once (they agreed); one sentence, from rank 0.
+        if env.rank == 0:
+            _say(f"rank {env.rank}: {exc}")
+        leave(cluster, failed=True)
+        return EXIT_FAILED
     except Exception as exc:
         where = "setup failed"
         if trainer is not None:

@@ -30,6 +30,7 @@ from orchestrate.train import checkpoint, rng
 from orchestrate.train.config import TrainSpec
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
+from orchestrate.train.failure import NonFiniteLoss
 from orchestrate.train.losses import LossFn
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.precision import PrecisionPlan
@@ -85,6 +86,7 @@ class Trainer:
     totals: EpochTotals = field(default_factory=EpochTotals)
     resumed_from: int | None = None
     last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
+    last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
     # Loss and samples since the last fold into ``totals``; on the device, so that a step
     # never waits for the GPU just to keep a running sum.
@@ -161,6 +163,8 @@ class Trainer:
             self.position.step += 1
             self.position.batch = index
             stopping = self.stop.step_done()
+            if self.stop.unhealthy_agreed:
+                self._nonfinite()
             self._after_step()
             if stopping:
                 return "stop"
@@ -278,6 +282,8 @@ class Trainer:
         train_s = time.perf_counter() - self._epoch_started
         loss_sum, samples = self._running()
         reduced = self._all_reduce([loss_sum, float(samples), float(self._epoch_samples_here)])
+        if not math.isfinite(reduced[0]):
+            self._nonfinite()
         val_loss = val_accuracy = None
         if self.val_loader is not None:
             result = evaluate(
@@ -334,6 +340,27 @@ class Trainer:
         )
         self.metrics.close()
 
+    # --- a loss that is not a number --------------------------------------------------------
+
+    def loss_not_finite(self) -> bool:
+        """Whether this rank's running loss (or any of its weights) went NaN or infinite."""
+        return not math.isfinite(self._running()[0])
+
+    def _weights_finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.module.parameters())
+
+    def _nonfinite(self) -> None:
+        """Every rank arrives here together (the health flag was agreed on, or the reduced loss
+        is not finite): name where it happened and stop without writing another checkpoint."""
+        mine = self.loss_not_finite() or not self._weights_finite()
+        flags: list[Any] = [mine]
+        if self.cluster.control is not None:
+            flags = [None] * self.cluster.world_size
+            dist.all_gather_object(flags, mine, group=self.cluster.control)
+        ranks = [rank for rank, bad in enumerate(flags) if bad] or list(range(len(flags)))
+        raise NonFiniteLoss(self.position.epoch + 1, self.position.step, ranks,
+                            self.last_checkpoint)
+
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, *, barrier: bool) -> None:
@@ -351,12 +378,18 @@ class Trainer:
             "rng": rng.capture(self.cluster.device.type == "cuda"),
             "train_loss_sum": self.totals.loss_sum,
             "train_samples": self.totals.samples,
+            # Never a checkpoint of NaN weights: it would rotate the last good ones out.
+            "finite": math.isfinite(self.totals.loss_sum) and self._weights_finite(),
         }
         ranks: list[Any] = [None] * self.cluster.world_size
         if self.cluster.control is not None:
             dist.all_gather_object(ranks, mine, group=self.cluster.control)
         else:
             ranks = [mine]
+        bad = [rank for rank, state in enumerate(ranks) if not state.pop("finite")]
+        if bad:
+            raise NonFiniteLoss(self.position.epoch + 1, self.position.step, bad,
+                                self.last_checkpoint)
         if self.cluster.rank == 0:
             scaler = self.precision.scaler
             state = {
@@ -382,6 +415,7 @@ class Trainer:
             path = checkpoint.save(
                 state, self.checkpoint_dir, self.position.step, self.spec.keep_checkpoints
             )
+            self.last_checkpoint = path
             self.metrics.say(f"checkpoint {path} (epoch {self.position.epoch + 1}, "
                              f"step {self.position.step})")
         if barrier and self.cluster.control is not None:

@@ -129,5 +129,12 @@ def shellcheck(*scripts: Path) -> None:
 
 
 def normalise(text: str) -> str:
-    """Machine-dependent values (this interpreter's path) as placeholders, for goldens."""
-    return text.replace(sys.executable, "$PYTHON")
+    """Machine-dependent values (this interpreter's path) as placeholders, for goldens; a
+    shipped program (the Slurm monitor: modules of this package bundled into one text) as one
+    line naming its modules, since its own tests cover its text."""
+    from orchestrate.render import MONITOR_MODULES
+    from orchestrate.shipping import bundle
+
+    program = bundle(*MONITOR_MODULES)
+    shown = f"<orchestrate.shipping.bundle{MONITOR_MODULES}>\n"
+    return text.replace(sys.executable, "$PYTHON").replace(program, shown)

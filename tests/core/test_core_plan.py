@@ -9,7 +9,7 @@ import pytest
 from orchestrate.errors import UserError
 from orchestrate.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.job import JobSpec
-from orchestrate.plan import Plan, make_plan
+from orchestrate.plan import HostFacts, Plan, make_plan
 from orchestrate.ports import PORT_BASE, PORT_SPAN, derive_port
 
 A100 = {"model": "A100-80GB", "memory_gb": 80}
@@ -82,7 +82,7 @@ def test_node_names_take_hostlists() -> None:
     inv = inventory(gpu_node("gpu[01-16]", 8))
     p = plan(job(resources={"nodes": 4, "node_names": ["gpu[03-05]", "gpu09"]}), inv)
     assert [n.name for n in p.nodes] == ["gpu03", "gpu04", "gpu05", "gpu09"]
-    assert p.slurm["nodelist"] == "gpu[03-05,09]"
+    assert p.slurm.nodelist == "gpu[03-05,09]"
 
 
 def test_a_job_asking_fewer_gpus_gets_a_subset_in_pci_order() -> None:
@@ -93,12 +93,24 @@ def test_a_job_asking_fewer_gpus_gets_a_subset_in_pci_order() -> None:
 
 
 def test_gpus_held_by_other_jobs_are_not_picked() -> None:
-    p = plan(job(resources={"gpus_per_node": 2}), inventory(gpu_node("a", 4)),
-             busy_gpus={"a": frozenset({0, 2})})
+    held = HostFacts(busy_gpus={"a": frozenset({0, 2})})
+    p = plan(job(resources={"gpus_per_node": 2}), inventory(gpu_node("a", 4)), facts=held)
     assert p.nodes[0].cuda_visible_devices == "1,3"
     message = refusal(job(resources={"gpus_per_node": 3}), inventory(gpu_node("a", 4)),
-                      busy_gpus={"a": frozenset({0, 2})})
+                      facts=held)
     assert "2 usable GPU(s) (2 held by other jobs), 3 requested" in message
+
+
+def test_cpu_slots_held_by_other_jobs_are_not_given_again() -> None:
+    """CPU slots are the CPU analogue of GPUs: a 4-slot node with 3 held has 1 left."""
+    inv = inventory({"name": "c", "slots": 4})
+    held = HostFacts(busy_slots={"c": 3})
+    assert plan(job(resources={"gpus_per_node": "all"}), inv, facts=held).world_size == 1
+    message = refusal(job(resources={"gpus_per_node": 2}), inv, facts=held)
+    assert "1 free slots (3 held by other jobs), 2 requested" in message
+    message = refusal(job(resources={"gpus_per_node": "all"}), inv,
+                      facts=HostFacts(busy_slots={"c": 4}))
+    assert "0 free slots (4 held by other jobs)" in message
 
 
 def test_every_local_rank_sees_all_of_the_nodes_job_gpus() -> None:

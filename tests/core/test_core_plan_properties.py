@@ -7,6 +7,7 @@ was given: the invariants torch.distributed needs and a person would check in th
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from orchestrate.errors import UserError
 from orchestrate.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.job import JobSpec
-from orchestrate.plan import Plan, make_plan
+from orchestrate.plan import HostFacts, Plan, make_plan
 
 MODELS = {"A100": 80.0, "A6000": 48.0, "T4": 16.0}
 
@@ -94,7 +95,8 @@ def cases(draw: st.DrawFn) -> tuple[Inventory, JobSpec, dict[str, frozenset[int]
 
 def _plan(inv: Inventory, spec: JobSpec, busy: dict[str, frozenset[int]]) -> Plan | None:
     try:
-        return make_plan(spec, inv, job_id="prop-1", run_dir="/r", workdir="/w", busy_gpus=busy)
+        return make_plan(spec, inv, job_id="prop-1", run_dir="/r", workdir="/w",
+                         facts=HostFacts(busy_gpus=busy))
     except UserError as exc:
         assert exc.problems and all(p.render() for p in exc.problems)
         return None
@@ -109,6 +111,8 @@ def test_every_plan_keeps_the_rank_invariants(
     plan = _plan(inv, spec, busy)
     assume(plan is not None)
     assert plan is not None
+    # What crosses a process or store boundary comes back as the same value.
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
     res = spec.resources
     by_name = {n.name: n for n in inv.nodes}
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate import reaper
+from orchestrate import host
 
 
 @dataclass
@@ -72,7 +72,7 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
     yield c
     # Whatever a test leaves behind is a failure of that test, but never of the next one.
     for run in (work / "runs").glob("*") if (work / "runs").exists() else []:
-        reaper.reap(run.name, grace_s=1.0)
+        host.reap(run.name, 1.0)
 
 
 def fake_nvidia_smi(folder: Path, gpus: list[tuple[int, str, int]]) -> Path:

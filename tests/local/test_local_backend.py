@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import reaper
+from orchestrate import host
 from tests.local.conftest import Cli, fake_nvidia_smi
 
 DDP_PROGRAM = """
@@ -78,7 +78,7 @@ def test_two_rank_ddp_job_completes_with_rank_prefixed_output(cli: Cli) -> None:
     assert [r["exit_code"] for r in status["ranks"]] == [0, 0]
     run_dir = Path(str(status["run_dir"]))
     assert (run_dir / "logs" / "rank-1.log").read_text() == "rank 1 local 1 sum 3\n"
-    assert reaper.tagged_pids(cli.id("allreduce-1")) == []
+    assert host.job_pids(cli.id("allreduce-1")) == []
 
 
 @pytest.mark.timeout(120)
@@ -99,7 +99,7 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(cli: Cli) -> None:
     status = _wait_ranks_running(cli, cli.id("victim-1"))
     time.sleep(3)  # let the ranks reach their collective
     victim = next(r for r in status["ranks"] if r["rank"] == 1)  # type: ignore[union-attr]
-    pids = reaper.tagged_pids(cli.id("victim-1"))
+    pids = host.job_pids(cli.id("victim-1"))
     target = next(p for p in pids if _is_python_rank(p, 1))
     killed_at = time.monotonic()
     os.kill(target, signal.SIGKILL)
@@ -112,7 +112,7 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(cli: Cli) -> None:
     assert victim["node"] == failure["node"] == "localhost"
     assert "rank 1" in str(final["reason"])
     time.sleep(0.5)
-    assert reaper.tagged_pids(cli.id("victim-1")) == []
+    assert host.job_pids(cli.id("victim-1")) == []
 
 
 def _is_python_rank(pid: int, rank: int) -> bool:
@@ -135,12 +135,12 @@ def test_cancel_stops_every_process(cli: Cli) -> None:
     _wait_ranks_running(cli, cli.id("sleepy-1"))
     time.sleep(0.3)
     # two ranks, each with a background child
-    assert len(reaper.tagged_pids(cli.id("sleepy-1"))) >= 4
+    assert len(host.job_pids(cli.id("sleepy-1"))) >= 4
     started = time.monotonic()
     out = cli.run("cancel", "sleepy", check=True).stdout
     assert "CANCELLED" in out
     assert time.monotonic() - started < 10
-    assert reaper.tagged_pids(cli.id("sleepy-1")) == []
+    assert host.job_pids(cli.id("sleepy-1")) == []
     assert cli.status(cli.id("sleepy-1"))["state"] == "CANCELLED"
 
 
@@ -157,7 +157,7 @@ def test_ctrl_c_on_follow_cancels_the_job(cli: Cli) -> None:
     proc.communicate(timeout=30)
     assert proc.returncode != 0
     assert cli.status(cli.id("ctrlc-1"))["state"] == "CANCELLED"
-    assert reaper.tagged_pids(cli.id("ctrlc-1")) == []
+    assert host.job_pids(cli.id("ctrlc-1")) == []
 
 
 @pytest.mark.timeout(120)
@@ -255,14 +255,26 @@ def test_a_busy_derived_port_is_replaced_and_recorded(cli: Cli) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_stale_lease_from_a_dead_supervisor_does_not_block(cli: Cli) -> None:
-    from orchestrate.lease import LeaseBook, new_lease
+    """A lease whose holder is gone (and whose job left nothing running) holds nothing: a job
+    that needs every CPU slot it claimed still runs, and the stale file is removed."""
+    import os
+    import socket
 
-    book = LeaseBook(cli.home / "leases")
-    with book.locked():
-        book.write(new_lease("ghost-1", "localhost", (), 29999, pid=2**22 - 1))
-    with book.locked() as live:
-        assert live == []
-    assert not list((cli.home / "leases").glob("ghost-1*"))
+    leases = cli.home / "leases" / socket.gethostname()
+    leases.mkdir(parents=True)
+    ghost = {"job_id": "ghost-1", "node": "localhost", "hostname": socket.gethostname(),
+             "gpus": [], "slots": os.cpu_count(), "port": None, "holder_pid": 2**22 - 1,
+             "holder_start": 1, "created": 0.0}
+    (leases / "ghost-1.json").write_text(json.dumps(ghost))
+    job = cli.write("after-ghost.yaml", """
+        name: after-ghost
+        resources: {nodes: 1, gpus_per_node: all}
+        command: [python, -c, "print('ran')"]
+        """)
+    proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("after-ghost-1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ran" in proc.stdout
+    assert not (leases / "ghost-1.json").exists()
 
 
 @pytest.mark.timeout(60)

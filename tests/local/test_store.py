@@ -8,13 +8,24 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
+from orchestrate.inventory import InventorySpec, resolve_inventory
+from orchestrate.job import JobSpec
+from orchestrate.outcome import Exit, Failure
+from orchestrate.plan import Plan, make_plan
 from orchestrate.store import JobRecord, RankRecord, Store
+
+
+def _plan(job_id: str, name: str, ranks: int) -> Plan:
+    inventory = resolve_inventory(InventorySpec.model_validate(
+        {"name": "t", "nodes": [{"name": "n1", "slots": ranks}]}))
+    job = JobSpec.model_validate({"name": name, "command": ["true"]})
+    return make_plan(job, inventory, job_id=job_id, run_dir=f"/runs/{job_id}", workdir="/w")
 
 
 def _job(job_id: str, name: str, submitted_at: float, ranks: int = 2) -> JobRecord:
     return JobRecord(
         id=job_id, name=name, backend="local", state="PENDING", run_dir=f"/runs/{job_id}",
-        plan={"world_size": ranks}, submitted_at=submitted_at,
+        plan=_plan(job_id, name, ranks), submitted_at=submitted_at,
         ranks=[RankRecord(rank=r, node="n1") for r in range(ranks)],
     )
 
@@ -39,11 +50,12 @@ def test_references_by_id_prefix_and_name(tmp_path: Path) -> None:
 def test_a_terminal_state_is_final(tmp_path: Path) -> None:
     store = Store(tmp_path / "jobs.db")
     store.add(_job("j-1", "j", 1.0))
-    assert store.finish("j-1", "FAILED", "rank 1 failed", failure={"rank": 1})
+    failure = Failure(rank=1, node="n1", exit=Exit(code=3), last_lines=["boom"])
+    assert store.finish("j-1", "FAILED", "rank 1 failed", failure=failure)
     assert not store.finish("j-1", "COMPLETED")
     job = store.get("j-1")
     assert job is not None
-    assert (job.state, job.reason, job.failure) == ("FAILED", "rank 1 failed", {"rank": 1})
+    assert (job.state, job.reason, job.failure) == ("FAILED", "rank 1 failed", failure)
     assert job.finished_at is not None
 
 

@@ -268,6 +268,8 @@ def test_first_failing_rank_is_named_and_the_others_stop(ocli: OrchestrateCli) -
     assert status["reason"].startswith(f"rank 2 on {failure['node']} failed with exit code 3")
     assert "last lines of rank 2" in proc.stderr
     assert took < 60, "the other ranks (sleeping 120 s) were not stopped"
+    # Only rank 2 failed; the others were stopped because of it.
+    assert [r["state"] for r in status["ranks"]] == ["STOPPED", "STOPPED", "FAILED", "STOPPED"]
     # Slurm agrees, without accounting: FAILED with the rank's exit code.
     info = ocli.cluster.job(status["external_id"])
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "3:0")
@@ -295,7 +297,9 @@ def test_cancel_leaves_nothing_running(ocli: OrchestrateCli) -> None:
     proc = ocli.run("cancel", job_id, timeout=90)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"job {job_id} CANCELLED"
-    assert ocli.status(job_id)["state"] == "CANCELLED"
+    status = ocli.status(job_id)
+    assert status["state"] == "CANCELLED"
+    assert {r["state"] for r in status["ranks"]} == {"STOPPED"}  # stopped, none failed
     assert_nothing_left(slurm_id)
     assert ocli.cluster.run("squeue", "-h", "-j", slurm_id, check=False).stdout.strip() == ""
     assert ocli.cluster.job(slurm_id)["JobState"] == "CANCELLED"
@@ -459,8 +463,8 @@ wait
 
 @pytest.mark.timeout(BRING_UP + 180)
 def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli) -> None:
-    """--signal=USR2@75 with a 2-minute limit: Slurm itself signals the ranks (not only the
-    batch shell) 15-45 s after the start (it checks every 30 s), they exit 75, the script
+    """--signal=USR2@60 with a 2-minute limit: Slurm itself signals the ranks (not only the
+    batch shell) 30-60 s after the start (it checks every 30 s), they exit 75, the script
     requeues, and the second run completes."""
     ocli.inventory()
     write_program(ocli, "loop.sh", SIGNAL_PROGRAM)
@@ -470,7 +474,7 @@ def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli)
         backend: slurm
         resources: {nodes: 2, gpus_per_node: 1, time: "2"}
         command: [bash, loop.sh]
-        slurm: {signal_seconds_before: 75, max_restarts: 1}
+        slurm: {signal_seconds_before: 60, max_restarts: 1}
         """)
     job_id = ocli.submit(job)
     done = ocli.wait(job_id, {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
@@ -611,3 +615,81 @@ def test_submit_function_returns_every_ranks_result(
     listed = json.loads(ocli.run("list", "--json", check=True).stdout)
     assert [j["state"] for j in listed] == ["FAILED", "COMPLETED"]
 
+
+
+def raises_on_rank_1() -> int:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if os.environ["RANK"] == "1":
+        time.sleep(1)  # the others are already waiting in the collective
+        raise ValueError("rank 1 broke on purpose")
+    value = torch.ones(1)
+    dist.all_reduce(value)  # the others fail here: the connection rank 1 closed
+    return int(value.item())
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(BRING_UP + 150)
+def test_submit_function_raises_the_root_cause_not_a_peers_secondary_error(
+    ocli: OrchestrateCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from submitit.core.utils import FailedJobError
+
+    import orchestrate
+
+    ocli.inventory()
+    job = ocli.write("fn-raise.yaml", """\
+        name: fn-raise
+        inventory: inventory.yaml
+        backend: slurm
+        resources: {nodes: 2, gpus_per_node: 2, time: "5"}
+        distributed: {timeout_s: 30}
+        command: [python]
+        """)
+    for name, value in ocli.env.items():
+        if name.startswith(("SLURM_CONF", "ORCHESTRATE_")):
+            monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ocli.work)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    with pytest.raises(FailedJobError) as raised:
+        orchestrate.submit_function(raises_on_rank_1, job, timeout_s=120)
+    assert "rank 1 broke on purpose" in str(raised.value)
+
+
+@pytest.mark.timeout(BRING_UP + 120)
+def test_a_submit_while_the_controller_is_frozen_is_tracked_not_lost(
+    ocli: OrchestrateCli,
+) -> None:
+    """sbatch times out against a stopped slurmctld, but Slurm queues the job once the
+    controller wakes: the job is recorded at once (SUBMITTING) and found afterwards, and it is
+    never submitted twice."""
+    ocli.inventory()
+    name = f"frozen-{os.getpid()}-{int(time.time())}"
+    job = ocli.write("frozen.yaml", f"""\
+        name: {name}
+        inventory: inventory.yaml
+        backend: slurm
+        resources: {{nodes: 1, gpus_per_node: 1}}
+        command: [bash, -c, "echo ran once"]
+        """)
+    ctld = int((ocli.cluster.state_dir / "pids" / "slurmctld.pid").read_text())
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        proc = ocli.run("submit", str(job), "--detach", timeout=60)
+        status_while_frozen = ocli.run("status", "--json", timeout=60)
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "may still be queued" in proc.stderr
+    job_id = proc.stdout.strip()
+    assert json.loads(status_while_frozen.stdout)["state"] == "SUBMITTING"
+    done = ocli.wait(job_id, {"COMPLETED", "FAILED"}, timeout=90)
+    assert done["state"] == "COMPLETED", done
+    assert done["external_id"] is not None
+    log = (Path(done["run_dir"]) / "output.log").read_text()
+    assert log.count("ran once") == 1
+    named = ocli.cluster.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout
+    assert named.split() == [done["external_id"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.allocation import slurm_layout, time_limit_seconds
+from orchestrate.allocation import slurm_layout
 from orchestrate.backends.slurmctl import (
     parse_exit_code,
     parse_job_id,
@@ -23,10 +23,12 @@ from orchestrate.backends.slurmctl import (
     parse_show_job,
 )
 from orchestrate.errors import UserError
+from orchestrate.job import time_limit_seconds
 from orchestrate.prepare import prepare
+from orchestrate.render import MONITOR_MODULES
+from orchestrate.shipping import bundle
 
 REPO = Path(__file__).resolve().parents[2]
-MERGER = REPO / "templates" / "_merge_logs.py"
 
 # Recorded on the test cluster (Slurm 22.05.8): `scontrol show job --oneliner` of a failed job.
 ONELINER = (
@@ -214,10 +216,18 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
 # ---- the log merger ---------------------------------------------------------------------
 
 
+def _monitor(tmp_path: Path) -> Path:
+    """The monitor program exactly as ``render`` ships it beside job.sbatch."""
+    path = tmp_path / "monitor.py"
+    path.write_text(bundle(*MONITOR_MODULES))
+    return path
+
+
 def _start_merger(tmp_path: Path, hosts: list[str]) -> subprocess.Popen[bytes]:
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "hosts").write_text("".join(h + "\n" for h in hosts))
-    return subprocess.Popen([sys.executable, str(MERGER), str(tmp_path / "output.log"),
+    return subprocess.Popen([sys.executable, "-S", str(_monitor(tmp_path)), "merge",
+                             str(tmp_path / "output.log"),
                              str(tmp_path / "logs"), str(tmp_path / "hosts"),
                              str(tmp_path / "offsets.json")])
 
@@ -256,3 +266,42 @@ def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path
     _stop(merger)
     assert (tmp_path / "output.log").read_text().splitlines()[len(lines):] == [
         "[n3:0] after the requeue"]
+
+
+# ---- the verdict on a run: first failure and requeue, decided in Python ----------------------
+
+
+def _record(exit_dir: Path, rank: int, status: int, at_us: int, host: str) -> None:
+    exit_dir.mkdir(parents=True, exist_ok=True)
+    (exit_dir / f"rank-{rank}").write_text(f"{status} {at_us} {host}\n")
+
+
+def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[str, int]:
+    done = subprocess.run(
+        [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.log"),
+         str(tmp_path / "exits"), str(restart), str(max_restarts)],
+        capture_output=True, text=True, check=True)
+    verdict, status = done.stdout.split()
+    return verdict, int(status)
+
+
+def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path) -> None:
+    """Equal timestamps: the lowest rank is named (a shell's glob order would pick rank 10)."""
+    for rank in (2, 10):
+        _record(tmp_path / "exits", rank, 1, 1_000_000, f"n{rank}")
+    _record(tmp_path / "exits", 0, 0, 900_000, "n0")
+    assert _decide(tmp_path) == ("FAILED", 1)
+    assert "rank 2 on n2 failed with exit code 1" in (tmp_path / "output.log").read_text()
+
+
+def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_path: Path) -> None:
+    for rank in range(3):
+        _record(tmp_path / "exits", rank, 75, 1_000_000 + rank, "n1")
+    assert _decide(tmp_path, restart=0) == ("REQUEUE", 75)
+    assert _decide(tmp_path, restart=3) == ("FAILED", 75)
+    log = (tmp_path / "output.log").read_text()
+    assert "requeuing, restart 1 of at most 3" in log and "restarted 3 time(s) already" in log
+    # A rank that died (SIGKILL: 137) among those asking to resume: no requeue, it failed.
+    _record(tmp_path / "exits", 1, 137, 999_999, "n2")
+    assert _decide(tmp_path) == ("FAILED", 137)
+    assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in (tmp_path / "output.log").read_text()

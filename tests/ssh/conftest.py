@@ -278,11 +278,11 @@ def ssh_cli(ssh_hosts: SshHosts, tmp_path: Path) -> Iterator[SshCli]:
     env.pop("ORCHESTRATE_JOB_ID", None)
     cli = SshCli(hosts=ssh_hosts, home=home, work=work, env=env)
     yield cli
-    from orchestrate import reaper
+    from orchestrate import host
 
     # The PID space is shared by the hosts: a scan here sees every host's processes.
     for run in (work / "runs").glob("*") if (work / "runs").exists() else []:
-        reaper.reap(run.name, grace_s=1.0)
+        host.reap(run.name, 1.0)
 
 
 def tagged_on(hosts: SshHosts, job_id: str) -> dict[str, list[int]]:

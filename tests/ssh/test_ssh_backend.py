@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate import reaper
+from orchestrate import host
 from orchestrate.ports import derive_port
 from tests.ssh.conftest import SshCli, tagged_on
 
@@ -178,7 +178,7 @@ def test_killed_supervisor_leaves_nothing_on_any_host(ssh_cli: SshCli) -> None:
     assert [r["state"] for r in status["ranks"]] == ["RUNNING"] * 6
     os.kill(_supervisor_pid(ssh_cli, "orphan-1"), signal.SIGKILL)
     killed_at = time.monotonic()
-    while reaper.tagged_pids("orphan-1") and time.monotonic() - killed_at < 15:
+    while host.job_pids("orphan-1") and time.monotonic() - killed_at < 15:
         time.sleep(0.1)
     gone_after = time.monotonic() - killed_at
     _assert_nothing_left(ssh_cli, "orphan-1")
@@ -468,8 +468,8 @@ def test_dry_run_shows_every_host_and_each_failed_check(ssh_cli: SshCli) -> None
     assert dry.returncode == 2
     assert "==> launch-h1.sh <==" in dry.stdout  # what would run, then the checks
     assert "h2 (10.213.8.12): python: /nonexistent/python3 not found on the host" in dry.stderr
-    for host in ("h1 (10.213.8.11)", "h3 (10.213.8.13)"):
-        assert f"{host}: workdir: /nonexistent-workdir does not exist" in dry.stderr
+    for label in ("h1 (10.213.8.11)", "h3 (10.213.8.13)"):
+        assert f"{label}: workdir: /nonexistent-workdir does not exist" in dry.stderr
     assert "ok 2." in dry.stderr  # the torch column: import torch worked on h1 and h3
 
 
@@ -519,6 +519,6 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
         assert "6 held by other jobs" in refused.stderr
         assert alive.exists()
     finally:
-        reaper.reap("lease-alive", grace_s=1.0)
+        host.reap("lease-alive", 1.0)
     ssh_cli.run("submit", str(job), "--follow", "--job-id", "grab-4", check=True)
     assert not alive.exists()

@@ -25,48 +25,43 @@ host by tag before it exits, so nothing outlives a vanished controller.
 carries ``ORCHESTRATE_JOB_ID=JOB_ID``, SIGKILL to what is left after GRACE_S, then it drops the
 job's lease on this host and prints one JSON line.
 
-Leases live in ``$ORCHESTRATE_HOME/leases/<hostname>/`` (default
-``~/.local/state/orchestrate``): per host name, because home directories are often shared over
-NFS. A lease is live while the process that claimed it (the serving process of local rank 0,
-which lives as long as that rank) is alive, checked by pid and start time so a reused pid never
-counts, or while any process on the host carries the job's tag; a stale lease is removed by the
-next reader, so a crashed controller never blocks GPUs for ever.
+Processes are found by their tag, and leases kept, by :mod:`orchestrate.host`, the same code the
+local backend runs in-process: this program is that module's text followed by this one's
+(:func:`orchestrate.shipping.bundle`), so local and SSH jobs on one machine see each other's
+leases.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import time
+
+# <in-package>
+from orchestrate.host import (
+    TAG,
+    LeaseBook,
+    gpus,
+    held,
+    interface_towards,
+    job_pids,
+    new_lease,
+    port_free,
+    reap,
+    suppress,
+)
+
+# </in-package>
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
 if TYPE_CHECKING:
     from typing import IO, Any
 
 MARK = "\x1eorchestrate:"
-
-
-class suppress:  # contextlib.suppress, without importing collections at start-up
-    """Ignore the given exceptions inside a ``with`` block."""
-
-    def __init__(self, *kinds: type[BaseException]) -> None:
-        self.kinds = kinds
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(kind, self.kinds)
-
-TAG = "ORCHESTRATE_JOB_ID"
 TORCH_TIMEOUT_S = 240.0
-SIOCGIFADDR = 0x8915
 
 
 def say(kind: str, payload: Any) -> None:
@@ -98,207 +93,6 @@ class Requests:
         return request
 
 
-# ------------------------------------------------------------------------------ processes
-
-
-def proc_start(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of a live process; None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-def tagged(job_id: str | None = None) -> dict[str, list[int]]:
-    """Pids by job id of every process here carrying an ORCHESTRATE_JOB_ID (one /proc scan)."""
-    prefix = (TAG + "=").encode()
-    me = os.getpid()
-    found: dict[str, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        for item in env.split(b"\0"):
-            if item.startswith(prefix):
-                value = item[len(prefix):].decode(errors="replace")
-                if (job_id is None or value == job_id) and proc_start(int(name)) is not None:
-                    found.setdefault(value, []).append(int(name))
-                break
-    return found
-
-
-def signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        for s in (sig, signal.SIGCONT) if sig != signal.SIGKILL else (sig,):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, s)
-
-
-def reap(job_id: str, grace_s: float) -> dict[str, int]:
-    """SIGTERM every process of the job here, SIGKILL what is left after ``grace_s``."""
-    pids = tagged(job_id).get(job_id, [])
-    if not pids:
-        return {"found": 0, "killed": 0}
-    signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    left = pids
-    while time.monotonic() < deadline:
-        left = tagged(job_id).get(job_id, [])
-        if not left:
-            return {"found": len(pids), "killed": 0}
-        time.sleep(0.05)
-    signal_all(left, signal.SIGKILL)
-    return {"found": len(pids), "killed": len(left)}
-
-
-# ------------------------------------------------------------------------------ leases
-
-
-def lease_dir() -> str:
-    base = os.environ.get("ORCHESTRATE_HOME")
-    if not base:
-        state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-        base = os.path.join(state, "orchestrate")
-    path = os.path.join(os.path.expanduser(base), "leases", socket.gethostname())
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
-
-
-class lease_lock:  # used like a function: ``with lease_lock() as directory``
-    """The host's lease directory, held under an exclusive flock."""
-
-    def __enter__(self) -> str:
-        directory = lease_dir()
-        self.lock = open(os.path.join(directory, ".lock"), "a+")
-        fcntl.flock(self.lock, fcntl.LOCK_EX)
-        return directory
-
-    def __exit__(self, *_: object) -> None:
-        fcntl.flock(self.lock, fcntl.LOCK_UN)
-        self.lock.close()
-
-
-def live_leases(directory: str, except_job: str) -> list[dict[str, Any]]:
-    """Leases of other jobs that still hold something; stale ones are deleted."""
-    leases = []
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            with open(path) as f:
-                lease = json.load(f)
-            holder, started = int(lease["holder_pid"]), lease["holder_start"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if lease.get("job_id") == except_job:
-            continue
-        leases.append((path, lease, holder, started))
-    if not leases:
-        return []
-    jobs = None
-    live = []
-    for path, lease, holder, started in leases:
-        alive = proc_start(holder) == started
-        if not alive:
-            jobs = tagged() if jobs is None else jobs
-            alive = lease["job_id"] in jobs
-        if alive:
-            live.append(lease)
-        else:
-            with suppress(OSError):
-                os.unlink(path)
-    return live
-
-
-def held(leases: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    gpus = sorted({g for lease in leases for g in lease.get("gpus", [])})
-    ports = sorted({lease["port"] for lease in leases if lease.get("port") is not None})
-    return {"gpus": gpus, "ports": ports, "jobs": sorted({str(x["job_id"]) for x in leases})}
-
-
-def release(job_id: str) -> None:
-    with lease_lock() as directory, suppress(OSError):
-        os.unlink(os.path.join(directory, job_id + ".json"))
-
-
-# ------------------------------------------------------------------------------ checks
-
-
-def port_free(port: int) -> bool:
-    """Whether a TCP port can be bound on every interface here (SO_REUSEADDR, like TCPStore)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def run_text(argv: list[str], timeout: float = 20.0) -> str:
-    return subprocess.run(
-        argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=True,
-        text=True,
-    ).stdout
-
-
-def interface_towards(address: str) -> dict[str, Any]:
-    """The interface that carries traffic to ``address``: ``ip route get`` names it, except on
-    the host owning the address (``local ... dev lo``), where it is the interface holding it."""
-    try:
-        ip = str(socket.getaddrinfo(address, None, socket.AF_INET)[0][4][0])
-    except OSError as exc:
-        return {"ok": False, "detail": f"cannot resolve {address}: {exc}"}
-    try:
-        words = run_text(["ip", "-o", "route", "get", ip]).split()
-        if words and words[0] == "local":
-            owner = run_text(["ip", "-o", "-4", "addr", "show", "to", ip + "/32"]).split()
-            words = ["dev", owner[1]]
-        name = words[words.index("dev") + 1].split("@")[0]
-        return {"ok": True, "name": name, "ip": ip}
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        pass
-    # No iproute2: the source address the kernel picks towards ip, and who owns it.
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((ip, 9))
-            source = probe.getsockname()[0]
-            for _, name in socket.if_nameindex():
-                request = struct.pack("256s", name.encode()[:15])
-                with suppress(OSError):
-                    answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
-                    if socket.inet_ntoa(answer[20:24]) == source:
-                        return {"ok": True, "name": name, "ip": ip}
-    except OSError as exc:
-        return {"ok": False, "detail": f"no route to {ip}: {exc}"}
-    return {"ok": False, "detail": f"no interface found towards {ip}"}
-
-
-def gpus_present() -> dict[str, Any]:
-    try:
-        out = run_text(["nvidia-smi", "--query-gpu=index,name,memory.total",
-                        "--format=csv,noheader,nounits"])
-    except FileNotFoundError:
-        return {"ok": False, "detail": "nvidia-smi not found on PATH"}
-    except (OSError, subprocess.SubprocessError) as exc:
-        return {"ok": False, "detail": f"nvidia-smi failed: {exc}"}
-    present = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if parts and parts[0].isdigit():
-            present.append([int(parts[0]), parts[1] if len(parts) > 1 else "?"])
-    return {"ok": True, "present": present}
-
-
 def preflight(request: dict[str, Any]) -> dict[str, Any]:
     """Every check of this host; facts, the controller judges them against the plan."""
     torch: subprocess.Popen[str] | None = None
@@ -308,22 +102,24 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
             probe += "; import orchestrate.train"
         torch = subprocess.Popen(
             [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            stderr=subprocess.STDOUT, universal_newlines=True,
         )
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable + " " + sys.version.split()[0],
+        "cpus": os.cpu_count(),
         "workdir": {"ok": os.path.isdir(request["workdir"]), "path": request["workdir"]},
     }
     if request.get("interface_to"):
         report["interface"] = interface_towards(request["interface_to"])
     if request.get("gpus"):
-        report["gpus"] = gpus_present()
+        report["gpus"] = gpus()
     try:
-        with lease_lock() as directory:
-            report["leases"] = held(live_leases(directory, request["job_id"]))
+        book = LeaseBook()
+        with book.locked():
+            report["leases"] = held(book.live(except_job=request["job_id"]))
     except OSError as exc:
-        report["leases"] = {"error": str(exc), "gpus": [], "ports": [], "jobs": []}
+        report["leases"] = {"error": str(exc), "gpus": [], "slots": 0, "ports": [], "jobs": []}
     candidates = request.get("ports") or []
     if candidates:
         report["ports"] = {"free": [p for p in candidates if port_free(p)],
@@ -337,11 +133,9 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
                                else (lines[-1] if lines else f"exit {torch.returncode}")}
         except subprocess.TimeoutExpired:
             torch.kill()
-            report["torch"] = {"ok": False, "detail": f"import took over {TORCH_TIMEOUT_S:.0f}s"}
+            report["torch"] = {"ok": False,
+                               "detail": f"import took over {TORCH_TIMEOUT_S:.0f}s"}
     return report
-
-
-# ------------------------------------------------------------------------------ serving
 
 
 class Serving:
@@ -354,31 +148,16 @@ class Serving:
 
     def claim(self, request: dict[str, Any]) -> dict[str, Any]:
         self.job_id = request["job_id"]
-        gpus, port = set(request.get("gpus") or []), request.get("port")
-        with lease_lock() as directory:
-            others = held(live_leases(directory, self.job_id))
-            busy_gpus = sorted(gpus & set(others["gpus"]))
-            port_taken = port is not None and (port in others["ports"] or not port_free(port))
-            if busy_gpus or port_taken:
-                return {"ok": False, "busy_gpus": others["gpus"], "busy_ports": others["ports"],
-                        "port_taken": port_taken}
-            lease = {
-                "job_id": self.job_id, "node": request.get("node"),
-                "hostname": socket.gethostname(), "gpus": sorted(gpus), "port": port,
-                "holder_pid": os.getpid(), "holder_start": proc_start(os.getpid()),
-                "created": time.time(),
-            }
-            path = os.path.join(directory, self.job_id + ".json")
-            with open(path + ".tmp", "w") as f:
-                json.dump(lease, f)
-            os.replace(path + ".tmp", path)
-        self.claimed = True
-        return {"ok": True}
+        lease = new_lease(self.job_id, str(request.get("node")), request.get("gpus") or [],
+                          int(request.get("slots") or 0), request.get("port"), os.getpid())
+        answer = LeaseBook().claim(lease, slot_capacity=request.get("slot_capacity"))
+        self.claimed = bool(answer.get("ok"))
+        return answer
 
     def unclaim(self) -> None:
         if self.claimed:
             with suppress(OSError):
-                release(self.job_id)
+                LeaseBook().release(self.job_id)
             self.claimed = False
 
     def files(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -389,7 +168,8 @@ class Serving:
             os.chmod(run_dir, 0o700)
             for name, text in request["files"].items():
                 path = os.path.join(run_dir, name)
-                tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"  # shared file systems
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"  # shared FS
                 with open(tmp, "w", encoding="utf-8") as f:
                     f.write(text)
                 os.chmod(tmp, 0o700 if name.endswith(".sh") else 0o600)
@@ -412,7 +192,8 @@ class Serving:
         # Tagged from its first instruction: the script exports the tag too, but /proc/*/environ
         # shows the environment a process was exec'd with, so kill-by-tag would otherwise miss
         # the script until it execs the rank.
-        env = dict(os.environ, **{TAG: self.job_id})
+        env = dict(os.environ)
+        env[TAG] = self.job_id
         child = subprocess.Popen(["bash", request["script"], str(request["local_rank"])],
                                  cwd=os.path.dirname(request["script"]), env=env)
         say("pid", {"pid": child.pid})
@@ -432,10 +213,10 @@ class Serving:
             result = {"code": code}
         # Nothing of the job left here: drop its lease (whoever holds it) and say so, so the
         # controller need not come back to sweep this host.
-        result["left"] = len(tagged(self.job_id).get(self.job_id, []))
+        result["left"] = len(job_pids(self.job_id))
         if not result["left"]:
             with suppress(OSError):
-                release(self.job_id)
+                LeaseBook().release(self.job_id)
             self.claimed = False
         with suppress(OSError):
             say("exit", result)
@@ -480,7 +261,7 @@ def main(argv: list[str], out: IO[str]) -> int:
     if argv[:1] == ["reap"] and len(argv) == 3:
         result: dict[str, Any] = reap(argv[1], float(argv[2]))
         try:
-            release(argv[1])
+            LeaseBook().release(argv[1])
         except OSError as exc:
             result["lease_error"] = str(exc)
         out.write(MARK + "reap " + json.dumps(result) + "\n")

@@ -22,23 +22,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from orchestrate.backends.sshkit.agent import MARK
 from orchestrate.backends.sshkit.connections import Link, SshChannel
-from orchestrate.supervise import Exit
+from orchestrate.exits import EXIT_LOST
+from orchestrate.outcome import Exit
+from orchestrate.shipping import bundle
 
-MARK = "\x1eorchestrate:"
 #: A rank whose channel ends without the agent saying how it ended (connection lost, agent
 #: killed) is reported with ssh's own status for that.
-LOST = 255
+LOST = EXIT_LOST
+
+#: The modules the agent program is made of (sent to each host as one text).
+AGENT_MODULES = ("orchestrate.host", "orchestrate.backends.sshkit.agent")
 
 
-@lru_cache(maxsize=1)
 def agent_source() -> str:
-    """The agent program's text (it is a module of this package, sent to each host)."""
-    return (Path(__file__).parent / "agent.py").read_text("utf-8")
+    """The agent program's text: the host module, then the agent's protocol."""
+    return bundle(*AGENT_MODULES)
 
 
 def agent_command(python: str, *args: str) -> str:

@@ -33,13 +33,13 @@ from orchestrate.backends.sshkit.connections import (
     fan_out,
     targets_for,
 )
-from orchestrate.backends.sshkit.preflight import HostFacts, Judgement, judge, request
+from orchestrate.backends.sshkit.preflight import HostAnswer, Judgement, judge, request
 from orchestrate.backends.sshkit.reaping import HostStopper
 from orchestrate.backends.sshkit.sessions import READY_TIMEOUT_S, HostPool
 from orchestrate.errors import UserError
 from orchestrate.inventory import Inventory
 from orchestrate.layout import TRAIN_CONFIG, node_script_name
-from orchestrate.plan import NodePlan, Plan
+from orchestrate.plan import HostFacts, NodePlan, Plan
 
 if TYPE_CHECKING:
     from orchestrate.prepare import Prepared
@@ -48,9 +48,7 @@ PREFLIGHT_TIMEOUT_S = 300.0  # includes `import torch` on a cold cache
 STEP_TIMEOUT_S = 30.0
 MAX_ROUNDS = 5
 
-Replan = Callable[
-    [Mapping[str, frozenset[int]], "int | None", Mapping[str, str]], "Prepared"
-]
+Replan = Callable[[HostFacts], "Prepared"]
 
 
 class PreflightFailed(Exception):
@@ -88,9 +86,9 @@ class Launcher:
         self.pool = pool
         self.stop_requested = stop_requested
         self.log = log
-        self.fanout = prepared.job.ssh.fanout
-        self.connect_timeout_s = prepared.job.ssh.connect_timeout_s
-        self.facts: dict[str, HostFacts] = {}
+        self.fanout = prepared.plan.ssh.fanout
+        self.connect_timeout_s = prepared.plan.ssh.connect_timeout_s
+        self.facts: dict[str, HostAnswer] = {}
         self.discover = needs_interface(prepared.inventory)
         self.timings: dict[str, float] = {}
 
@@ -132,32 +130,32 @@ class Launcher:
                 if answer.value is not None:
                     self.facts[name] = answer.value
                 else:
-                    self.facts[name] = HostFacts(targets[name], failed="ssh",
+                    self.facts[name] = HostAnswer(targets[name], failed="ssh",
                                                  detail=f"internal error: {answer.error}")
             self.timings["preflight_s"] = round(self.timings.get("preflight_s", 0.0)
                                                 + time.monotonic() - started, 3)
         return judge(plan, self.facts, self.discover)
 
     def _ask(self, target: Target, node: NodePlan, wanted: dict[str, Any],
-             with_ranks: bool) -> HostFacts:
+             with_ranks: bool) -> HostAnswer:
         try:
             session = self.pool.session(target, node.nproc if with_ranks else 1)
         except ConnectError as exc:
-            return HostFacts(target, failed=exc.check, detail=exc.detail)
+            return HostAnswer(target, failed=exc.check, detail=exc.detail)
         except ChannelError as exc:
-            return HostFacts(target, failed="python", detail=str(exc))
+            return HostAnswer(target, failed="python", detail=str(exc))
         except Exception as exc:  # paramiko's own errors on a half-open connection, ...
-            return HostFacts(target, failed="ssh", detail=f"{type(exc).__name__}: {exc}")
+            return HostAnswer(target, failed="ssh", detail=f"{type(exc).__name__}: {exc}")
         asked_at = time.monotonic()
         try:
             facts = session.channels[0].request(wanted, "preflight", PREFLIGHT_TIMEOUT_S)
         except ChannelError as exc:
-            return HostFacts(target, failed="python", detail=f"preflight did not answer: {exc}")
+            return HostAnswer(target, failed="python", detail=f"preflight did not answer: {exc}")
         for step, took in (*session.timings.items(), ("answer_s", time.monotonic() - asked_at)):
             self.timings[step] = max(self.timings.get(step, 0.0), round(took, 3))
         session.asked = wanted
         session.hostname = str(facts.get("hostname") or target.name)
-        return HostFacts(target, facts=facts)
+        return HostAnswer(target, facts=facts)
 
     def settle(self) -> Prepared:
         """Preflight, re-plan and claim until the plan holds; returns the plan to launch.
@@ -167,6 +165,7 @@ class Launcher:
         """
         prepared = self.prepared
         busy: dict[str, frozenset[int]] = {}
+        slots: dict[str, int] = {}
         port: int | None = None
         interfaces: dict[str, str] = {}
         for _ in range(MAX_ROUNDS):
@@ -176,14 +175,18 @@ class Launcher:
             self._drop_unused(plan)
             if not verdict.ok:
                 raise PreflightFailed(verdict, self.targets(plan))
-            if verdict.replan:
+            # CPU slots other jobs hold shrink what a node offers: the planner decides again
+            # whenever they differ from what the current plan was made with.
+            if verdict.replan or verdict.busy_slots != slots:
                 busy = dict(verdict.busy_gpus)
+                slots = dict(verdict.busy_slots)
                 port = verdict.port if verdict.port is not None else port
                 interfaces.update(verdict.interfaces)
-                self.log(f"re-plan: busy GPUs {busy or 'none'}, port {port}, "
-                         f"interfaces {interfaces}")
+                self.log(f"re-plan: busy GPUs {busy or 'none'}, busy slots {slots or 'none'}, "
+                         f"port {port}, interfaces {interfaces}")
                 started = time.monotonic()
-                prepared = self.replan(busy, port, interfaces)
+                prepared = self.replan(HostFacts(busy_gpus=busy, busy_slots=slots,
+                                                 master_port=port, interfaces=interfaces))
                 self.timings["replan_s"] = round(time.monotonic() - started, 3)
                 continue
             self._cancel_point()
@@ -203,9 +206,13 @@ class Launcher:
         def claim(target: Target) -> dict[str, Any]:
             node = next(n for n in plan.nodes if n.name == target.name)
             channel = self.pool.sessions()[node.name].channels[0]
+            spec = self.prepared.inventory.node(node.name)
+            cpu = not node.gpu_indices
             return channel.request({
                 "op": "claim", "job_id": plan.job_id, "node": node.name,
                 "gpus": list(node.gpu_indices),
+                "slots": node.nproc if cpu else 0,
+                "slot_capacity": spec.capacity if cpu and spec is not None else None,
                 "port": plan.master_port if node.node_rank == 0 else None,
             }, "claim", STEP_TIMEOUT_S)
 
@@ -224,6 +231,7 @@ class Launcher:
             facts = self.facts[name].facts or {}
             leases = facts.setdefault("leases", {})
             leases["gpus"] = reply.get("busy_gpus", [])
+            leases["slots"] = reply.get("busy_slots", 0)
             leases["ports"] = reply.get("busy_ports", [])
             if reply.get("port_taken"):
                 ports = facts.setdefault("ports", {})

@@ -42,7 +42,7 @@ HINTS = {
 
 
 @dataclass
-class HostFacts:
+class HostAnswer:
     """One host's preflight: the agent's answer, or the step that failed before it."""
 
     target: Target
@@ -58,7 +58,7 @@ class Judgement:
     cells: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> check -> text
     failures: list[tuple[Target, str, str]] = field(default_factory=list)  # host, check, why
     busy_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
-    held_ports: frozenset[int] = frozenset()
+    busy_slots: dict[str, int] = field(default_factory=dict)  # CPU slots other jobs hold
     port: int | None = None  # a free port to re-plan with, when the planned one is busy
     interfaces: dict[str, str] = field(default_factory=dict)
     replan: bool = False  # the plan uses held GPUs or a busy port, or lacks an interface
@@ -103,7 +103,7 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) ->
     }
 
 
-def judge(plan: Plan, hosts: Mapping[str, HostFacts], discover: Iterable[str]) -> Judgement:
+def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) -> Judgement:
     """Judge every host's facts against ``plan``."""
     verdict = Judgement()
     wanted_interface = set(discover)
@@ -111,7 +111,7 @@ def judge(plan: Plan, hosts: Mapping[str, HostFacts], discover: Iterable[str]) -
         host = hosts[node.name]
         cells = verdict.cells.setdefault(node.name, dict.fromkeys(CHECKS, "-"))
 
-        def fail(check: str, detail: str, *, host: HostFacts = host,
+        def fail(check: str, detail: str, *, host: HostAnswer = host,
                  cells: dict[str, str] = cells) -> None:
             column = check if check in cells else "ssh"
             cells[column] = detail
@@ -144,6 +144,9 @@ def judge(plan: Plan, hosts: Mapping[str, HostFacts], discover: Iterable[str]) -
             verdict.busy_gpus[node.name] = held
             if held & set(node.gpu_indices):
                 verdict.replan = True
+        held_slots = int(leases.get("slots") or 0)
+        if held_slots and not node.gpu_indices:
+            verdict.busy_slots[node.name] = held_slots
         _judge_gpus(node, facts, cells, fail)
         if node.name in wanted_interface:
             found = facts.get("interface") or {}
@@ -187,7 +190,6 @@ def _judge_port(
     verdict: Judgement,
 ) -> None:
     held = frozenset(int(p) for p in leases.get("ports", []))
-    verdict.held_ports = held
     free = {int(p) for p in (facts.get("ports") or {}).get("free", [])}
     port = plan.master_port
     if port in free and port not in held:

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from orchestrate.backends.sshkit.channels import MARK, agent_command
+from orchestrate.backends.sshkit.agent import MARK
+from orchestrate.backends.sshkit.channels import agent_command
 from orchestrate.backends.sshkit.connections import ConnectError, Links, Target, fan_out
 
 #: Seconds past the grace period a kill-by-tag run may take before the host is given up on.

@@ -1,0 +1,206 @@
+"""The program that runs beside a Slurm job's ranks, in its batch script: ``monitor.py``.
+
+``render`` writes it into the run directory (this module's text bundled with the stdlib-only
+modules it uses, :mod:`orchestrate.shipping`), and job.sbatch runs it with the first node's
+python, so nothing of orchestrate need be installed on the batch host. Two modes:
+
+``merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]``
+    Merge the per-rank log files into one log with ``[host:rank]`` prefixes while the ranks run.
+    srun writes each rank's output straight to ``logs/rank-R.log``; this single writer appends
+    every complete line to ``output.log``, so a line is never split or interleaved with another
+    rank's, even on NFS, where appends from several hosts are not atomic. A line without its
+    newline waits for the rest. SIGTERM means: one last pass, then exit. How far each rank file
+    has been merged is kept in OFFSETS (after every write): a requeued job appends to the same
+    rank files, and its next run goes on from there, so no line is merged twice and none is
+    lost. READY is created once SIGTERM is handled, so the batch script never stops the merger
+    before it can do its last pass.
+
+``decide MERGED EXIT_DIR RESTART MAX_RESTARTS``
+    After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
+    microseconds, host, written by each rank's shell), name the first failure in the merged log
+    with the same rule every backend uses (:func:`orchestrate.outcome.first_failure`), and print
+    the verdict for the batch script: ``COMPLETED``, ``REQUEUE`` (every rank that ended non-zero
+    checkpointed and asks to be started again, and restarts are left), ``FAILED`` or ``NONE``
+    (no rank recorded anything), then the exit status the batch script should end with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+# <in-package>
+from orchestrate.exits import EXIT_FAILED, EXIT_REQUEUE
+from orchestrate.outcome import Exit, RankEnd, first_failure
+
+# </in-package>
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+LONGEST = 1 << 16  # a "line" this long without a newline is written as it is
+
+
+# ------------------------------------------------------------------------------ merge
+
+
+class _Wake(Exception):
+    pass
+
+
+def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
+          ready: str | None = None) -> int:
+    """Merge rank logs into ``merged`` until SIGTERM (see the module docstring)."""
+    with open(hostfile, encoding="utf-8") as listing:
+        hosts = [line.strip() for line in listing if line.strip()]
+    paths = [os.path.join(log_dir, f"rank-{r}.log") for r in range(len(hosts))]
+    prefixes = [f"[{host}:{r}] ".encode() for r, host in enumerate(hosts)]
+    offsets = _load_offsets(offsets_file, len(paths))
+    partial = [b""] * len(paths)
+    state = {"stop": False, "sleeping": False}
+
+    def on_signal(*_: Any) -> None:
+        state["stop"] = True
+        if state["sleeping"]:  # cut the sleep short: the job is over, write the rest now
+            raise _Wake
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if ready:
+        with open(ready, "w"):
+            pass
+    out = open(merged, "ab")  # noqa: SIM115 - held for the whole run, closed on the last pass
+    idle = 0.05
+    while True:
+        last = state["stop"]
+        lines: list[bytes] = []
+        for r, path in enumerate(paths):
+            size = _size(path)
+            if size < offsets[r]:  # truncated by someone: start again
+                offsets[r] = 0
+            if size == offsets[r]:
+                continue
+            with open(path, "rb") as f:
+                f.seek(offsets[r])
+                data = f.read(size - offsets[r])
+            offsets[r] += len(data)
+            pieces = (partial[r] + data).split(b"\n")
+            partial[r] = pieces.pop()
+            if len(partial[r]) > LONGEST:
+                pieces.append(partial[r])
+                partial[r] = b""
+            lines.extend(prefixes[r] + piece + b"\n" for piece in pieces)
+        if last:
+            lines.extend(prefixes[r] + rest + b"\n" for r, rest in enumerate(partial) if rest)
+        if lines:
+            out.write(b"".join(lines))
+            out.flush()
+            done = [offsets[r] - (0 if last else len(partial[r])) for r in range(len(paths))]
+            _save_offsets(offsets_file, done)
+            idle = 0.05
+        else:
+            idle = min(idle * 1.5, 0.5)
+        if last:
+            out.close()
+            return 0
+        try:
+            state["sleeping"] = True
+            if not state["stop"]:
+                time.sleep(idle)
+        except _Wake:
+            pass
+        finally:
+            state["sleeping"] = False
+
+
+def _load_offsets(path: str, count: int) -> list[int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = [int(x) for x in json.load(f)]
+    except (OSError, ValueError, TypeError):
+        saved = []
+    return (saved + [0] * count)[:count]
+
+
+def _save_offsets(path: str, offsets: list[int]) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(offsets, f)
+    os.replace(path + ".tmp", path)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------------------ decide
+
+
+def rank_ends(exit_dir: str) -> list[RankEnd]:
+    """How each rank of one run ended, from the files its shell wrote (unreadable ones are
+    skipped: a rank killed with its node wrote nothing)."""
+    ends: list[RankEnd] = []
+    try:
+        names = os.listdir(exit_dir)
+    except OSError:
+        return ends
+    for name in names:
+        if not name.startswith("rank-"):
+            continue
+        try:
+            rank = int(name[len("rank-"):])
+            with open(os.path.join(exit_dir, name), encoding="utf-8") as f:
+                status, at_us, host = f.read().split()[:3]
+            ends.append(RankEnd(rank, host, Exit.from_status(int(status)), int(at_us) / 1e6))
+        except (OSError, ValueError):
+            continue
+    return ends
+
+
+def decide(merged: str, exit_dir: str, restart: int, max_restarts: int) -> tuple[str, int]:
+    """The verdict on one run of the step (see the module docstring), with a note in the log."""
+    ends = rank_ends(exit_dir)
+    if not ends:
+        return "NONE", 0
+    first = first_failure(ends)
+    if first is None:
+        return "COMPLETED", 0
+    failed = [end for end in ends if not end.exit.ok]
+    asks = all(end.exit.code == EXIT_REQUEUE for end in failed)
+    where = f"rank {first.rank} on {first.node}"
+    if asks and restart < max_restarts:
+        _note(merged, f"{where} checkpointed and asks to resume (exit {EXIT_REQUEUE}): "
+                      f"requeuing, restart {restart + 1} of at most {max_restarts}")
+        return "REQUEUE", EXIT_REQUEUE
+    if asks:
+        _note(merged, f"{where} asks to resume (exit {EXIT_REQUEUE}), but the job was restarted "
+                      f"{restart} time(s) already (slurm.max_restarts)")
+    _note(merged, f"{where} failed with {first.exit.describe()}; the other ranks were stopped")
+    return "FAILED", first.exit.status or EXIT_FAILED
+
+
+def _note(merged: str, text: str) -> None:
+    with open(merged, "a", encoding="utf-8") as f:
+        f.write(f"[orchestrate] {text}\n")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["merge"] and len(argv) in (5, 6):
+        return merge(*argv[1:])
+    if argv[:1] == ["decide"] and len(argv) == 5:
+        verdict, status = decide(argv[1], argv[2], int(argv[3]), int(argv[4]))
+        print(verdict, status)
+        return 0
+    print("usage: monitor.py merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]\n"
+          "       monitor.py decide MERGED EXIT_DIR RESTART MAX_RESTARTS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,22 @@
+"""Exit statuses that mean something to orchestrate, in one place.
+
+The rank entrypoint returns them, the batch script and the supervisors read them, the CLI exits
+with some of them. Standard library only (no imports at all): the host-side programs that are
+shipped to nodes as source text bundle this module too.
+"""
+
+#: Everything went as asked.
+EXIT_OK = 0
+#: Something failed at run time (a rank died, a job failed).
+EXIT_FAILED = 1
+#: A user mistake (a file, a field, the command line, the environment); like usage errors in
+#: most Unix tools. Never worth restarting.
+EXIT_USER_ERROR = 2
+#: A rank checkpointed because it was asked to stop (SIGTERM/SIGUSR2 before a time limit or a
+#: preemption) and asks to be started again: EX_TEMPFAIL from sysexits.h, "try again later".
+EXIT_REQUEUE = 75
+#: Interrupted by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+#: A rank whose channel ended without a word about how it ended (an SSH connection lost): what
+#: ``ssh`` itself reports for that.
+EXIT_LOST = 255
