@@ -75,9 +75,14 @@ def node_drift(node: Node, facts: HostFacts, prov: Provenance | None = None) -> 
 
 def _diff(node: Node, field: str, text: str, declared: object = None,
           found: object = None) -> Difference:
-    return Difference(node.name, field, f"{node.name}: {field}: {text}",
-                      None if declared is None else str(declared),
-                      None if found is None else str(found))
+    return Difference(node.name, field, f"{node.name}: {field}: {text}", _text(declared),
+                      _text(found))
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _gpus(node: Node, facts: HostFacts) -> list[Difference]:

@@ -319,30 +319,46 @@ def apply_probed(old: Mapping[str, Any], fields: Mapping[str, Any],
                  defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` with the probed ``fields`` in, user fields and key order kept.
 
-    A value the defaults already give is dropped from the node; a value probing did not find
-    (no network chosen) leaves the user's as it was; a CPU node keeps the ``slots`` its user
-    chose."""
-    new: dict[str, Any] = {}
+    A value the node already gets (from ``defaults``, or the built-in ``gpu_link: pcie`` of a
+    GPU node) is not added to it (one the user wrote is kept, updated); a value probing did not
+    find (no network chosen) leaves the user's as it was; a CPU node keeps the ``slots`` its
+    user chose. New keys go where a person puts them (``gpu_link`` after ``gpus``)."""
     kind = "gpus" if "gpus" in fields else "slots"
     other = "slots" if kind == "gpus" else "gpus"
+    new: dict[str, Any] = {}
     for key, value in old.items():
         if key == other:
             key, value = kind, fields[kind]  # the node changed kind: same place in the entry
         elif key in ("cpus", "gpu_link", "network", "gpus") and key in fields:
             value = fields[key]
         new[key] = value
-    for key in ("cpus", kind, "gpu_link", "network"):
-        if key in fields and key not in new:
-            new[key] = fields[key]
     if kind == "slots" and "slots" in old and "gpus" not in old:
         new["slots"] = old["slots"]
-    for key in ("cpus", "gpu_link", "network"):
-        if key in new and key in defaults and key in fields:
-            equal = _same_network(new[key], defaults[key]) if key == "network" \
-                else _same(new[key], defaults[key])
-            if equal:
-                del new[key]
+    implicit = {"gpu_link": "pcie"} if kind == "gpus" else {}
+    for key in ("cpus", kind, "gpu_link", "network"):
+        if key not in fields:
+            continue
+        inherited = defaults.get(key, implicit.get(key))
+        same = _same_network(fields[key], inherited) if key == "network" \
+            else _same(fields[key], inherited)
+        if key not in new and not (same and key != kind):
+            new = _insert(new, key, fields[key])  # (a value the node gets anyway is not added)
     return new
+
+
+def _insert(entry: Mapping[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """``entry`` with ``key`` placed after the last key that comes before it in a person's
+    order (name, address, ssh, python, cpus, gpus, gpu_link, network, slurm)."""
+    rank = {k: i for i, k in enumerate(_ORDER)}
+    mine = rank.get(key, len(rank))
+    items = list(entry.items())
+    at = len(items)
+    for i, (k, _) in enumerate(items):
+        if rank.get(k, -1) > mine:
+            at = i
+            break
+    items.insert(at, (key, value))
+    return dict(items)
 
 
 @dataclass

@@ -39,7 +39,7 @@ def main(argv):
     unknown = [f for f in (os.environ.get("FAKE_NVSMI_UNKNOWN") or "").split(",") if f]
     for field in fields:
         if field in unknown:
-            sys.stdout.write('Field "%s" is not a valid field to query.\n\n' % field)
+            sys.stdout.write(f'Field "{field}" is not a valid field to query.\n\n')
             return 2
     with open(os.path.join(folder, "query.csv")) as handle:
         lines = [line.rstrip("\n") for line in handle if line.strip()]

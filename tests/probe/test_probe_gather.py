@@ -16,7 +16,6 @@ from probe_support import FIXTURES, REPO, machine
 from orchestrate import hostfacts
 
 
-
 def _python38() -> str | None:
     """A Python 3.8 that runs (pyenv's shim is on PATH even where 3.8 is not selected)."""
     candidates = [*map(str, Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8")),
@@ -126,15 +125,6 @@ def test_limits_shm_python_and_clock() -> None:
     assert set(facts["memlock"]) == {"soft", "hard"}
     assert facts["torch"] is None
     json.dumps(facts)  # all of it travels as JSON
-
-
-@pytest.mark.torch
-def test_torch_is_imported_in_a_bounded_child() -> None:
-    import torch
-
-    facts = hostfacts.gather(torch=True)
-    assert facts["torch"]["version"] == torch.__version__
-    assert facts["torch"]["cuda"] == torch.version.cuda
 
 
 @pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")
