@@ -29,7 +29,7 @@ mismatch) is reported with its message, and the other facts still come back.
     cpus           {"count": os.cpu_count(), "usable": CPUs this process may run on}
     memory_kib     MemTotal from /proc/meminfo, or None
     python         {"executable", "version"}
-    torch          None (not asked) | {"version", "cuda", "nccl"} | {"error"}
+    torch          None (not asked) | {"version", "cuda", "nccl", "imported"} | {"error"}
     shm_bytes      size of /dev/shm, or None
     memlock        {"soft", "hard"}: bytes or "unlimited", from /proc/self/limits, or None
     errors         [one sentence per step that failed]
@@ -73,7 +73,35 @@ IP_TIMEOUT_S = 5.0
 TORCH_TIMEOUT_S = 120.0
 SIOCGIFADDR = 0x8915
 
-_TORCH_PROBE = (
+#: Reads torch's version without importing it (importing costs seconds to a minute on a busy
+#: host, per host): ``torch/version.py`` holds ``__version__`` and ``cuda``; the NCCL of the pip
+#: wheels is the ``nvidia-nccl-cu*`` package's version.
+_TORCH_FILES = r"""
+import importlib.util, json, os, re
+spec = importlib.util.find_spec("torch")
+if spec is None or not spec.submodule_search_locations:
+    raise SystemExit("ModuleNotFoundError: No module named 'torch'")
+with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+    text = f.read()
+def field(name):
+    m = re.search(r"^" + name + r"\s*(?::[^=\n]*)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
+    return m.group(1) if m else None
+nccl = None
+try:
+    import importlib.metadata as md
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+        try:
+            nccl = md.version(dist)
+            break
+        except md.PackageNotFoundError:
+            pass
+except ImportError:
+    pass
+print(json.dumps({"version": field("__version__"), "cuda": field("cuda"), "nccl": nccl,
+                  "imported": False}))
+"""
+#: Imports torch: slower, but proves it loads (and asks torch for its own NCCL).
+_TORCH_IMPORT = (
     "import json, torch\n"
     "nccl = None\n"
     "try:\n"
@@ -82,7 +110,7 @@ _TORCH_PROBE = (
     "except Exception:\n"
     "    pass\n"
     "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, "
-    "'nccl': nccl}))\n"
+    "'nccl': nccl, 'imported': True}))\n"
 )
 
 
@@ -327,11 +355,11 @@ def usable_cpus() -> int | None:
         return os.cpu_count()
 
 
-def start_torch(python: str) -> subprocess.Popen[bytes] | None:
+def start_torch(python: str, load: bool) -> subprocess.Popen[bytes] | None:
     try:
         return subprocess.Popen(
-            [python, "-c", _TORCH_PROBE], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            [python, "-c", _TORCH_IMPORT if load else _TORCH_FILES], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
     except OSError:
         return None
@@ -339,13 +367,13 @@ def start_torch(python: str) -> subprocess.Popen[bytes] | None:
 
 def finish_torch(proc: subprocess.Popen[bytes] | None, deadline: float) -> dict[str, Any]:
     if proc is None:
-        return {"error": "could not start the python interpreter to import torch"}
+        return {"error": "could not start the python interpreter to look for torch"}
     try:
         out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return {"error": f"import torch took over {TORCH_TIMEOUT_S:.0f}s"}
+        return {"error": f"looking for torch took over {TORCH_TIMEOUT_S:.0f}s"}
     lines = out.decode("utf-8", "replace").strip().splitlines()
     if proc.returncode == 0 and lines:
         try:
@@ -356,14 +384,15 @@ def finish_torch(proc: subprocess.Popen[bytes] | None, deadline: float) -> dict[
 
 
 def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
-           python: str | None = None) -> dict[str, Any]:
+           python: str | None = None, import_torch: bool = False) -> dict[str, Any]:
     """Every fact about this host (see the module docstring for the dict); never raises for
     what the host lacks. ``peers``: addresses of the other nodes, to learn which interface
-    reaches them; ``torch``: also import torch, in a bounded child of ``python`` (default: this
-    interpreter), in parallel with the rest."""
+    reaches them; ``torch``: also find torch's version, in a bounded child of ``python``
+    (default: this interpreter) running in parallel with the rest, by reading its files or,
+    with ``import_torch``, by importing it."""
     started, clock = time.time(), time.monotonic()
     python = python or sys.executable
-    proc = start_torch(python) if torch else None
+    proc = start_torch(python, import_torch) if torch else None
     facts: dict[str, Any] = {
         "version": FACTS_VERSION,
         "hostname": socket.gethostname(),
@@ -391,9 +420,11 @@ def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
 
 
 def main(argv: list[str]) -> int:
-    """``python -S hostfacts.py [--no-torch] [PEER...]``: the facts as one JSON line."""
-    args = [a for a in argv if a != "--no-torch"]
-    sys.stdout.write(json.dumps(gather(args, torch="--no-torch" not in argv)) + "\n")
+    """``python -S hostfacts.py [--no-torch | --import-torch] [PEER...]``: the facts as one
+    JSON line."""
+    args = [a for a in argv if a not in ("--no-torch", "--import-torch")]
+    facts = gather(args, torch="--no-torch" not in argv, import_torch="--import-torch" in argv)
+    sys.stdout.write(json.dumps(facts) + "\n")
     sys.stdout.flush()
     return 0
 

@@ -20,6 +20,7 @@ The knowledge people get wrong by hand lives here:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -52,8 +53,13 @@ MEMORY_VARIANTS: dict[str, tuple[int, ...]] = {
 }
 
 _GB_WORD = re.compile(r"^(\d+)GB$", re.IGNORECASE)
+_LEADING_NUMBER = re.compile(r"^-?\d+(\.\d+)?")
+_GPU_LABEL = re.compile(r"GPU\d+")
+_NVLINK_CELL = re.compile(r"NV(\d+)")
+_UNITS = re.compile(r"\s*\[.*\]$")
 
 
+@functools.lru_cache(maxsize=256)
 def normalise_model(name: str, memory_gb: float | None = None) -> str:
     """A short, stable model name for an ``nvidia-smi`` product name.
 
@@ -218,7 +224,7 @@ def _number(text: str | None) -> float | None:
     value = _value(text)
     if value is None:
         return None
-    found = re.match(r"^-?\d+(\.\d+)?", value)
+    found = _LEADING_NUMBER.match(value)
     return float(found.group(0)) if found else None
 
 
@@ -246,8 +252,8 @@ def parse_gpu_query(text: str, fields: list[str] | None = None) -> list[GpuFact]
     if not lines:
         return []
     first = [c.strip() for c in lines[0].split(",")]
-    if "index" in (re.sub(r"\s*\[.*\]$", "", c) for c in first) or not fields:
-        header = [re.sub(r"\s*\[.*\]$", "", c) for c in first]
+    if "index" in (_UNITS.sub("", c) for c in first) or not fields:
+        header = [_UNITS.sub("", c) for c in first]
         rows = lines[1:]
     else:
         header, rows = list(fields), lines
@@ -300,9 +306,9 @@ def parse_topo_matrix(text: str) -> dict[tuple[int, int], str]:
             continue
         if not columns and words[0] == "GPU0" and (len(words) == 1 or words[1] != "X"):
             # the header (GPU0 GPU1 ... NIC0 ... CPU Affinity); GPU0's own row starts "GPU0 X"
-            columns = [int(w[3:]) for w in words if re.fullmatch(r"GPU\d+", w)]
+            columns = [int(w[3:]) for w in words if _GPU_LABEL.fullmatch(w)]
             continue
-        if columns and re.fullmatch(r"GPU\d+", words[0]):
+        if columns and _GPU_LABEL.fullmatch(words[0]):
             row = int(words[0][3:])
             for col, cell in zip(columns, words[1:], strict=False):
                 cells[(row, col)] = cell
@@ -326,7 +332,7 @@ def gpu_link(gpus: tuple[GpuFact, ...] | list[GpuFact], topo: str | None) -> Lin
     for (a, b), cell in cells.items():
         if a == b or a not in cuda_of or b not in cuda_of:
             continue
-        found = re.fullmatch(r"NV(\d+)", cell)
+        found = _NVLINK_CELL.fullmatch(cell)
         if found:
             pair = tuple(sorted((cuda_of[a], cuda_of[b])))
             nvlinks[(pair[0], pair[1])] = int(found.group(1))

@@ -106,9 +106,11 @@ def inventory_show(file: Path, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="overwrite without asking (the diff is still shown)")
 @click.option("--name", "inventory_name", default=None,
               help="the inventory's name (default: the output file's stem, or 'local')")
-@click.option("--no-torch", is_flag=True, help="do not import torch on the nodes (faster)")
+@click.option("--no-torch", is_flag=True, help="do not look for torch on the nodes")
+@click.option("--import-torch", is_flag=True,
+              help="import torch on each node to prove it loads (seconds per node)")
 def inventory_probe(local: bool, output: Path | None, yes: bool, inventory_name: str | None,
-                    no_torch: bool) -> int:
+                    no_torch: bool, import_torch: bool) -> int:
     """Write an inventory from what the machines say: GPUs by model in CUDA order, their link,
     the network, CPUs. Over an existing file, only probed fields change (a diff is shown)."""
     if not local:
@@ -116,14 +118,17 @@ def inventory_probe(local: bool, output: Path | None, yes: bool, inventory_name:
             "say which machines to probe", source="command line",
             hint="--local probes this machine",
         )
-    gathered: dict[str, Gathered] = {LOCAL_NAME: gather_local(torch=not no_torch)}
+    gathered: dict[str, Gathered] = {
+        LOCAL_NAME: gather_local(torch=not no_torch, import_torch=import_torch)
+    }
     return write_probed(gathered, output=output, yes=yes, inventory_name=inventory_name,
                         addresses={LOCAL_NAME: LOCAL_ADDRESS})
 
 
-def gather_local(peers: tuple[str, ...] = (), torch: bool = True) -> dict[str, Any]:
+def gather_local(peers: tuple[str, ...] = (), torch: bool = True,
+                 import_torch: bool = False) -> dict[str, Any]:
     """This machine's raw facts, gathered in this process."""
-    return hostfacts.gather(peers, torch=torch)
+    return hostfacts.gather(peers, torch=torch, import_torch=import_torch)
 
 
 def write_probed(
@@ -248,13 +253,15 @@ def findings_table(parsed: Mapping[str, HostFacts]) -> Any:
 @inventory.command("check")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--no-torch", is_flag=True, help="do not import torch on the nodes (faster)")
-def inventory_check(file: Path, as_json: bool, no_torch: bool) -> int:
+@click.option("--no-torch", is_flag=True, help="do not look for torch on the nodes")
+@click.option("--import-torch", is_flag=True,
+              help="import torch on each node to prove it loads (seconds per node)")
+def inventory_check(file: Path, as_json: bool, no_torch: bool, import_torch: bool) -> int:
     """Probe the inventory's nodes and report where they differ from the file: exit 0 when
     everything matches, 1 on drift, 2 on a mistake in the file or the command."""
     inv = load_inventory(file)
     text = _read(file) or ""
-    gathered = gather_for_check(inv, torch=not no_torch)
+    gathered = gather_for_check(inv, torch=not no_torch, import_torch=import_torch)
     return check_gathered(inv, text, str(file), gathered, as_json=as_json)
 
 
@@ -265,7 +272,8 @@ def is_this_machine(address: str) -> bool:
     return address in (socket.gethostname(), socket.getfqdn())
 
 
-def gather_for_check(inv: Inventory, torch: bool = True) -> dict[str, Gathered]:
+def gather_for_check(inv: Inventory, torch: bool = True,
+                     import_torch: bool = False) -> dict[str, Gathered]:
     """Raw facts for every node of ``inv`` that is this machine (gathered once).
 
     Other nodes need a transport (SSH, Slurm); until one is wired in here they are refused."""
@@ -276,7 +284,7 @@ def gather_for_check(inv: Inventory, torch: bool = True) -> dict[str, Gathered]:
             source=inv.source, field="nodes", got=", ".join(remote),
             hint="probing other machines needs the SSH or Slurm transport",
         )
-    facts = gather_local(torch=torch)
+    facts = gather_local(torch=torch, import_torch=import_torch)
     return {node.name: facts for node in inv.nodes}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -125,6 +126,22 @@ def test_limits_shm_python_and_clock() -> None:
     assert set(facts["memlock"]) == {"soft", "hard"}
     assert facts["torch"] is None
     json.dumps(facts)  # all of it travels as JSON
+
+
+def test_torch_is_found_without_importing_it() -> None:
+    quick = hostfacts.gather(torch=True)["torch"]
+    assert quick["version"] == importlib.metadata.version("torch")
+    assert quick["imported"] is False and set(quick) == {"version", "cuda", "nccl", "imported"}
+    with_bad_python = hostfacts.gather(torch=True, python="/nonexistent/python")["torch"]
+    assert with_bad_python == {"error": "could not start the python interpreter to look for torch"}
+
+
+@pytest.mark.torch
+def test_importing_torch_proves_it_loads() -> None:
+    import torch
+
+    loaded = hostfacts.gather(torch=True, import_torch=True)["torch"]
+    assert (loaded["version"], loaded["imported"]) == (torch.__version__, True)
 
 
 @pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")

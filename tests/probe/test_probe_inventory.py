@@ -7,6 +7,7 @@ golden file and pass ``orchestrate validate``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import os
 from pathlib import Path
@@ -110,15 +111,13 @@ def test_probe_local_prints_a_valid_inventory_for_this_machine(chdir_tmp: Path) 
     assert node.capacity >= 1
 
 
-@pytest.mark.torch
-def test_probe_local_with_torch_records_its_version(chdir_tmp: Path) -> None:
-    """torch is imported in a bounded child of the node's python; its version is provenance."""
-    import torch
-
+def test_probe_local_records_torchs_version(chdir_tmp: Path) -> None:
+    """torch's version (read from its files by a bounded child of the node's python) is part
+    of the provenance ``check`` compares."""
     result = cli("inventory", "probe", "--local", "-o", "here.yaml", "--name", "here")
     assert result.code == 0, result.err
     text = (chdir_tmp / "here.yaml").read_text()
-    assert f", torch {torch.__version__}" in text and "name: here" in text
+    assert f", torch {importlib.metadata.version('torch')}" in text and "name: here" in text
     assert "wrote here.yaml" in result.out
 
 
