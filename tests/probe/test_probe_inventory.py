@@ -217,3 +217,17 @@ def test_never_overwrites_without_a_yes_when_nobody_can_answer(
     assert "--yes" in result.err
     assert "+++ " in result.out  # the diff was shown
     assert path.read_text() == USER_FILE
+
+
+def test_a_flow_style_file_is_merged_and_stays_valid(tmp_path: Path) -> None:
+    path = tmp_path / "flow.yaml"
+    path.write_text("# lab\nname: lab\nnodes: [{name: ambers, address: a.lab, slots: 2}, "
+                    "{name: birch, slots: 4}]\ndefaults: {python: /usr/bin/python3}\n")
+    facts = probe(tmp_path, "ambers-a100-a6000")
+    assert write_probed({"ambers": facts}, output=path, yes=True) == 0
+    inv = load_inventory(path)
+    ambers, birch = inv.nodes
+    assert (ambers.address, ambers.python, len(ambers.gpus), ambers.slots) == (
+        "a.lab", "/usr/bin/python3", 8, None)
+    assert (birch.slots, birch.python) == (4, "/usr/bin/python3")
+    assert path.read_text().startswith("# lab\n")
