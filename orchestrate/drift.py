@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrate.inventory import Inventory, Node
 from orchestrate.inventoryfile import Provenance, provenance
-from orchestrate.probing import GpuFact, HostFacts
+from orchestrate.probing import GpuFact, HostFacts, NicFact
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,8 @@ def _network(node: Node, facts: HostFacts) -> list[Difference]:
     return out
 
 
-def _speed(fabric: str, hca: str | None, nic: Any, facts: HostFacts) -> tuple[float | None, str]:
+def _speed(fabric: str, hca: str | None, nic: NicFact | None,
+           facts: HostFacts) -> tuple[float | None, str]:
     """The measured speed of what the inventory declares: the HCA ports' rate for InfiniBand,
     else the interface's link speed."""
     if fabric == "infiniband" or (fabric == "roce" and hca):
@@ -201,7 +202,8 @@ def _provenance(node: Node, facts: HostFacts, prov: Provenance) -> list[Differen
     if prov.driver and now.driver != prov.driver and facts.gpu_status == "ok":
         out.append(_diff(node, "driver", f"NVIDIA driver {now.driver}, probed with "
                          f"{prov.driver} ({prov.when})", prov.driver, now.driver))
-    if prov.torch and now.torch and now.torch != prov.torch:
+    # The version alone: "(CUDA 12.8, NCCL 2.27.5)" depends on how torch was looked at.
+    if prov.torch and now.torch and now.torch.split()[0] != prov.torch.split()[0]:
         out.append(_diff(node, "torch", f"torch {now.torch}, probed with {prov.torch} "
                          f"({prov.when})", prov.torch, now.torch))
     if prov.pcie and now.topology and now.pcie != prov.pcie:

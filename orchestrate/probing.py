@@ -362,7 +362,7 @@ def gpu_link(gpus: tuple[GpuFact, ...] | list[GpuFact], topo: str | None) -> Lin
 # ------------------------------------------------------------------------------------- network
 
 
-def _nics(raw: list[dict[str, Any]], ib_netdevs: set[str]) -> tuple[NicFact, ...]:
+def _nics(raw: list[dict[str, Any]]) -> tuple[NicFact, ...]:
     out = []
     for item in raw:
         name = str(item.get("name", ""))
@@ -371,7 +371,7 @@ def _nics(raw: list[dict[str, Any]], ib_netdevs: set[str]) -> tuple[NicFact, ...
             kind = "loopback"
         elif item.get("bridge"):
             kind = "bridge"
-        elif item.get("type") == 32 or (name in ib_netdevs and item.get("type") == 32):
+        elif item.get("type") == 32:  # ARPHRD_INFINIBAND: an IPoIB interface
             kind = "infiniband"
         elif item.get("physical"):
             kind = "physical"
@@ -509,8 +509,7 @@ def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
         problems.append(f"nvidia-smi topo -m failed: {smi.get('topo_error')}")
     raw_hcas = _get(raw, "net", "infiniband") or []
     hcas = _hcas(raw_hcas)
-    ib_netdevs = {d for h in hcas for d in h.netdevs}
-    nics = _nics(_get(raw, "net", "interfaces") or [], ib_netdevs)
+    nics = _nics(_get(raw, "net", "interfaces") or [])
     routes = {
         str(peer): str(found["interface"])
         for peer, found in (_get(raw, "routes") or {}).items()

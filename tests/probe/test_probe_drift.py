@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -157,3 +158,19 @@ def test_a_broken_file_is_a_user_error(tmp_path: Path) -> None:
     result = cli(*CHECK, path)
     assert result.code == 2
     assert "broken.yaml:4: nodes.0.gpuz: unknown key" in result.err
+
+
+def test_a_torch_or_driver_change_since_the_probe(tmp_path: Path) -> None:
+    path = tmp_path / "lab.yaml"
+    with machine(tmp_path, "ambers-a100-a6000"):
+        assert cli("inventory", "probe", "--local", "-o", path).code == 0
+        assert cli("inventory", "check", path).code == 0
+        version = importlib.metadata.version("torch")
+        edit(path, f"torch {version}", "torch 2.12.0+cu126")
+        edit(path, "driver 550.54.15", "driver 535.129.03")
+        result = cli("inventory", "check", path)
+    assert result.code == 1
+    lines = result.out.splitlines()
+    assert lines[0].startswith("localhost: driver: NVIDIA driver 550.54.15, probed with "
+                               "535.129.03 (")
+    assert lines[1].startswith(f"localhost: torch: torch {version}, probed with 2.12.0+cu126 (")
