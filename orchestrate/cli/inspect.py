@@ -1,5 +1,6 @@
-"""Commands that read and explain, and launch nothing: validate, inventory show, plan, render,
-schema."""
+"""Commands that read and explain, and launch nothing: validate, plan, render, schema.
+
+(``inventory show``, ``probe`` and ``check`` live in :mod:`orchestrate.cli.inventory`.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from orchestrate.cli import cli
-from orchestrate.cli.tables import console, inventory_table, plan_tables
+from orchestrate.cli.tables import console, plan_tables
 from orchestrate.errors import Problem, UserError
 from orchestrate.inventory import InventorySpec, load_inventory
 from orchestrate.job import JobSpec
@@ -48,47 +49,6 @@ _JOB_KEYS = frozenset({"backend", "command", "train", "resources", "inventory", 
 
 def _is_inventory(data: object) -> bool:
     return isinstance(data, dict) and "nodes" in data and not _JOB_KEYS & set(data)
-
-
-@cli.group()
-def inventory() -> None:
-    """Inspect inventory files."""
-
-
-@inventory.command("show")
-@click.argument("file", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def inventory_show(file: Path, as_json: bool) -> None:
-    """Nodes, their GPUs (CUDA index in PCI bus order), links and networks."""
-    inv = load_inventory(file)
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "name": inv.name,
-                    "nodes": [
-                        {
-                            "name": n.name,
-                            "address": n.address,
-                            "gpus": [
-                                {"index": g.index, "model": g.model, "memory_gb": g.memory_gb}
-                                for g in n.gpus
-                            ],
-                            "slots": n.slots,
-                            "gpu_link": n.gpu_link,
-                            "network": None
-                            if n.network is None
-                            else n.network.model_dump(mode="json"),
-                            "partition": n.partition,
-                        }
-                        for n in inv.nodes
-                    ],
-                },
-                indent=2,
-            )
-        )
-        return
-    console().print(inventory_table(inv))
 
 
 _COMPACT = json.JSONEncoder(separators=(", ", ": ")).encode
@@ -169,4 +129,3 @@ def schema(kind: str) -> None:
     """Print the JSON Schema of inventory or job files (for editors)."""
     model = InventorySpec if kind == "inventory" else JobSpec
     click.echo(json.dumps(model.model_json_schema(), indent=2))
-
