@@ -15,12 +15,13 @@ host Slurm gave a matching task count (uneven layouts, matched most ranks first)
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
 from orchestrate.errors import UserError
 from orchestrate.job import time_limit_seconds
-from orchestrate.plan import Plan
+from orchestrate.plan import Plan, checkpoint_dir
 
 #: Set at run time by the batch script: the first host and a port derived from the Slurm job id.
 RUNTIME_ENV = ("MASTER_ADDR", "MASTER_PORT")
@@ -66,6 +67,9 @@ class SlurmLayout:
     signal: str
     max_restarts: int
     requeue_on_node_failure: bool
+    policy: str  # the restart policy as JSON, for monitor.py decide
+    checkpoint_dir: str  # where the trainer checkpoints ("" for a command job)
+    expects_progress: str  # "1" when training writes progress markers (the trainer), else "0"
 
     @property
     def world_size(self) -> int:
@@ -112,7 +116,8 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     # Without "B:" Slurm signals every process of the job's steps (the ranks), not the batch
     # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
     options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
-    requeue = slurm.requeue_on_node_failure
+    # Slurm requeues a job whose node failed by itself when allowed to: the restart policy says.
+    requeue = "node_lost" in plan.restart.on and plan.restart.max > 0
     options.append(("--requeue" if requeue else "--no-requeue", None))
     options.append(("--open-mode", "append"))
     for i, arg in enumerate(slurm.extra_args):
@@ -147,8 +152,11 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         common_env=common,
         python=nodes[0].python,
         signal=slurm.signal,
-        max_restarts=slurm.max_restarts,
+        max_restarts=plan.restart.max,
         requeue_on_node_failure=requeue,
+        policy=json.dumps(plan.restart.to_json(), separators=(",", ":")),
+        checkpoint_dir=checkpoint_dir(plan) or "",
+        expects_progress="1" if plan.train_config is not None else "0",
     )
 
 

@@ -135,9 +135,30 @@ class SlurmJob(Spec):
     extra_args: list[str] = Field(default_factory=list)
     signal: str = Field(default="USR2", description="sent before the time limit; never USR1")
     signal_seconds_before: int = Field(default=120, ge=1)
-    max_restarts: int = Field(default=3, ge=0)
-    requeue_on_node_failure: bool = True
+    max_restarts: int | None = Field(
+        default=None, description="replaced by restart.max (kept only to say so)")
+    requeue_on_node_failure: bool | None = Field(
+        default=None, description="replaced by restart.on: [node_lost] (kept only to say so)")
     gres_type: str | None = None
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _moved_max(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(
+                f"is now restart.max, the restart budget of every backend: write "
+                f"'restart: {{max: {value}}}' (restarts after a checkpoint on the stop signal "
+                "are restart.on: [requeue], the default)")
+        return value
+
+    @field_validator("requeue_on_node_failure")
+    @classmethod
+    def _moved_node_failure(cls, value: bool | None) -> bool | None:
+        if value is not None:
+            kept = "keep 'node_lost' in" if value else "leave 'node_lost' out of"
+            raise ValueError(f"is now part of restart.on: {kept} restart.on "
+                             "(it is in the default [requeue, node_lost])")
+        return value
 
     @field_validator("partition", "account", "qos", "gres_type")
     @classmethod
@@ -158,6 +179,58 @@ class SlurmJob(Spec):
         if name not in _SIGNALS:
             raise ValueError(f"one of {', '.join(_SIGNALS)}")
         return name
+
+
+RestartOn = Literal["failure", "stall", "node_lost", "requeue"]
+#: Endings a restart policy may name, and what each means (docs/restart.md).
+RESTART_ENDINGS: dict[str, str] = {
+    "failure": "a rank died: a signal, or a non-zero exit other than a user error (2)",
+    "stall": "the job was stopped after a stall diagnosis (distributed.on_stall: kill)",
+    "node_lost": "a node stopped answering (an SSH host cut off, a Slurm node failure)",
+    "requeue": "every rank that stopped checkpointed and asked to be started again (exit 75)",
+}
+
+
+def _default_restart_on() -> list[RestartOn | int]:
+    return ["requeue", "node_lost"]
+
+
+class RestartPolicy(Spec):
+    """When a job is started again: same job id, run directory and checkpoints, on every
+    backend. The budget is for the whole job (not per node); a user error is never restarted."""
+
+    max: int = Field(default=3, ge=0, description="restarts for the whole job")
+    on: list[RestartOn | int] = Field(
+        default_factory=_default_restart_on,
+        description="which endings restart: failure, stall, node_lost, requeue, or exit codes",
+    )
+    backoff_s: list[float] = Field(
+        default_factory=lambda: [10.0, 60.0, 300.0],
+        description="seconds to wait before restart 1, 2, ...; the last repeats")
+    exclude_failed_node: bool = Field(
+        default=False, description="restart elsewhere: another inventory node (SSH), "
+        "--exclude the node (Slurm)")
+
+    @field_validator("on")
+    @classmethod
+    def _endings(cls, value: list[RestartOn | int]) -> list[RestartOn | int]:
+        for item in value:
+            if isinstance(item, bool):
+                raise ValueError("an ending name or an exit code, not true/false")
+            if isinstance(item, int):
+                if item == 2:
+                    raise ValueError("exit code 2 is a user or configuration error: restarting "
+                                     "it can only fail the same way")
+                if not 1 <= item <= 255:
+                    raise ValueError(f"an exit code is 1-255 (got {item})")
+        return value
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _backoff(cls, value: list[float]) -> list[float]:
+        if any(v < 0 for v in value):
+            raise ValueError("waits are 0 seconds or more")
+        return value
 
 
 class SSHJob(Spec):
@@ -186,6 +259,7 @@ class JobSpec(Spec):
     distributed: Distributed = Field(default_factory=Distributed)
     slurm: SlurmJob = Field(default_factory=SlurmJob)
     ssh: SSHJob = Field(default_factory=SSHJob)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
     workdir: str | None = Field(default=None, description="where ranks run; default: this file's")
     templates_dir: str | None = None
     run_root: str | None = Field(default=None, description="where run directories go")

@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 PLAN_FILE = "plan.json"
+#: The job as it was loaded at submit (spec, inventory, counted parameters): what ``resume``
+#: plans again from, so a job file edited since then changes nothing.
+LOADED_FILE = "loaded.json"
 TRAIN_CONFIG = "train.json"
 SBATCH_SCRIPT = "job.sbatch"
 MERGED_LOG = "output.log"

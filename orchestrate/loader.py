@@ -48,14 +48,23 @@ def read_yaml(path: Path) -> tuple[Any, Lines]:
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.2's plain scalars where YAML 1.1 surprises: ``4:00:00`` is the text of a time
-    limit, not the base-60 number 14400 that PyYAML (YAML 1.1) would make of it."""
+    limit, not the base-60 number 14400 that PyYAML (YAML 1.1) would make of it, and ``on`` is a
+    word, not a boolean."""
 
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers
-            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                           "tag:yaml.org,2002:bool")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# Booleans are true and false only: YAML 1.1 also reads on/off/yes/no, so a key called ``on``
+# (restart.on) would become True, and a node called ``no`` False.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
 # PyYAML's own int and float patterns without their base-60 alternatives.
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
@@ -218,7 +227,7 @@ def _quote_hint(kind: str, value: object) -> str:
     if kind != "string_type":
         return ""
     if isinstance(value, bool):
-        return "put it in quotes: YAML reads an unquoted true/false/yes/no/on/off as a boolean"
+        return "put it in quotes: YAML reads an unquoted true/false as a boolean"
     if isinstance(value, int | float):
         return f"put it in quotes ('{value}'): YAML reads an unquoted {value} as a number"
     return ""

@@ -3,7 +3,8 @@
 The one place the local backend's planning looks at the hardware: ``nvidia-smi`` lists GPUs in
 PCI bus order (the order CUDA uses under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); without it, the node
 is CPU-only with one slot per core. The probe itself is :func:`orchestrate.host.gpus`, the same
-one the SSH agent runs on remote hosts.
+one the SSH agent runs on remote hosts. What it finds is an inventory *spec*, like a file's, so a
+job planned on it can be planned again later (``orchestrate resume``) from what was recorded.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import socket
 
 from orchestrate import host
-from orchestrate.inventory import Gpu, Inventory, Node
+from orchestrate.inventory import Gpu, Inventory, InventorySpec, resolve_inventory
 
 
 def probe_gpus() -> list[Gpu]:
@@ -26,16 +27,26 @@ def probe_gpus() -> list[Gpu]:
     ]
 
 
-def local_inventory() -> Inventory:
-    """An inventory of exactly this machine."""
+def local_inventory_spec() -> InventorySpec:
+    """An inventory of exactly this machine, as a spec."""
     gpus = probe_gpus()
     cpus = os.cpu_count() or 1
-    node = Node(
-        name="localhost",
-        address="127.0.0.1",
-        gpus=tuple(gpus),
-        slots=None if gpus else cpus,
-        gpu_link="pcie" if gpus else "none",
-        cpus=cpus,
-    )
-    return Inventory(name=f"this machine ({socket.gethostname()})", nodes=(node,), source="")
+    node: dict[str, object] = {"name": "localhost", "address": "127.0.0.1", "cpus": cpus}
+    if gpus:
+        models = list(dict.fromkeys(g.model for g in gpus))
+        node["gpus"] = [
+            {"model": model, "memory_gb": next(g.memory_gb for g in gpus if g.model == model),
+             "indices": [g.index for g in gpus if g.model == model]}
+            for model in models
+        ]
+        node["gpu_link"] = "pcie"
+    else:
+        node["slots"] = cpus
+        node["gpu_link"] = "none"
+    return InventorySpec.model_validate(
+        {"name": f"this machine ({socket.gethostname()})", "nodes": [node]})
+
+
+def local_inventory() -> Inventory:
+    """An inventory of exactly this machine."""
+    return resolve_inventory(local_inventory_spec())

@@ -88,11 +88,12 @@ class Failure:
     node: str
     exit: Exit
     last_lines: list[str]
+    cause: str | None = None  # what happened beyond the exit, e.g. "lost contact with h2 ..."
 
     @classmethod
-    def of(cls, end: RankEnd, last_lines: list[str]) -> Failure:
+    def of(cls, end: RankEnd, last_lines: list[str], cause: str | None = None) -> Failure:
         """The failure record of a rank's end, with the last lines of its log."""
-        return cls(end.rank, end.node, end.exit, list(last_lines))
+        return cls(end.rank, end.node, end.exit, list(last_lines), cause)
 
     @property
     def requeue(self) -> bool:
@@ -100,7 +101,9 @@ class Failure:
         return self.exit.code == EXIT_REQUEUE
 
     def sentence(self) -> str:
-        """``rank 3 on h2 failed with exit code 1``."""
+        """``rank 3 on h2 failed with exit code 1`` (or what was lost, when a host was)."""
+        if self.cause:
+            return f"{self.cause} (rank {self.rank} and every other rank there presumed dead)"
         return f"rank {self.rank} on {self.node} failed with {self.exit.describe()}"
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +116,7 @@ class Failure:
             "description": self.exit.describe(),
             "last_lines": list(self.last_lines),
             "requeue": self.requeue,
+            "cause": self.cause,
         }
 
     @classmethod
@@ -123,6 +127,7 @@ class Failure:
             node=str(data["node"]),
             exit=Exit(code=data.get("exit_code"), signal=data.get("signal")),
             last_lines=[str(line) for line in data.get("last_lines") or []],
+            cause=data.get("cause"),
         )
 
 

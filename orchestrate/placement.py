@@ -33,6 +33,8 @@ class Busy:
 
     gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
     slots: Mapping[str, int] = field(default_factory=dict)
+    #: Nodes the job must not use (a restart avoiding the node that failed).
+    excluded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,15 @@ def place(
             hint="use backend: ssh or slurm for several nodes",
         )
     nodes = candidate_nodes(job, inventory, source)
+    if busy.excluded:
+        named = [n.name for n in nodes if n.name in busy.excluded]
+        if job.resources.node_names is not None and named:
+            raise UserError.single(
+                f"node(s) {', '.join(named)} are excluded after a failure, and the job names "
+                "its nodes", source=source, field="resources.node_names",
+                hint="name spare nodes too, or set restart.exclude_failed_node: false",
+            )
+        nodes = [n for n in nodes if n.name not in busy.excluded]
     models = _models_to_try(job, inventory, nodes, source)
     reasons: dict[str, list[tuple[str, str]]] = {}
     for model in models:

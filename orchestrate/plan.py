@@ -29,6 +29,7 @@ from orchestrate.placement import Busy, place
 from orchestrate.ports import derive_port
 from orchestrate.rankenv import common_env, dist_backend, node_env, text
 from orchestrate.ranks import RankPlan, number_ranks
+from orchestrate.restart import Policy
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,6 @@ class SlurmSettings:
     extra_args: tuple[str, ...]
     signal: str
     signal_seconds_before: int
-    max_restarts: int
-    requeue_on_node_failure: bool
     gres_type: str | None
     cpus_per_task: int | None
     mem_gb: float | None
@@ -102,13 +101,14 @@ class HostFacts:
     ``busy_gpus``/``busy_slots``: GPUs and CPU slots other running jobs lease, per node;
     ``master_port``: a port found free on the master host, replacing the derived one;
     ``interfaces``: the interface carrying traffic to the master, per node, used where the
-    inventory names none.
+    inventory names none; ``excluded``: nodes not to use (a restart avoiding a failed node).
     """
 
     busy_gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
     busy_slots: Mapping[str, int] = field(default_factory=dict)
     master_port: int | None = None
     interfaces: Mapping[str, str] = field(default_factory=dict)
+    excluded: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class Plan:
     timeout_s: float
     slurm: SlurmSettings
     ssh: SSHSettings
+    restart: Policy
     secret_env: tuple[str, ...] = ()
     train_config: dict[str, Any] | None = None
     memory: MemoryEstimate | None = None
@@ -197,6 +198,7 @@ class Plan:
             "time_limit": self.time_limit,
             "slurm": {**asdict(self.slurm), "extra_args": list(self.slurm.extra_args)},
             "ssh": asdict(self.ssh),
+            "restart": self.restart.to_json(),
         }
 
     @classmethod
@@ -243,6 +245,7 @@ class Plan:
             timeout_s=float(data["timeout_s"]),
             slurm=SlurmSettings(**slurm),
             ssh=SSHSettings(**data["ssh"]),
+            restart=Policy.from_json(data["restart"]),
             secret_env=tuple(data.get("secret_env", ())),
             train_config=data.get("train_config"),
             memory=None if memory is None else MemoryEstimate(**memory),
@@ -250,6 +253,16 @@ class Plan:
             notes=tuple(data.get("notes", ())),
             time_limit=data.get("time_limit"),
         )
+
+
+def checkpoint_dir(plan: Plan) -> str | None:
+    """Where the built-in trainer keeps checkpoints for ``plan`` (None for a command job)."""
+    if plan.train_config is None:
+        return None
+    given = plan.train_config.get("checkpoint_dir")
+    if not given:
+        return f"{plan.run_dir}/checkpoints"
+    return given if str(given).startswith("/") else f"{plan.run_dir}/{given}"
 
 
 def make_plan(
@@ -273,8 +286,11 @@ def make_plan(
     facts = facts or HostFacts()
     warnings: list[str] = []
     memory = _memory(job, param_count)
-    placement = place(job, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots), source)
+    placement = place(job, inventory, memory,
+                      Busy(facts.busy_gpus, facts.busy_slots, facts.excluded), source)
     choices = placement.choices
+    if job.restart.exclude_failed_node:
+        _check_spare_node(job, inventory, memory, facts, source)
     backend = dist_backend(job, placement.any_gpu, source, warnings)
     if len(placement.models) > 1:
         warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
@@ -336,6 +352,9 @@ def make_plan(
         timeout_s=job.distributed.timeout_s,
         slurm=_slurm_settings(job, [c.node.name for c in choices]),
         ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
+        restart=Policy(max=job.restart.max, on=tuple(job.restart.on),
+                       backoff_s=tuple(job.restart.backoff_s),
+                       exclude_failed_node=job.restart.exclude_failed_node),
         secret_env=tuple(job.secret_env),
         train_config=None if job.train is None else job.train.model_dump(mode="json"),
         memory=memory,
@@ -343,6 +362,30 @@ def make_plan(
         notes=placement.notes,
         time_limit=job.resources.time,
     )
+
+
+def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
+                      facts: HostFacts, source: str) -> None:
+    """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
+    if job.backend == "local":
+        raise UserError.single(
+            "the local backend runs on this machine only: there is no other node to restart on",
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="leave it out (a restart reuses this machine)",
+        )
+    spare = job.model_copy(update={"resources": job.resources.model_copy(
+        update={"nodes": job.resources.nodes + 1})})
+    try:
+        place(spare, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots, facts.excluded),
+              source)
+    except UserError:
+        raise UserError.single(
+            f"no spare node: the job uses {job.resources.nodes} node(s) and no other node of "
+            f"inventory '{inventory.name}' could take a failed one's place",
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="add a node to the inventory (or to resources.node_names), or set it to false "
+            "(a restart then reuses the node)",
+        ) from None
 
 
 def _master(
@@ -375,8 +418,6 @@ def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
         extra_args=tuple(s.extra_args),
         signal=s.signal,
         signal_seconds_before=s.signal_seconds_before,
-        max_restarts=s.max_restarts,
-        requeue_on_node_failure=s.requeue_on_node_failure,
         gres_type=s.gres_type,
         cpus_per_task=res.cpus_per_task,
         mem_gb=res.mem_gb,

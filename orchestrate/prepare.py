@@ -38,16 +38,16 @@ def new_id_suffix() -> str:
 class Loaded:
     """A job and everything read or measured for it, ready to be planned (any number of times).
 
-    ``inventory_spec`` is None for a local job without an inventory file (this machine,
-    probed). :meth:`to_json` / :meth:`from_json` carry it to a supervisor process without
-    reading a file again.
+    ``inventory_source`` is "" for a local job without an inventory file (this machine, probed
+    into a spec). :meth:`to_json` / :meth:`from_json` carry it to a supervisor process, or to a
+    later ``resume`` (``loaded.json`` in the run directory), without reading a file again.
     """
 
     source: str  # what errors name: the job file, or "<JobSpec>"
     overrides: tuple[str, ...]
     job: JobSpec
     inventory: Inventory
-    inventory_spec: InventorySpec | None
+    inventory_spec: InventorySpec
     inventory_source: str
     workdir: Path
     runs: Path  # where run directories go
@@ -65,9 +65,7 @@ class Loaded:
         return self.runs / job_id
 
     def to_json(self) -> dict[str, Any]:
-        """Everything :meth:`from_json` needs, as JSON values (a file inventory only)."""
-        if self.inventory_spec is None:
-            raise ValueError("a probed local inventory does not travel; plan locally")
+        """Everything :meth:`from_json` needs, as JSON values."""
         return {
             "source": self.source,
             "overrides": list(self.overrides),
@@ -217,7 +215,7 @@ def prepare(
 
 def _inventory(
     job: JobSpec, base: Path, source: str
-) -> tuple[Inventory, InventorySpec | None, str]:
+) -> tuple[Inventory, InventorySpec, str]:
     if job.inventory is None:
         if job.backend != "local":
             raise UserError.single(
@@ -226,9 +224,10 @@ def _inventory(
                 field="inventory",
                 hint="point 'inventory' at a file describing the nodes (see inventory/)",
             )
-        from orchestrate.machine import local_inventory
+        from orchestrate.machine import local_inventory_spec
 
-        return local_inventory(), None, ""
+        spec = local_inventory_spec()
+        return resolve_inventory(spec), spec, ""
     inv_path = base / os.path.expanduser(job.inventory)
     if not inv_path.exists():
         raise UserError.single(

@@ -14,6 +14,11 @@ from orchestrate.errors import UserError
 from orchestrate.job import JobSpec
 from orchestrate.placement import Choice
 
+#: The attempt a rank belongs to (1, then 2 after a restart or a resume), set by the launcher
+#: at start time (not in the scripts, which stay the same for every attempt): a ``command:``
+#: program that resumes itself reads it.
+ATTEMPT_VAR = "ORCHESTRATE_ATTEMPT"
+
 
 def dist_backend(job: JobSpec, any_gpu: bool, source: str, warnings: list[str]) -> str:
     """nccl on GPUs, gloo on CPUs, unless the job says otherwise (and that can work)."""

@@ -40,7 +40,8 @@ from orchestrate.ports import PORT_BASE, PORT_SPAN
 from orchestrate.shipping import bundle
 
 #: The modules of the Slurm batch job's monitor program (monitor.py in the run directory).
-MONITOR_MODULES = ("orchestrate.exits", "orchestrate.outcome", "orchestrate.backends.slurmmonitor")
+MONITOR_MODULES = ("orchestrate.exits", "orchestrate.outcome", "orchestrate.restart",
+                   "orchestrate.backends.slurmmonitor")
 
 
 def quote(value: object) -> str:

@@ -42,6 +42,8 @@ TERMINAL = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
      "DEADLINE", "PREEMPTED", "PREEMPTED_FINAL", "REVOKED"}
 )
+#: A job between attempts: its last attempt ended, the restart policy starts another.
+RESTARTING = "RESTARTING"
 #: The state of a rank the job stopped itself (after another rank failed, on a cancel, at the
 #: time limit): its exit code says how it went, but it did not fail on its own.
 STOPPED = "STOPPED"
@@ -363,6 +365,29 @@ class Store:
                 "signal = NULL, started_at = NULL, finished_at = NULL WHERE job_id = ?",
                 [job_id],
             )
+
+        self._transact(body)
+
+    def end_attempt(self, job_id: str, ended: float, reason: str,
+                    resumed_from_step: int | None = None,
+                    excluded: tuple[str, ...] = ()) -> None:
+        """Record how the current attempt ended (and which nodes the next one avoids)."""
+
+        def body(db: sqlite3.Connection) -> None:
+            row = db.execute("SELECT attempts, submitted_at FROM jobs WHERE id = ?",
+                             [job_id]).fetchone()
+            if row is None:
+                return
+            attempts = [Attempt.from_json(a) for a in json.loads(row[0] or "[]")]
+            if not attempts:
+                attempts = [Attempt(1, float(row[1]))]
+            last = attempts[-1]
+            attempts[-1] = Attempt(last.n, last.started, ended, reason,
+                                   (*last.excluded_nodes, *excluded),
+                                   resumed_from_step if resumed_from_step is not None
+                                   else last.resumed_from_step)
+            db.execute("UPDATE jobs SET attempts = ? WHERE id = ?",
+                       [json.dumps([a.to_json() for a in attempts]), job_id])
 
         self._transact(body)
 

@@ -25,16 +25,17 @@ import json
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from orchestrate.job import time_limit_seconds
-from orchestrate.layout import METRICS, rank_log
+from orchestrate.layout import MERGED_LOG, METRICS, rank_log
 from orchestrate.logsink import LogSink, last_lines
-from orchestrate.outcome import Exit, Failure, RankEnd, first_failure
+from orchestrate.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.plan import Plan
-from orchestrate.store import STOPPED, Store
+from orchestrate.restart import Ending, decide, ending_of, progressed
+from orchestrate.store import RESTARTING, STOPPED, Store
 
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
@@ -52,6 +53,8 @@ class RankHandle(Protocol):
 
     rank: int
     node: str
+    #: Set when the rank's host was lost (no word from it within its deadline): why, and when.
+    lost: str | None
 
     def start(self, emit: Callable[[str], None]) -> int | None:
         """Start the rank; ``emit`` gets each output line. Returns its pid if known."""
@@ -80,11 +83,25 @@ class StopRequest:
 
 @dataclass
 class Outcome:
-    """How the job ended."""
+    """How the job (or one attempt of it) ended."""
 
     state: str
     reason: str
     failure: Failure | None
+    failed_exits: list[Exit] = field(default_factory=list)  # every rank's non-zero exit
+    lost_node: str | None = None
+    stalled: bool = False
+
+    def ending(self) -> Ending:
+        """The ending as the restart policy sees it."""
+        if self.state == "COMPLETED":
+            return Ending("completed", self.reason)
+        if self.state in ("CANCELLED", "TIMEOUT"):
+            return Ending(self.state.lower(), self.reason)
+        first = self.failure.exit if self.failure is not None else None
+        node = self.lost_node or (self.failure.node if self.failure is not None else None)
+        return ending_of(self.failed_exits, first, node, self.reason, self.stalled,
+                         self.lost_node is not None)
 
 
 class _Run:
@@ -97,6 +114,7 @@ class _Run:
         self.store = store
         self.sink = sink
         self.grace_s = grace_s
+        self.handles = list(handles)
         self.running: dict[int, RankHandle] = {h.rank: h for h in handles}
         self.exits: dict[int, Exit] = {}
         self.failure: Failure | None = None
@@ -134,12 +152,16 @@ class _Run:
                 self.zero_done_at = time.monotonic()
         first = first_failure(ended)
         if first is not None and self.ending is None:
-            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, first.rank), 10))
+            lost = next((h.lost for h in self.handles if h.rank == first.rank and h.lost), None)
+            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, first.rank), 10),
+                                      lost)
             reason = self.failure.sentence()
             if self.failure.requeue:
                 reason += (" (it checkpointed and asks to be started again: "
                            f"`orchestrate resume {self.job_id}`)")
-            self.stop_all(Outcome("FAILED", reason, self.failure),
+            state = "NODE_FAIL" if lost else "FAILED"
+            self.stop_all(Outcome(state, reason, self.failure,
+                                  lost_node=first.node if lost else None),
                           f"{self.failure.sentence()}; stopping the other "
                           f"{len(self.running)} rank(s)")
 
@@ -202,11 +224,11 @@ class _Run:
             self.stop_deadline = time.monotonic() + KILL_WAIT_S
 
     def outcome(self) -> Outcome:
-        if self.ending is not None:
-            return self.ending
-        if all(e.ok for e in self.exits.values()):
-            return Outcome("COMPLETED", "", None)
-        return Outcome("FAILED", "a rank failed", None)
+        outcome = self.ending or (
+            Outcome("COMPLETED", "", None) if all(e.ok for e in self.exits.values())
+            else Outcome("FAILED", "a rank failed", None))
+        outcome.failed_exits = [e for e in self.exits.values() if not e.ok]
+        return outcome
 
 
 def supervise(
@@ -215,22 +237,19 @@ def supervise(
     store: Store,
     handles: Sequence[RankHandle],
     stop: StopRequest,
-    grace_s: float = 5.0,
+    grace_s: float,
+    plan: Plan,
     cleanup: Callable[[], None] | None = None,
     sink: LogSink | None = None,
-    plan: Plan | None = None,
 ) -> Outcome:
-    """Run the ranks to the end; returns (and records) the outcome. ``sink`` is the job's log
-    (made here unless the caller made it to write notes of its own); it is closed at the end.
-    ``plan`` (default: the stored one) gives the time limit and the collective timeout."""
+    """Run one attempt's ranks to the end and return how it ended (recording each rank, not
+    the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
+    (made here unless the caller made it to write notes of its own); it is closed at the end."""
     sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles})
-    if plan is None:
-        record = store.get(job_id)
-        assert record is not None, job_id
-        plan = record.plan
     run = _Run(job_id, run_dir, store, plan, handles, sink, grace_s)
     metrics = run_dir / METRICS
-    first_step_seen = False
+    current = store.get(job_id)
+    first_step_seen = current is not None and current.first_step_at is not None
     try:
         for handle in handles:
             pid = handle.start(_emitter(sink, handle.rank))
@@ -250,10 +269,106 @@ def supervise(
         if not first_step_seen and metrics.exists():
             _record_first_step(store, job_id, metrics)
     outcome = run.outcome()
-    sink.note(f"job {job_id} {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
+    sink.note(f"attempt ended {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
     sink.close()
-    store.finish(job_id, outcome.state, outcome.reason, failure=outcome.failure)
     return outcome
+
+
+@dataclass
+class Launched:
+    """One attempt's ranks, ready to start: the handles, what to run after them, the log."""
+
+    handles: Sequence[RankHandle]
+    cleanup: Callable[[], None] | None = None
+    sink: LogSink | None = None
+
+
+def run_with_restarts(
+    job_id: str,
+    run_dir: Path,
+    store: Store,
+    plan: Plan,
+    stop: StopRequest,
+    grace_s: float,
+    launch: Callable[[int, tuple[str, ...]], tuple[Plan, Launched]],
+    progress: Callable[[Plan], dict[str, int | None]],
+) -> Outcome:
+    """Run the job's attempts until one ends for good; record the job's end.
+
+    ``launch(attempt, excluded_nodes)`` readies an attempt's ranks (re-planning where the
+    backend must: other hosts, a node excluded) and returns its plan; ``progress(plan)`` reads
+    how far training got (:func:`orchestrate.restart.progress_marker`, on the right host). The
+    restart policy of :mod:`orchestrate.restart` decides between attempts; a cancel during the
+    wait ends the job for good.
+    """
+    record = store.get(job_id)
+    attempt = record.attempt if record is not None else 1
+    restarts = 0
+    excluded: tuple[str, ...] = ()
+    expects = plan.train_config is not None
+    before = progress(plan)
+    while True:
+        plan, launched = launch(attempt, excluded)
+        outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
+                            launched.cleanup, launched.sink)
+        after = progress(plan)
+        if stop.reason and outcome.state != "CANCELLED":
+            outcome = Outcome("CANCELLED", stop.reason, None)
+        decision = decide(plan.restart, outcome.ending(), restarts,
+                          progressed(before, after, expects))
+        resumed = _resumed_from(run_dir)
+        if not decision.restart:
+            # Say why not, unless the policy never covered this ending anyway.
+            quiet = outcome.state in ("COMPLETED", "CANCELLED", "TIMEOUT") or \
+                decision.why.startswith("not restarted: restart.on does not include")
+            reason = outcome.reason if quiet else f"{outcome.reason}; {decision.why}"
+            store.end_attempt(job_id, time.time(), reason, resumed)
+            _note(run_dir, f"job {job_id} {outcome.state}" + (f": {reason}" if reason else ""))
+            store.finish(job_id, outcome.state, reason, failure=outcome.failure)
+            return outcome
+        why = f"{outcome.reason}; {decision.why}"
+        store.end_attempt(job_id, time.time(), why, resumed, decision.exclude)
+        store.update(job_id, state=RESTARTING, reason=why, failure=outcome.failure)
+        _note(run_dir, f"attempt {attempt} ended {outcome.state}: {why}")
+        deadline = time.monotonic() + decision.wait_s
+        while time.monotonic() < deadline and not stop.reason:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if stop.reason:
+            store.finish(job_id, "CANCELLED", f"{stop.reason} (between attempts: nothing "
+                         "restarted)")
+            _note(run_dir, f"job {job_id} CANCELLED between attempts")
+            return Outcome("CANCELLED", stop.reason, None)
+        restarts += 1
+        attempt += 1
+        excluded = (*excluded, *decision.exclude)
+        before = after
+        store.reopen(job_id, Attempt(attempt, time.time(), excluded_nodes=excluded))
+
+
+def _note(run_dir: Path, text: str) -> None:
+    """A line from orchestrate in the merged log, between attempts (no sink is open then)."""
+    try:
+        with open(run_dir / MERGED_LOG, "a", encoding="utf-8") as merged:
+            merged.write(f"[orchestrate] {text}\n")
+    except OSError:
+        pass
+
+
+def _resumed_from(run_dir: Path) -> int | None:
+    """The step the last attempt's trainer resumed from (its latest metrics "start" record)."""
+    try:
+        lines = (run_dir / METRICS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "start":
+            value = record.get("resumed_from_step")
+            return int(value) if isinstance(value, int) else None
+    return None
 
 
 def _emitter(sink: LogSink, rank: int) -> Callable[[str], None]:

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from orchestrate.errors import UserError
-from orchestrate.layout import PLAN_FILE
+from orchestrate.layout import LOADED_FILE, PLAN_FILE
+from orchestrate.outcome import Attempt
 from orchestrate.store import JobRecord, RankRecord, Store
 
 if TYPE_CHECKING:
-    from orchestrate.prepare import Prepared
+    from orchestrate.prepare import Loaded, Prepared
 
 #: How long a rank gets between SIGTERM and SIGKILL (the entrypoint checkpoints in between).
 STOP_GRACE_S = 5.0
@@ -46,6 +47,11 @@ class Backend(Protocol):
         ``sbatch --test-only``, the hosts' preflight), printing the verdict on stderr; a refusal
         is a :class:`~orchestrate.errors.UserError`."""
 
+    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
+        """Run an ended job again as its next attempt: same id, same run directory (so the
+        trainer resumes from its checkpoints), planned again from what was loaded at submit
+        (``prepared``, made by :func:`reloaded`)."""
+
 
 def write_run_dir(prepared: Prepared) -> Path:
     """Create the run directory with the rendered files and the plan; returns it.
@@ -63,6 +69,8 @@ def write_run_dir(prepared: Prepared) -> Path:
             if name.endswith((".sh", ".sbatch")):
                 target.chmod(0o700)
         (run_dir / PLAN_FILE).write_text(json.dumps(prepared.plan.to_json(), indent=2) + "\n")
+        (run_dir / LOADED_FILE).write_text(json.dumps(prepared.loaded.to_json(), indent=2)
+                                           + "\n")
     except OSError as exc:
         raise UserError.single(
             f"cannot write the run directory: {exc.strerror}", source=str(prepared.path),
@@ -86,7 +94,22 @@ def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord
         submitted_at=submitted_at,
         hosts=[n.address for n in plan.nodes],
         ranks=[RankRecord(rank=r.rank, node=r.node) for r in plan.ranks],
+        attempts=[Attempt(1, submitted_at)],
     )
+
+
+def reloaded(job: JobRecord) -> Loaded:
+    """What ``job`` was loaded from at submit (its run directory's ``loaded.json``)."""
+    from orchestrate.prepare import Loaded
+
+    path = Path(job.run_dir) / LOADED_FILE
+    try:
+        return Loaded.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError.single(
+            f"cannot resume: {path} is missing or unreadable ({exc})", field="JOB", got=job.id,
+            hint="submit the job file again instead (a new job, starting from scratch)",
+        ) from None
 
 
 def secret_values(names: tuple[str, ...], source: str) -> list[str]:

@@ -18,6 +18,7 @@ from orchestrate import host
 from orchestrate.backends import detached
 from orchestrate.backends.base import STOP_GRACE_S, new_record, secret_values, write_run_dir
 from orchestrate.errors import UserError
+from orchestrate.outcome import Attempt
 from orchestrate.plan import HostFacts
 from orchestrate.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.store import JobRecord, Store
@@ -44,14 +45,27 @@ class LocalBackend:
                 field="workdir", got=prepared.plan.workdir,
                 hint="create it, or set workdir (relative to the job file)",
             )
+        return self._launch(prepared, store, None)
+
+    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
+        """The next attempt of an ended job, planned again around today's leases."""
+        secret_values(prepared.plan.secret_env, str(prepared.path))
+        return self._launch(prepared, store, job)
+
+    def _launch(self, prepared: Prepared, store: Store, again: JobRecord | None) -> JobRecord:
+        """Lease, write the run directory, record the job (or its next attempt), start the
+        supervisor, all under the lease book's lock."""
         book = host.LeaseBook()
         with book.locked():
             prepared = _fit(prepared, host.held(book.live()))
             plan = prepared.plan
             _check_gpus_exist(prepared)
             run_dir = write_run_dir(prepared)
-            record = new_record(prepared, "PENDING", time.time())
-            store.add(record)
+            if again is None:
+                store.add(new_record(prepared, "PENDING", time.time()))
+            else:
+                store.reopen(plan.job_id, Attempt(again.attempt + 1, time.time()))
+                store.update(plan.job_id, plan=plan)
             proc = detached.start(SUPERVISOR, plan.job_id, store, run_dir, cwd=run_dir)
             node = plan.nodes[0]
             book.record(host.new_lease(
@@ -59,7 +73,8 @@ class LocalBackend:
                 0 if node.gpu_indices else node.nproc, plan.master_port, proc.pid,
             ))
         store.update(plan.job_id, supervisor_pid=proc.pid, supervisor_host=socket.gethostname())
-        record.supervisor_pid = proc.pid
+        record = store.get(plan.job_id)
+        assert record is not None
         return record
 
     def check(self, prepared: Prepared) -> None:

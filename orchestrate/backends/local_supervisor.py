@@ -25,20 +25,25 @@ from orchestrate.backends.base import STOP_GRACE_S
 from orchestrate.backends.detached import start_watchdog
 from orchestrate.layout import node_script_name
 from orchestrate.outcome import Exit
+from orchestrate.plan import Plan, checkpoint_dir
+from orchestrate.rankenv import ATTEMPT_VAR
+from orchestrate.restart import progress_marker
 from orchestrate.store import SUPERVISOR_PATIENCE_S, Store
-from orchestrate.supervise import StopRequest, supervise
+from orchestrate.supervise import Launched, StopRequest, run_with_restarts
 
 
 class LocalRank:
     """One rank as a local process in its own process group."""
 
     def __init__(self, rank: int, node: str, local_rank: int, script: Path,
-                 secrets: list[str]) -> None:
+                 secrets: list[str], attempt: int = 1) -> None:
         self.rank = rank
         self.node = node
         self.local_rank = local_rank
         self.script = script
         self.secrets = secrets
+        self.attempt = attempt
+        self.lost: str | None = None  # a local process is never lost: it exits
         self.proc: subprocess.Popen[bytes] | None = None
         self.reader: threading.Thread | None = None
         self.exited_at: float | None = None
@@ -50,6 +55,7 @@ class LocalRank:
             stdin=subprocess.PIPE if self.secrets else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             cwd=self.script.parent, start_new_session=True,
+            env={**os.environ, ATTEMPT_VAR: str(self.attempt)},
         )
         if self.secrets and self.proc.stdin is not None:
             try:
@@ -90,6 +96,10 @@ def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
     stream.close()
 
 
+def _reap(job_id: str) -> None:
+    host.reap(job_id, STOP_GRACE_S)
+
+
 def run_supervisor(job_id: str, store_path: Path) -> int:
     """The supervisor process's body: run the job's ranks to the end."""
     store = Store(store_path, patience_s=SUPERVISOR_PATIENCE_S)
@@ -104,14 +114,22 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     node = plan.nodes[0]
     script = run_dir / node_script_name(node.name)
     secrets = [os.environ.get(name, "") for name in plan.secret_env]
-    handles = [LocalRank(r.rank, r.node, r.local_rank, script, secrets) for r in plan.ranks]
 
-    def cleanup() -> None:
-        host.reap(job_id, STOP_GRACE_S)
+    def launch(attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
+        # One node, this machine, the same leased GPUs, slots and port for every attempt.
+        handles = [LocalRank(r.rank, r.node, r.local_rank, script, secrets, attempt)
+                   for r in plan.ranks]
+        return plan, Launched(handles, lambda: _reap(job_id))
+
+    def progress(current: Plan) -> dict[str, int | None]:
+        return progress_marker(str(run_dir), checkpoint_dir(current))
+
+    try:
+        outcome = run_with_restarts(job_id, run_dir, store, plan, stop, STOP_GRACE_S, launch,
+                                    progress)
+    finally:
         with contextlib.suppress(OSError):
             host.LeaseBook().release(job_id)
-
-    outcome = supervise(job_id, run_dir, store, handles, stop, STOP_GRACE_S, cleanup, plan=plan)
     return 0 if outcome.state == "COMPLETED" else 1
 
 

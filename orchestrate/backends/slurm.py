@@ -30,10 +30,17 @@ from orchestrate.backends.slurmctl import (
     SlurmTimeout,
     parse_job_id,
 )
-from orchestrate.backends.slurmrecord import Run, job_failure, rank_exits, rank_hosts, read_runs
+from orchestrate.backends.slurmrecord import (
+    Run,
+    attempts_of,
+    job_failure,
+    rank_exits,
+    rank_hosts,
+    read_runs,
+)
 from orchestrate.errors import UserError
 from orchestrate.layout import METRICS, SBATCH_SCRIPT
-from orchestrate.outcome import Failure
+from orchestrate.outcome import Attempt, Failure
 from orchestrate.store import STOPPED, JobRecord, Store
 
 if TYPE_CHECKING:
@@ -104,6 +111,37 @@ class SlurmBackend:
         store.add(record)
         return record
 
+    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
+        """The next attempt as a new Slurm job in the same run directory; its runs go on
+        counting from the last one (ORCHESTRATE_ATTEMPT_BASE), so no record is overwritten."""
+        _check_secrets(prepared)
+        _check_sbatch()
+        run_dir = write_run_dir(prepared)
+        runs = read_runs(run_dir)
+        base = runs[-1].restart + 1 if runs else job.attempt
+        store.reopen(job.id, Attempt(job.attempt + 1, time.time()))
+        store.update(job.id, plan=prepared.plan)
+        try:
+            done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable",
+                                      f"--export=ALL,ORCHESTRATE_ATTEMPT_BASE={base}",
+                                      cwd=run_dir)
+        except SlurmTimeout as exc:
+            reason = (f"{exc}; the job may still be queued: status looks it up once the "
+                      "controller answers")
+            store.update(job.id, state=SUBMITTING, reason=reason)
+            _say(f"warning: {reason} (orchestrate status {job.id})")
+            return store.get(job.id) or job
+        except SlurmError as exc:
+            store.finish(job.id, "FAILED", f"resume: {exc}")
+            raise UserError.single(str(exc), field="backend", hint=_HINT) from None
+        if done.returncode != 0:
+            message = _message(done.stderr or done.stdout)
+            store.finish(job.id, "FAILED", f"resume: sbatch refused the job: {message}")
+            raise UserError.single("sbatch refused the job: " + message, field="JOB")
+        external = parse_job_id(done.stdout)
+        store.update(job.id, external_id=external, reason=f"Slurm job {external}")
+        return store.get(job.id) or job
+
     def check(self, prepared: Prepared) -> None:
         """Validate the script with ``sbatch --test-only`` when a cluster answers.
 
@@ -134,9 +172,9 @@ class SlurmBackend:
 
     def refresh(self, job: JobRecord, store: Store) -> JobRecord:
         """The job's state from the controller, or from its run directory once forgotten."""
-        if job.state == SUBMITTING and job.external_id is None:
+        if job.state == SUBMITTING:
             job = self._find_submitted(job, store)
-        if job.terminal or job.external_id is None:
+        if job.terminal or job.external_id is None or job.state == SUBMITTING:
             return job
         try:
             info = self.client.show_job(job.external_id)
@@ -156,7 +194,8 @@ class SlurmBackend:
         controller answers; if the controller has no such job, the submission never happened."""
         script = Path(job.run_dir) / SBATCH_SCRIPT
         try:
-            found = self.client.find_batch_job(job.plan.job_name, script)
+            # A resumed job has an earlier Slurm job of the same name and script: a newer one.
+            found = self.client.find_batch_job(job.plan.job_name, script, job.external_id)
         except SlurmError as exc:
             note = (f"sbatch did not answer and the controller still does not ({exc}); the job "
                     "may be queued")
@@ -200,9 +239,9 @@ class SlurmBackend:
 
     def cancel(self, job: JobRecord, store: Store) -> JobRecord:
         """scancel, then wait until Slurm lists nothing of the job any more."""
-        if job.state == SUBMITTING and job.external_id is None:
+        if job.state == SUBMITTING:
             job = self._find_submitted(job, store)
-            if job.external_id is None and not job.terminal:
+            if job.state == SUBMITTING:
                 store.finish(job.id, "CANCELLED", "cancelled while its sbatch had not answered; "
                              f"if Slurm queues it later: scancel -n {job.plan.job_name}")
                 return store.get(job.id) or job
@@ -256,7 +295,7 @@ def _view(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmCl
     exits = rank_exits(run_dir, last.restart) if last is not None else {}
     failure = job_failure(run_dir, exits)
     end = last.end if last is not None else None
-    max_restarts = job.plan.slurm.max_restarts
+    max_restarts = job.plan.restart.max
     if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
         why = _requeue_reason(end, failure, last, client)
         return View(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
@@ -316,9 +355,9 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
     if failure is not None:
         text = failure.sentence()
         if failure.requeue:
-            limit = job.plan.slurm.max_restarts
+            limit = job.plan.restart.max
             text += (f" (it checkpointed and asked to resume, but the job was requeued "
-                     f"{limit} time(s) already: slurm.max_restarts)")
+                     f"{limit} time(s) already: restart.max)")
         return text
     if end is not None and end.get("outcome") == "FAILED":
         return (f"srun failed with exit code {end.get('srun_exit')} before any rank reported "
@@ -340,6 +379,9 @@ def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobReco
         stamp = _first_step(run_dir)
         if stamp is not None:
             fields["first_step_at"] = stamp
+    attempts = attempts_of(run_dir, runs, job)
+    if attempts and attempts != job.attempts:
+        fields["attempts"] = attempts
     changed = view.state != job.state or view.reason != job.reason
     if changed or view.final:
         _update_ranks(job, store, runs, view)

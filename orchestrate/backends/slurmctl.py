@@ -179,17 +179,19 @@ class SlurmClient:
                 return record
         return records[0] if records else None
 
-    def find_batch_job(self, name: str, script: Path) -> str | None:
+    def find_batch_job(self, name: str, script: Path, newer_than: str | None = None
+                       ) -> str | None:
         """The id of the job named ``name`` whose batch script is ``script``, among the jobs the
-        controller still knows (queued, running or recently ended), if there is one."""
+        controller still knows (queued, running or recently ended), if there is one (the newest,
+        and newer than ``newer_than`` when given)."""
         done = self.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i|%o")
         if done.returncode != 0:
             raise SlurmError(done.describe())
-        for line in done.stdout.splitlines():
-            job_id, _, command = line.strip().partition("|")
-            if command == str(script) and job_id.isdigit():
-                return job_id
-        return None
+        floor = int(newer_than) if newer_than and newer_than.isdigit() else -1
+        found = [int(job_id) for job_id, _, command in
+                 (line.strip().partition("|") for line in done.stdout.splitlines())
+                 if command == str(script) and job_id.isdigit() and int(job_id) > floor]
+        return str(max(found)) if found else None
 
     def in_queue(self, job_id: str) -> bool:
         """Whether squeue still lists the job (pending, running or completing)."""

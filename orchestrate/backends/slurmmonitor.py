@@ -15,13 +15,20 @@ python, so nothing of orchestrate need be installed on the batch host. Two modes
     lost. READY is created once SIGTERM is handled, so the batch script never stops the merger
     before it can do its last pass.
 
-``decide MERGED EXIT_DIR RESTART MAX_RESTARTS``
+``mark RUN_DIR CHECKPOINT_DIR MARKER``
+    Before the step: record how far training got (:func:`orchestrate.restart.progress_marker`),
+    so that ``decide`` can tell whether this run moved it on.
+
+``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
     microseconds, host, written by each rank's shell), name the first failure in the merged log
-    with the same rule every backend uses (:func:`orchestrate.outcome.first_failure`), and print
-    the verdict for the batch script: ``COMPLETED``, ``REQUEUE`` (every rank that ended non-zero
-    checkpointed and asks to be started again, and restarts are left), ``FAILED`` or ``NONE``
-    (no rank recorded anything), then the exit status the batch script should end with.
+    with the same rule every backend uses (:func:`orchestrate.outcome.first_failure`), apply the
+    job's restart policy (POLICY, JSON; :func:`orchestrate.restart.decide`, the same decision
+    the local and SSH supervisors make; REQUEUES is how often Slurm restarted this job), and
+    print the verdict for the batch script, one line: ``COMPLETED``, ``REQUEUE``, ``FAILED`` or
+    ``NONE`` (no rank recorded anything), the exit status the batch script should end with, the
+    seconds to wait before the next run, and the nodes to exclude (``-`` for none); the reason
+    goes into the merged log and into ``REASON`` beside EXIT_DIR.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ import sys
 import time
 
 # <in-package>
-from orchestrate.exits import EXIT_FAILED, EXIT_REQUEUE
+from orchestrate.exits import EXIT_FAILED
 from orchestrate.outcome import Exit, RankEnd, first_failure
+from orchestrate.restart import Policy, ending_of, progress_marker, progressed
+from orchestrate.restart import decide as decide_restart
 
 # </in-package>
 
@@ -163,26 +172,57 @@ def rank_ends(exit_dir: str) -> list[RankEnd]:
     return ends
 
 
-def decide(merged: str, exit_dir: str, restart: int, max_restarts: int) -> tuple[str, int]:
-    """The verdict on one run of the step (see the module docstring), with a note in the log."""
+class Verdict:
+    """What the batch script does after the step."""
+
+    def __init__(self, verdict: str, status: int, reason: str = "", wait_s: float = 0.0,
+                 exclude: tuple[str, ...] = ()) -> None:
+        self.verdict = verdict
+        self.status = status
+        self.reason = reason
+        self.wait_s = wait_s
+        self.exclude = exclude
+
+    def line(self) -> str:
+        return f"{self.verdict} {self.status} {self.wait_s:g} {','.join(self.exclude) or '-'}"
+
+
+def mark(run_dir: str, checkpoint_dir: str, marker: str) -> None:
+    """Record training's progress before a run (see the module docstring)."""
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump(progress_marker(run_dir, checkpoint_dir or None), f)
+
+
+def decide(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: str,
+           marker: str, checkpoint_dir: str, expects_markers: bool) -> Verdict:
+    """The verdict on one run of the step (see the module docstring), noted in the log."""
     ends = rank_ends(exit_dir)
     if not ends:
-        return "NONE", 0
+        return Verdict("NONE", 0)
     first = first_failure(ends)
     if first is None:
-        return "COMPLETED", 0
-    failed = [end for end in ends if not end.exit.ok]
-    asks = all(end.exit.code == EXIT_REQUEUE for end in failed)
-    where = f"rank {first.rank} on {first.node}"
-    if asks and restart < max_restarts:
-        _note(merged, f"{where} checkpointed and asks to resume (exit {EXIT_REQUEUE}): "
-                      f"requeuing, restart {restart + 1} of at most {max_restarts}")
-        return "REQUEUE", EXIT_REQUEUE
-    if asks:
-        _note(merged, f"{where} asks to resume (exit {EXIT_REQUEUE}), but the job was restarted "
-                      f"{restart} time(s) already (slurm.max_restarts)")
-    _note(merged, f"{where} failed with {first.exit.describe()}; the other ranks were stopped")
-    return "FAILED", first.exit.status or EXIT_FAILED
+        return Verdict("COMPLETED", 0)
+    sentence = f"rank {first.rank} on {first.node} failed with {first.exit.describe()}"
+    failed = [end.exit for end in ends if not end.exit.ok]
+    ending = ending_of(failed, first.exit, first.node, sentence)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            before = json.load(f)
+    except (OSError, ValueError):
+        before = {}
+    after = progress_marker(run_dir, checkpoint_dir or None)
+    decision = decide_restart(policy, ending, requeues, progressed(before, after,
+                                                                   expects_markers))
+    if ending.kind == "requeue":
+        sentence = (f"rank {first.rank} on {first.node} checkpointed and asks to resume "
+                    f"(exit {first.exit.code})")
+    reason = f"{sentence}; {decision.why}"
+    _note(merged, reason if decision.restart else
+          f"{reason}; the other ranks were stopped")
+    _write(os.path.join(exit_dir, "REASON"), reason)
+    if decision.restart:
+        return Verdict("REQUEUE", first.exit.status, reason, decision.wait_s, decision.exclude)
+    return Verdict("FAILED", first.exit.status or EXIT_FAILED, reason)
 
 
 def _note(merged: str, text: str) -> None:
@@ -190,15 +230,30 @@ def _note(merged: str, text: str) -> None:
         f.write(f"[orchestrate] {text}\n")
 
 
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["merge"] and len(argv) in (5, 6):
         return merge(*argv[1:])
-    if argv[:1] == ["decide"] and len(argv) == 5:
-        verdict, status = decide(argv[1], argv[2], int(argv[3]), int(argv[4]))
-        print(verdict, status)
+    if argv[:1] == ["mark"] and len(argv) == 4:
+        mark(argv[1], argv[2], argv[3])
+        return 0
+    if argv[:1] == ["decide"] and len(argv) == 9:
+        policy = Policy.from_json(json.loads(argv[4]))
+        verdict = decide(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6], argv[7],
+                         argv[8] == "1")
+        print(verdict.line())
         return 0
     print("usage: monitor.py merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]\n"
-          "       monitor.py decide MERGED EXIT_DIR RESTART MAX_RESTARTS", file=sys.stderr)
+          "       monitor.py mark RUN_DIR CHECKPOINT_DIR MARKER\n"
+          "       monitor.py decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER "
+          "CHECKPOINT_DIR EXPECTS", file=sys.stderr)
     return 2
 
 

@@ -24,7 +24,8 @@ from orchestrate.layout import (
     slurm_hostfile,
 )
 from orchestrate.logsink import last_lines
-from orchestrate.outcome import Failure, RankEnd, first_failure
+from orchestrate.outcome import Attempt, Failure, RankEnd, first_failure
+from orchestrate.store import JobRecord
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,34 @@ def job_failure(run_dir: Path, exits: dict[int, RankEnd]) -> Failure | None:
     if first is None:
         return None
     return Failure.of(first, last_lines(rank_log(run_dir, first.rank), 10))
+
+
+def attempts_of(run_dir: Path, runs: list[Run], job: JobRecord) -> list[Attempt]:
+    """Every run of the job as an attempt: when it started and ended, and why it ended (what
+    monitor.py decided, or the end event's outcome), kept in the run directory, so requeues
+    by Slurm itself (which knows nothing of them) lose nothing."""
+    if not runs:
+        return list(job.attempts)
+    attempts = []
+    for i, run in enumerate(runs):
+        end = run.end or {}
+        later = runs[i + 1] if i + 1 < len(runs) else None
+        try:
+            reason = (slurm_exit_dir(run_dir, run.restart) / "REASON").read_text(
+                encoding="utf-8").strip()
+        except OSError:
+            reason = str(end.get("reason") or end.get("outcome") or "")
+        ended: float | None = float(end["time"]) if end.get("time") else None
+        if not end and later is not None:  # it never got to say: Slurm requeued it by itself
+            reason = "requeued by Slurm (a node failure or a preemption)"
+            ended = float(later.start.get("time") or 0.0) or None
+        attempts.append(Attempt(
+            n=run.restart + 1,
+            started=float(run.start.get("time") or job.submitted_at),
+            ended=ended,
+            reason=reason if ended is not None else "",
+        ))
+    return attempts
 
 
 def rank_hosts(run_dir: Path, restart: int) -> list[str]:

@@ -49,6 +49,13 @@ class SSHBackend:
 
     def submit(self, prepared: Prepared, store: Store) -> JobRecord:
         """Start the supervisor; return once it launched the job, or raise what failed."""
+        return self._start(prepared, store, None)
+
+    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
+        """The next attempt, through a new supervisor (preflight, leases, launch as at submit)."""
+        return self._start(prepared, store, job)
+
+    def _start(self, prepared: Prepared, store: Store, again: JobRecord | None) -> JobRecord:
         secret_values(prepared.plan.secret_env, str(prepared.path))
         plan = prepared.plan
         run_dir = Path(plan.run_dir)
@@ -65,6 +72,7 @@ class SSHBackend:
             "fanout": plan.ssh.fanout,
             "secret_env": list(plan.secret_env),  # names only; values stay in the environment
             "hosts": [{"target": targets[n.name].to_json(), "nproc": n.nproc} for n in plan.nodes],
+            "attempt": None if again is None else again.attempt + 1,
         }
         # Its cwd is this one, so relative paths (ORCHESTRATE_RUNS=runs) agree.
         proc = detached.start(SUPERVISOR, plan.job_id, store, run_dir, pipe=True)

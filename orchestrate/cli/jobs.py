@@ -99,6 +99,38 @@ def _summary(job: JobRecord) -> None:
         click.echo(f"full log: orchestrate logs {job.id} --rank {failure.rank}", err=True)
 
 
+@cli.command()
+@click.argument("job_ref", metavar="JOB")
+@click.option("--follow/--detach", default=None,
+              help="stream output until the job ends (default on a terminal) or return at once")
+def resume(job_ref: str, follow: bool | None) -> None:
+    """Run an ended job again as its next attempt: same id and run directory, so the built-in
+    trainer resumes from its last checkpoint; planned again from the job as it was submitted."""
+    from orchestrate.backends.base import reloaded
+    from orchestrate.prepare import plan_job
+
+    store = _store()
+    job = _refreshed(store, store.resolve(job_ref))
+    if not job.terminal:
+        raise UserError.single(f"job {job.id} is still {job.state}", field="JOB",
+                               hint=f"`orchestrate cancel {job.id}` first, or wait for it")
+    if job.state == "COMPLETED":
+        raise UserError.single(f"job {job.id} completed: there is nothing to resume",
+                               field="JOB", hint="submit the job file again to train anew")
+    prepared = plan_job(reloaded(job), job.id)
+    backend = get_backend(job.backend)
+    record = backend.resume(job, prepared, store)
+    click.echo(f"job {record.id} resumed: attempt {record.attempt}", err=True)
+    if follow is None:
+        follow = sys.stdout.isatty()
+    if not follow:
+        click.echo(record.id)
+        return
+    final = _follow(store, record)
+    _summary(final)
+    raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
+
+
 @cli.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("-n", "--limit", default=20, show_default=True, help="how many jobs")
@@ -112,10 +144,10 @@ def list_jobs(as_json: bool, limit: int) -> None:
     from rich.table import Table
 
     table = Table(title="jobs")
-    for column in ("id", "backend", "state", "ranks", "submitted", "run dir"):
+    for column in ("id", "backend", "state", "ranks", "attempts", "submitted", "run dir"):
         table.add_column(column)
     for j in jobs:
-        table.add_row(j.id, j.backend, j.state, str(j.plan.world_size),
+        table.add_row(j.id, j.backend, j.state, str(j.plan.world_size), str(j.attempt),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at)),
                       j.run_dir)
     console().print(table)
@@ -145,13 +177,27 @@ def status(job_ref: str | None, as_json: bool) -> None:
               + (f" - {job.reason}" if job.reason else ""))
     out.print(f"run dir: {job.run_dir}")
     table = Table()
-    for column in ("rank", "node", "pid", "state", "exit"):
+    for column in ("rank", "node", "host", "pid", "state", "exit"):
         table.add_column(column)
     for r in job.ranks:
         exit_text = "" if r.exit_code is None and r.signal is None else (
             f"signal {r.signal}" if r.signal is not None else str(r.exit_code))
-        table.add_row(str(r.rank), r.node, str(r.pid or ""), r.state, exit_text)
+        # The host it ran on (a Slurm job runs where Slurm put it, whatever the plan named).
+        table.add_row(str(r.rank), r.node, r.host or "-", str(r.pid or ""), r.state, exit_text)
     out.print(table)
+    if len(job.attempts) > 1 or job.state == "RESTARTING":
+        attempts = Table(title="attempts")
+        for column in ("attempt", "started", "ended", "resumed from step", "why it ended"):
+            attempts.add_column(column)
+        for a in job.attempts:
+            attempts.add_row(
+                str(a.n), time.strftime("%H:%M:%S", time.localtime(a.started)),
+                "-" if a.ended is None else time.strftime("%H:%M:%S", time.localtime(a.ended)),
+                "-" if a.resumed_from_step is None else str(a.resumed_from_step),
+                a.reason + (f" (excluded {', '.join(a.excluded_nodes)})"
+                            if a.excluded_nodes else ""),
+            )
+        out.print(attempts)
     if job.failure:
         _summary(job)
 

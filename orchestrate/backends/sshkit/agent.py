@@ -53,6 +53,7 @@ from orchestrate.host import (
     reap,
     suppress,
 )
+from orchestrate.restart import progress_marker
 
 # </in-package>
 
@@ -193,6 +194,7 @@ class Serving:
         # shows the environment a process was exec'd with, so kill-by-tag would otherwise miss
         # the script until it execs the rank.
         env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
         env[TAG] = self.job_id
         child = subprocess.Popen(["bash", request["script"], str(request["local_rank"])],
                                  cwd=os.path.dirname(request["script"]), env=env)
@@ -266,7 +268,11 @@ def main(argv: list[str], out: IO[str]) -> int:
             result["lease_error"] = str(exc)
         out.write(MARK + "reap " + json.dumps(result) + "\n")
         return 0
-    out.write("usage: agent serve | agent reap JOB_ID GRACE_S\n")
+    if argv[:1] == ["progress"] and len(argv) == 3:
+        marker = progress_marker(argv[1], argv[2] or None)
+        out.write(MARK + "progress " + json.dumps(marker) + "\n")
+        return 0
+    out.write("usage: agent serve | agent reap JOB_ID GRACE_S | agent progress RUN_DIR CKPT\n")
     return 2
 
 

@@ -35,7 +35,8 @@ from orchestrate.shipping import bundle
 LOST = EXIT_LOST
 
 #: The modules the agent program is made of (sent to each host as one text).
-AGENT_MODULES = ("orchestrate.host", "orchestrate.backends.sshkit.agent")
+AGENT_MODULES = ("orchestrate.host", "orchestrate.exits", "orchestrate.outcome",
+                 "orchestrate.restart", "orchestrate.backends.sshkit.agent")
 
 
 def agent_source() -> str:
@@ -233,6 +234,8 @@ class SSHRank:
         self.start_timeout_s = start_timeout_s
         self.primed = False
         self.forced_at: float | None = None
+        #: Why and when the rank's host was lost (its SSH connection died), if it was.
+        self.lost: str | None = None
 
     def prime(self) -> None:
         """Send the start request now (ranks start in parallel; :meth:`start` then waits)."""
@@ -254,9 +257,16 @@ class SSHRank:
         return self.channel.pid
 
     def poll(self) -> Exit | None:
-        """How the rank ended, once its agent said so or its channel closed."""
-        if self.channel.exit is not None:
-            return self.channel.exit
+        """How the rank ended, once its agent said so or its channel closed; a rank whose
+        host's connection died ended then (:attr:`lost` says so), whatever it may still do."""
+        ended = self.channel.exit
+        if ended is not None and ended.code != LOST:
+            return ended
+        if not self.channel.link.alive():
+            self.lost = self.channel.link.lost
+            return Exit(code=LOST)
+        if ended is not None:
+            return ended
         if self.forced_at is not None and time.monotonic() - self.forced_at > 10:
             # Forced, channel closed, and still nothing: the host is gone. Never wait for ever.
             return Exit(code=LOST)

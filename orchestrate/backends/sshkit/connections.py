@@ -14,6 +14,7 @@ changed key is refused either way. There are no passwords: keys and the SSH agen
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -33,6 +34,12 @@ T = TypeVar("T")
 
 #: Sessions opened on one connection before another is made (sshd's MaxSessions is 10).
 SESSIONS_PER_CONNECTION = 8
+#: A keepalive goes to every host this often, so there is always data in flight ...
+KEEPALIVE_S = 5
+#: ... and a host that acknowledges none of it for this long is lost (TCP_USER_TIMEOUT): its
+#: connection fails and every channel on it ends, so a host cut off from the network is named
+#: within about this long (plus a keepalive), whether its ranks are in a collective or not.
+DEAD_PEER_S = 15
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,7 @@ class Link:
         self.target = target
         self._connections: list[tuple[Any, int]] = []  # (fabric Connection, sessions opened)
         self._lock = threading.Lock()
+        self._lost: str | None = None
         self.hostname: str | None = None  # what the host calls itself, once known
 
     def open(self) -> None:
@@ -297,26 +305,54 @@ class Link:
             raise ConnectError("ssh", f"unreachable: {where}: {reason}") from None
         transport = conn.client.get_transport()
         if transport is not None:
-            transport.set_keepalive(15)
+            transport.set_keepalive(KEEPALIVE_S)
+            _bound_dead_peer(transport.sock)
         return conn
+
+    @property
+    def lost(self) -> str | None:
+        """Why and when the host was lost (a connection to it died), if it was."""
+        return self._lost
+
+    def _check_alive(self) -> None:
+        """A connection that died means the host is gone: say so at once, never wait on it."""
+        for conn, _ in self._connections:
+            transport = conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                if self._lost is None:
+                    self._lost = (f"lost contact with {self.target.label} at "
+                                  f"{time.strftime('%H:%M:%S')} (its SSH connection died: no "
+                                  f"answer within {DEAD_PEER_S}s)")
+                raise ConnectError("ssh", self._lost)
 
     def session(self, timeout: float = 30.0) -> SshChannel:
         """A new session channel, on a connection that has room for it."""
         with self._lock:
             if not self._connections:
                 self._connections.append((self._connect(), 0))
+            self._check_alive()
             conn, used = self._connections[-1]
             if used >= SESSIONS_PER_CONNECTION:
                 conn, used = self._connect(), 0
                 self._connections.append((conn, used))
             self._connections[-1] = (conn, used + 1)
-        return cast(SshChannel, conn.client.get_transport().open_session(timeout=timeout))
+        return cast(SshChannel, conn.client.get_transport().open_session(
+            timeout=min(timeout, self.target.connect_timeout_s)))
+
+    def alive(self) -> bool:
+        """Whether every connection to the host still stands (False once one died)."""
+        with self._lock:
+            try:
+                self._check_alive()
+            except ConnectError:
+                return False
+        return True
 
     def run(self, command: str, timeout: float) -> RunResult:
         """Run a command without a pty; output (stdout and stderr) and exit code, or
         :class:`TimeoutError` after ``timeout`` seconds (the channel is then closed)."""
-        channel = self.session()
         deadline = time.monotonic() + timeout
+        channel = self.session(timeout)  # the session's opening counts towards the deadline
         try:
             channel.set_combine_stderr(True)
             channel.exec_command(command)
@@ -347,6 +383,21 @@ class Link:
                 conn.close()
             finally:
                 conn.client.close()
+
+
+def _bound_dead_peer(sock: Any) -> None:
+    """Make the kernel drop a connection whose data goes unacknowledged for DEAD_PEER_S (and
+    probe an idle one), instead of retransmitting for a quarter of an hour."""
+    if not isinstance(sock, socket.socket):
+        return
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000), ("TCP_KEEPIDLE", KEEPALIVE_S),
+                        ("TCP_KEEPINTVL", KEEPALIVE_S), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, option, value in options:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(level, option, value)
 
 
 @dataclass

@@ -40,6 +40,7 @@ from orchestrate.errors import UserError
 from orchestrate.inventory import Inventory
 from orchestrate.layout import TRAIN_CONFIG, node_script_name
 from orchestrate.plan import HostFacts, NodePlan, Plan
+from orchestrate.rankenv import ATTEMPT_VAR
 
 if TYPE_CHECKING:
     from orchestrate.prepare import Prepared
@@ -274,7 +275,8 @@ class Launcher:
                 verdict.cells[name]["workdir"] = f"copy failed: {error}"
             raise PreflightFailed(verdict, targets)
 
-    def handles(self, plan: Plan, stopper: HostStopper, grace_s: float) -> list[SSHRank]:
+    def handles(self, plan: Plan, stopper: HostStopper, grace_s: float,
+                attempt: int = 1) -> list[SSHRank]:
         """A rank handle per rank, on the channels opened in preflight."""
         handles = []
         sessions = self.pool.sessions()
@@ -287,7 +289,8 @@ class Launcher:
                     node=node.name,
                     channel=session.channels[rank.local_rank],
                     start_request={"op": "start", "job_id": plan.job_id, "script": script,
-                                   "local_rank": rank.local_rank, "grace_s": grace_s},
+                                   "local_rank": rank.local_rank, "grace_s": grace_s,
+                                   "env": {ATTEMPT_VAR: str(attempt)}},
                     stop_host=_stopper_for(stopper, node.name),
                 ))
         return handles

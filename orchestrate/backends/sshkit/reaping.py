@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from orchestrate.backends.sshkit.agent import MARK
 from orchestrate.backends.sshkit.channels import agent_command
 from orchestrate.backends.sshkit.connections import ConnectError, Links, Target, fan_out
+from orchestrate.plan import Plan, checkpoint_dir
 
 #: Seconds past the grace period a kill-by-tag run may take before the host is given up on.
 SLACK_S = 15.0
@@ -42,6 +43,26 @@ def reap_host(links: Links, target: Target, job_id: str, grace_s: float) -> Reap
             return Reaped(found=int(data["found"]), killed=int(data["killed"]))
     tail = " | ".join(result.output.strip().split("\n")[-3:])
     raise RuntimeError(f"kill-by-tag failed (exit {result.code}): {tail}")
+
+
+def progress_on(plan: Plan, targets: Mapping[str, Target]) -> dict[str, int | None]:
+    """How far training got, read on the host of rank 0 (whose run directory has the
+    checkpoints and metrics; no shared file system is assumed). Nothing known on a failure."""
+    target = targets[plan.nodes[0].name]
+    links = Links()
+    try:
+        result = links.get(target).run(
+            agent_command(target.python, "progress", plan.run_dir, checkpoint_dir(plan) or ""),
+            timeout=target.connect_timeout_s + SLACK_S)
+    except Exception:  # an unreachable host: progress unknown, the budget still bounds restarts
+        return {"checkpoint_step": None, "step": None}
+    finally:
+        links.close()
+    for line in result.output.split("\n"):
+        if line.startswith(MARK + "progress "):
+            data: dict[str, int | None] = json.loads(line[len(MARK) + 9:])
+            return data
+    return {"checkpoint_step": None, "step": None}
 
 
 def describe_failure(exc: Exception) -> str:
@@ -114,7 +135,11 @@ class HostStopper:
         self.wait(self.grace_s + SLACK_S)
         skipped = set(skip)
         todo = [t for name, t in self.targets.items() if name not in skipped]
+        # A host whose connection died is not tried again: it is gone (and said so once).
+        lost = {t.name: self.links.get(t).lost for t in todo if self.links.get(t).lost}
+        todo = [t for t in todo if t.name not in lost]
         failed = sweep(self.links, todo, self.job_id, self.grace_s, fanout)
+        failed.update({name: str(why) for name, why in lost.items()})
         for node, why in failed.items():
             self.note(f"could not stop the job's processes on {self.targets[node].label}: {why}")
         return failed

@@ -15,13 +15,14 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import STOP_GRACE_S, new_record, secret_values, write_run_dir
 from orchestrate.errors import Problem, UserError
 from orchestrate.layout import SSH_HOSTS, SUPERVISOR_LOG
+from orchestrate.outcome import Attempt
 from orchestrate.store import SUPERVISOR_PATIENCE_S, Store
 
 if TYPE_CHECKING:
@@ -74,10 +75,11 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
         pool.open(Target.from_json(host["target"]), int(host["nproc"]))
 
     from orchestrate.backends.sshkit.launcher import Cancelled, Launcher, PreflightFailed
-    from orchestrate.backends.sshkit.reaping import HostStopper
+    from orchestrate.backends.sshkit.reaping import HostStopper, progress_on
     from orchestrate.logsink import LogSink
+    from orchestrate.plan import HostFacts, Plan
     from orchestrate.prepare import Loaded, plan_job
-    from orchestrate.supervise import StopRequest, supervise
+    from orchestrate.supervise import Launched, StopRequest, run_with_restarts
 
     stop = StopRequest()
     stop.install()
@@ -130,37 +132,82 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     targets = launcher.targets(plan)
     (run_dir / SSH_HOSTS).write_text(
         json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
-    record = new_record(prepared, "PENDING", submitted_at)
-    record.supervisor_pid = os.getpid()
-    record.supervisor_host = socket.gethostname()
     hostnames = launcher.hostnames()
-    for rank in record.ranks:
-        rank.host = hostnames.get(rank.node)
-    store.add(record)
+    again = handshake.get("attempt")
+    if again is None:
+        record = new_record(prepared, "PENDING", submitted_at)
+        record.supervisor_pid = os.getpid()
+        record.supervisor_host = socket.gethostname()
+        for rank in record.ranks:
+            rank.host = hostnames.get(rank.node)
+        store.add(record)
+    else:  # `orchestrate resume`: the next attempt of the same job
+        store.reopen(job_id, Attempt(int(again), submitted_at))
+        store.update(job_id, plan=plan, hosts=[n.address for n in plan.nodes],
+                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname())
+        for r in plan.ranks:
+            store.update_rank(job_id, r.rank, host=hostnames.get(r.node))
+        found = store.get(job_id)
+        assert found is not None
+        record = found
     _log(f"launching {plan.world_size} rank(s) on {len(plan.nodes)} host(s) after "
          f"{time.monotonic() - started:.2f}s ({launcher.timings})")
     verdict.send({"ok": True, "timings": launcher.timings})
 
-    sink = LogSink(run_dir, {r.rank: r.node for r in plan.ranks})
+    fanout = int(handshake["fanout"])
+    first_attempt = record.attempt
 
-    def note(text: str) -> None:
-        _log(text)
-        sink.note(text)
+    def launch(attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
+        nonlocal launcher, prepared
+        if attempt > first_attempt:  # a restart: plan again (a node may be excluded), relaunch
+            pool = HostPool(fanout, secrets)
+            facts = HostFacts(excluded=frozenset(excluded))
+            prepared = plan_job(loaded, job_id, facts)
+            launcher = Launcher(prepared, lambda more: plan_job(loaded, job_id, _also(more,
+                                                                                     excluded)),
+                                pool, lambda: stop.reason, _log)
+            prepared = launcher.settle()
+            launcher.copy(prepared)
+            write_run_dir(prepared)
+            targets = launcher.targets(prepared.plan)
+            (run_dir / SSH_HOSTS).write_text(
+                json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
+            store.update(job_id, plan=prepared.plan,
+                         hosts=[n.address for n in prepared.plan.nodes])
+        plan = prepared.plan
+        sink = LogSink(run_dir, {r.rank: r.node for r in plan.ranks})
 
-    stopper = HostStopper(launcher.links, targets, job_id, STOP_GRACE_S, note=note)
-    handles = launcher.handles(plan, stopper, STOP_GRACE_S)
-    for handle in handles:
-        handle.prime()
+        def note(text: str) -> None:
+            _log(text)
+            sink.note(text)
 
-    def cleanup() -> None:
-        # Hosts whose agent saw nothing of the job left when a rank ended are clean already;
-        # the others (a rank lost, a process left behind) get kill-by-tag.
-        clean = {h.node for h in handles if h.left_host_clean}
-        stopper.sweep(launcher.fanout, skip=clean)
-        pool.close(abort_all=False)
+        stopper = HostStopper(launcher.links, launcher.targets(plan), job_id, STOP_GRACE_S,
+                              note=note)
+        handles = launcher.handles(plan, stopper, STOP_GRACE_S, attempt)
+        pool_now = launcher.pool
+        for handle in handles:
+            handle.prime()
 
-    outcome = supervise(job_id, run_dir, store, handles, stop, STOP_GRACE_S, cleanup, sink, plan)
+        def cleanup() -> None:
+            # Hosts whose agent saw nothing of the job left when a rank ended are clean
+            # already; the others (a rank lost, a process left behind) get kill-by-tag.
+            clean = {h.node for h in handles if h.left_host_clean}
+            stopper.sweep(launcher.fanout, skip=clean)
+            pool_now.close(abort_all=False)
+
+        return plan, Launched(handles, cleanup, sink)
+
+    def progress(plan: Plan) -> dict[str, int | None]:
+        return progress_on(plan, launcher.targets(plan))
+
+    outcome = run_with_restarts(job_id, run_dir, store, plan, stop, STOP_GRACE_S, launch,
+                                progress)
     return 0 if outcome.state == "COMPLETED" else 1
+
+
+def _also(more: HostFacts, excluded: tuple[str, ...]) -> HostFacts:
+    """What preflight found, with the nodes the restart policy excluded kept out."""
+    return replace(more, excluded=more.excluded | frozenset(excluded))
 
 
 if __name__ == "__main__":
