@@ -381,11 +381,17 @@ EOF
 }
 
 # /etc/hosts may be a bind mount (containers): rewrite it in place, never replace the file.
+# Every edit holds `flock /etc/hosts`, as tests/clusters/slurm.sh's do: two scripts rewriting
+# the file at once would lose each other's lines.
 remove_etc_hosts_lines() {
-    grep -qF "$HOSTS_MARK" /etc/hosts || return 0
-    local kept
-    kept="$(grep -vF "$HOSTS_MARK" /etc/hosts || true)"
-    printf '%s\n' "$kept" >/etc/hosts
+    # shellcheck disable=SC2094  # $(grep) has read the whole file before printf rewrites it
+    (
+        flock -w 60 8 || die "could not lock /etc/hosts within 60 s"
+        grep -qF "$HOSTS_MARK" /etc/hosts || exit 0
+        local kept
+        kept="$(grep -vF "$HOSTS_MARK" /etc/hosts || true)"
+        printf '%s\n' "$kept" >/etc/hosts
+    ) 8</etc/hosts
 }
 
 write_etc_hosts_lines() {
@@ -395,9 +401,17 @@ write_etc_hosts_lines() {
         lines+="${addr} h${i} ${HOSTS_MARK}"$'\n'
         lines+="::ffff:${addr} h${i} ${HOSTS_MARK}"$'\n'
     done
-    remove_etc_hosts_lines
-    [[ ! -s /etc/hosts || -z "$(tail -c 1 /etc/hosts)" ]] || echo >>/etc/hosts
-    printf '%s' "$lines" >>/etc/hosts
+    # shellcheck disable=SC2094
+    (
+        flock -w 60 8 || die "could not lock /etc/hosts within 60 s"
+        if grep -qF "$HOSTS_MARK" /etc/hosts; then
+            local kept
+            kept="$(grep -vF "$HOSTS_MARK" /etc/hosts || true)"
+            printf '%s\n' "$kept" >/etc/hosts
+        fi
+        [[ ! -s /etc/hosts || -z "$(tail -c 1 /etc/hosts)" ]] || echo >>/etc/hosts
+        printf '%s' "$lines" >>/etc/hosts
+    ) 8</etc/hosts
 }
 
 # ---------------------------------------------------------------------------- readiness
