@@ -427,38 +427,52 @@ host_failed() {
 # Ready means: the sshd answers with the host key we wrote into known_hosts, its pids are
 # recorded, and a key login runs a command. All bounded by WAIT_SECONDS in total.
 wait_ready() {
-    local n=$1 deadline i addr got want pending
+    local n=$1 deadline i addr got answers pending=() still=()
     deadline=$((SECONDS + WAIT_SECONDS))
+    local -A want=()
     for ((i = 1; i <= n; i++)); do
-        addr="$(host_addr "$i")"
-        want="$(cut -d' ' -f2 "$STATE_DIR/h$i/ssh_host_ed25519_key.pub")"
-        while :; do
-            got="$(ssh-keyscan -T 2 -t ed25519 "$addr" 2>/dev/null | awk '{print $3}' || true)"
-            [[ "$got" == "$want" ]] && record_pids "$i" && break
+        pending+=("$i")
+        want[$i]="$(cut -d' ' -f2 "$STATE_DIR/h$i/ssh_host_ed25519_key.pub")"
+    done
+    while ((${#pending[@]} > 0)); do
+        # One ssh-keyscan asks every host still pending, in parallel.
+        local addrs=()
+        for i in "${pending[@]}"; do addrs+=("$(host_addr "$i")"); done
+        answers="$(ssh-keyscan -T 2 -t ed25519 "${addrs[@]}" 2>/dev/null || true)"
+        still=()
+        for i in "${pending[@]}"; do
+            addr="$(host_addr "$i")"
+            got="$(awk -v a="$addr" '$1 == a {print $3}' <<<"$answers")"
+            if [[ "$got" == "${want[$i]}" ]] && record_pids "$i"; then continue; fi
             if [[ -z "$(ip netns pids "${NS_PREFIX}$i" 2>/dev/null || true)" ]] \
                 && ! running "${LAUNCHED[$i]:-}"; then
                 host_failed "$i" "the host ended while starting"
             fi
-            if ((SECONDS >= deadline)); then
-                host_failed "$i" "$addr:22 did not answer with its host key within ${WAIT_SECONDS}s"
-            fi
-            sleep 0.2
+            still+=("$i")
         done
+        pending=("${still[@]}")
+        ((${#pending[@]} > 0)) || break
+        if ((SECONDS >= deadline)); then
+            i=${pending[0]}
+            host_failed "$i" \
+                "$(host_addr "$i"):22 did not answer with its host key within ${WAIT_SECONDS}s"
+        fi
+        sleep 0.2
     done
     local -A pids=()
     for ((i = 1; i <= n; i++)); do
         ssh -F "$STATE_DIR/ssh_config" -n "h$i" true 2>"$STATE_DIR/h$i/login.err" &
         pids[$i]=$!
     done
-    pending=""
+    local failed=""
     for ((i = 1; i <= n; i++)); do
-        wait "${pids[$i]}" || pending+=" h$i"
+        wait "${pids[$i]}" || failed+=" h$i"
     done
-    if [[ -n "$pending" ]]; then
-        for i in $pending; do
+    if [[ -n "$failed" ]]; then
+        for i in $failed; do
             log "$i: $(tr '\n' ' ' <"$STATE_DIR/$i/login.err")"
         done
-        die "key login failed on:$pending (sshd logs in $STATE_DIR/h*/sshd.log)"
+        die "key login failed on:$failed (sshd logs in $STATE_DIR/h*/sshd.log)"
     fi
     rm -f "$STATE_DIR"/h*/login.err
 }
