@@ -285,27 +285,34 @@ recorded_pid() {
 init_pid() { recorded_pid "$1" init.pid; }
 sshd_pid() { recorded_pid "$1" sshd.pid; }
 
-# SIGTERM to everything in host $1's network namespace: its init (which ends the PID namespace)
-# and what a test may have started there with `ip netns exec`; SIGKILL what is left after ~2 s
-# (SIGKILL to `unshare` takes its init down too: --kill-child).
+# The pids in the network namespaces of hosts "$@" (one line per namespace, may be empty).
+netns_pids() {
+    local i
+    for i in "$@"; do ip netns pids "${NS_PREFIX}$i" 2>/dev/null || true; done
+}
+
+# SIGTERM to everything in the network namespaces of hosts "$@", all at once: each host's init
+# (whose exit ends its PID namespace) and what a test may have started there with `ip netns
+# exec`; SIGKILL what is left after ~2 s (SIGKILL to `unshare` ends its init: --kill-child).
 stop_host_processes() {
-    local ns="${NS_PREFIX}$1" pids tries
-    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-    [[ -n "${pids// /}" ]] || return 0
+    local pids tries
+    pids="$(netns_pids "$@")"
+    [[ -n "${pids//[[:space:]]/}" ]] || return 0
     # shellcheck disable=SC2086  # word splitting of the pid list is intended
     kill -TERM $pids 2>/dev/null || true
     for ((tries = 0; tries < 20; tries++)); do
-        pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-        [[ -z "$pids" ]] && return 0
+        pids="$(netns_pids "$@")"
+        [[ -z "${pids//[[:space:]]/}" ]] && return 0
         sleep 0.1
     done
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true
     for ((tries = 0; tries < 20; tries++)); do
-        [[ -z "$(ip netns pids "$ns" 2>/dev/null || true)" ]] && return 0
+        pids="$(netns_pids "$@")"
+        [[ -z "${pids//[[:space:]]/}" ]] && return 0
         sleep 0.1
     done
-    log "h$1: processes still in $ns after SIGKILL: $(ip netns pids "$ns" | tr '\n' ' ')"
+    log "processes still in the hosts' namespaces after SIGKILL: $(tr '\n' ' ' <<<"$pids")"
 }
 
 ensure_host() {
@@ -479,21 +486,22 @@ wait_ready() {
 
 # ---------------------------------------------------------------------------- teardown
 
-# Stops one host (its init, so the kernel ends its whole PID namespace, and anything else in
-# its network namespace), then removes the namespace and its veth.
-host_down() {
-    local i=$1
-    stop_host_processes "$i"
-    ip netns del "${NS_PREFIX}$i" 2>/dev/null || true
-    ip link del "${VETH_PREFIX}$i" 2>/dev/null || true
-    rm -rf "${STATE_DIR:?}/h$i"
+# Stops hosts "$@" together (each one's init, so the kernel ends its whole PID namespace, and
+# anything else in its network namespace), then removes their namespaces and veths.
+hosts_down() {
+    local i
+    stop_host_processes "$@"
+    for i in "$@"; do
+        ip netns del "${NS_PREFIX}$i" 2>/dev/null || true
+        ip link del "${VETH_PREFIX}$i" 2>/dev/null || true
+        rm -rf "${STATE_DIR:?}/h$i"
+    done
 }
 
 cmd_down() {
     local i
-    for i in $(our_host_numbers); do
-        host_down "$i"
-    done
+    # shellcheck disable=SC2046  # one host number per word
+    hosts_down $(our_host_numbers)
     # A veth whose namespace is already gone (crash half-way through `up`).
     for i in $(seq 1 "$MAX_HOSTS"); do
         ip link del "${VETH_PREFIX}$i" 2>/dev/null || true
@@ -519,9 +527,11 @@ cmd_up() {
     prepare_state_dir
     pam="$(use_pam)"
     # Hosts left over from a bigger `up` go away, so the set is exactly h1..hN.
+    local extra=()
     for i in $(our_host_numbers); do
-        if ((i > n)); then host_down "$i"; fi
+        if ((i > n)); then extra+=("$i"); fi
     done
+    if ((${#extra[@]} > 0)); then hosts_down "${extra[@]}"; fi
     ensure_bridge
     write_host_init
     for ((i = 1; i <= n; i++)); do
