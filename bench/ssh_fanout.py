@@ -105,7 +105,7 @@ PDSH_SAME_WORK = (
     f"{sys.executable} -S -c 'import os,socket,subprocess; assert os.path.isdir(\"/tmp\"); "
     "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); "
     "s.bind((\"\",29999)); s.close(); "
-    "subprocess.run([\"ip\",\"-o\",\"route\",\"get\",\"10.213.8.11\"],"
+    "subprocess.run([\"ip\",\"-o\",\"route\",\"get\",\"198.18.8.11\"],"
     "stdout=subprocess.DEVNULL)' && bash -c true"
 )
 

@@ -22,7 +22,8 @@
 #
 # Environment: ORCHESTRATE_SLURM_DIR (state dir, default /tmp/orchestrate-slurm),
 # ORCHESTRATE_SLURM_NODE_COUNT (default 3), ORCHESTRATE_SLURM_LAYOUT (netns|loopback),
-# ORCHESTRATE_SLURM_SUBNET (first three octets of the private /24, default 10.213.7),
+# ORCHESTRATE_SLURM_SUBNET (first three octets of the /24, default 198.18.7: in 198.18.0.0/15,
+# the range RFC 2544 reserves for benchmarking, so it never shadows an office or VPN network),
 # ORCHESTRATE_SLURM_PORT (slurmctld port; slurmd K listens on PORT+K, default 16817),
 # ORCHESTRATE_SLURM_TIMEOUT (seconds to wait for readiness, default 60).
 # `up` records the settings it used in $DIR/settings; `down` and `status` follow that record,
@@ -32,7 +33,7 @@ set -euo pipefail
 DIR=${ORCHESTRATE_SLURM_DIR:-/tmp/orchestrate-slurm}
 NNODES=${ORCHESTRATE_SLURM_NODE_COUNT:-3}
 LAYOUT=${ORCHESTRATE_SLURM_LAYOUT:-netns}
-SUBNET=${ORCHESTRATE_SLURM_SUBNET:-10.213.7}
+SUBNET=${ORCHESTRATE_SLURM_SUBNET:-198.18.7}
 PORT=${ORCHESTRATE_SLURM_PORT:-16817}
 TIMEOUT=${ORCHESTRATE_SLURM_TIMEOUT:-60}
 CPUS_PER_NODE=4
@@ -88,7 +89,7 @@ check_settings() {
     [[ $LAYOUT == netns || $LAYOUT == loopback ]] ||
         die "ORCHESTRATE_SLURM_LAYOUT: want netns or loopback (got $LAYOUT)"
     [[ $SUBNET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
-        die "ORCHESTRATE_SLURM_SUBNET: want three octets like 10.213.7 (got $SUBNET)"
+        die "ORCHESTRATE_SLURM_SUBNET: want three octets like 198.18.7 (got $SUBNET)"
     [[ $DIR == /* && $DIR != / && $DIR != *[[:space:]]* ]] ||
         die "ORCHESTRATE_SLURM_DIR: want an absolute path without spaces (got $DIR)"
 }
@@ -426,7 +427,14 @@ do_up() {
     local requested=("$NNODES" "$LAYOUT" "$SUBNET" "$PORT")
     use_recorded_settings
     if is_up; then
-        say "already up ($NNODES nodes, $LAYOUT layout, SLURM_CONF=$SLURM_CONF)"
+        say "already up ($NNODES nodes, $LAYOUT layout, subnet $SUBNET, SLURM_CONF=$SLURM_CONF)"
+        local running=("$NNODES" "$LAYOUT" "$SUBNET" "$PORT")
+        if [[ "${running[*]}" != "${requested[*]}" ]]; then
+            # Say so: a cluster from before a settings change (an old default subnet) would
+            # otherwise pass for the one asked for.
+            echo "slurm.sh: warning: the running cluster has nodes/layout/subnet/port" \
+                "${running[*]}, not the requested ${requested[*]}; \`$0 down\` to change" >&2
+        fi
         return 0
     fi
     if [[ -f $DIR/settings ]]; then

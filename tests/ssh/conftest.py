@@ -1,8 +1,14 @@
 """Real SSH test hosts for the tests in this folder.
 
-`tests/clusters/sshhosts.sh up 3` starts three hosts, each in its own network namespace with its
-own address, hostname and sshd on :22; the session ends with `sshhosts.sh down`. Nothing here is
-mocked: a test that passes has talked to a real sshd over a real (virtual) network.
+`tests/clusters/sshhosts.sh up 3` starts three hosts, each in its own network, PID, UTS and mount
+namespace with its own address, process table, hostname and sshd on :22; the session ends with
+`sshhosts.sh down`. Nothing here is mocked: a test that passes has talked to a real sshd over a
+real (virtual) network.
+
+A host sees and signals only its own processes, as a real machine does; this process (the root
+namespace) still sees all of them, under root-namespace pids. Pids that orchestrate reports
+(`status` ranks, leases) are the hosts' own: `SshHosts.root_pid` translates one for a check
+from here, and `tagged_by_namespace` says on which host each process of a job lives.
 
 Without root, or when the hosts cannot start, the tests fail loudly instead of skipping: a
 skipped SSH suite looks green while proving nothing. Deselect with `-m "not ssh"` on purpose.
@@ -18,7 +24,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +66,31 @@ class SshHosts:
         )
 
     def sshd_pid(self, host: str) -> int:
-        """The pid of the listening sshd of `host` (the filesystem and PID space are shared)."""
+        """The root-namespace pid of the listening sshd of `host` (recorded by sshhosts.sh)."""
         return int((self.state_dir / host / "sshd.pid").read_text().strip())
+
+    def init_pid(self, host: str) -> int:
+        """The root-namespace pid of `host`'s PID 1: ending it ends the host."""
+        return int((self.state_dir / host / "init.pid").read_text().strip())
+
+    def pid_namespace(self, host: str) -> str:
+        """`host`'s PID namespace (as `readlink /proc/PID/ns/pid` names it)."""
+        return os.readlink(f"/proc/{self.init_pid(host)}/ns/pid")
+
+    def host_of(self, pid: int) -> str | None:
+        """The host a root-namespace pid runs on; None for this machine or a gone process."""
+        namespace = _ns(pid, "pid")
+        return next((name for name, _ in self.hosts if self.pid_namespace(name) == namespace),
+                    None)
+
+    def root_pid(self, host: str, pid: int) -> int:
+        """The root-namespace pid of the process that is `pid` on `host` (a pid that a host
+        reported, such as a rank's in `orchestrate status`); raises if there is none."""
+        namespace = self.pid_namespace(host)
+        for proc in _processes():
+            if proc.pid_ns == namespace and proc.host_pid == pid:
+                return proc.pid
+        raise LookupError(f"no process {pid} on {host}")
 
 
 def _script(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -84,7 +113,43 @@ def _read_hosts(state_dir: Path) -> list[tuple[str, str]]:
     return hosts
 
 
-def _alive(pid: int) -> bool:
+@dataclass(frozen=True)
+class _Proc:
+    """A live process as the root namespace sees it."""
+
+    pid: int  # in the root namespace
+    host_pid: int  # in its own (innermost) PID namespace
+    pid_ns: str
+    net_ns: str | None
+
+
+def _ns(pid: int | str, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _processes() -> list[_Proc]:
+    """Every live (not zombie) process on the machine, from one /proc scan."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not alive(int(entry.name)):
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [entry.name])
+        pid_ns = _ns(entry.name, "pid")
+        if pid_ns is None:
+            continue
+        found.append(_Proc(int(entry.name), int(nspid[-1]), pid_ns, _ns(entry.name, "net")))
+    return found
+
+
+def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
@@ -92,9 +157,16 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _leftovers_after_down(state_dir: Path, sshd_pids: list[int]) -> list[str]:
+def _leftovers_after_down(
+    state_dir: Path, daemons: dict[str, int], pid_namespaces: set[str]
+) -> list[str]:
     """What `down` should have removed but did not; empty when the machine is clean."""
-    problems = [f"sshd pid {pid} still runs" for pid in sshd_pids if _alive(pid)]
+    problems = [f"{what} pid {pid} still runs" for what, pid in daemons.items() if alive(pid)]
+    problems += [
+        f"pid {proc.pid} still runs in a test host's PID namespace"
+        for proc in _processes()
+        if proc.pid_ns in pid_namespaces
+    ]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     problems += [
         f"network namespace {line.split()[0]} remains"
@@ -135,9 +207,14 @@ def ssh_hosts() -> Iterator[SshHosts]:
     try:
         yield hosts
     finally:
-        sshd_pids = [hosts.sshd_pid(name) for name, _ in hosts.hosts]
+        daemons, namespaces = {}, set()
+        for name, _ in hosts.hosts:
+            with contextlib.suppress(OSError, ValueError):
+                daemons[f"{name} init"] = hosts.init_pid(name)
+                daemons[f"{name} sshd"] = hosts.sshd_pid(name)
+                namespaces.add(hosts.pid_namespace(name))
         down = _script("down", env=env, timeout=DOWN_TIMEOUT_S)
-        problems = _leftovers_after_down(state_dir, sshd_pids)
+        problems = _leftovers_after_down(state_dir, daemons, namespaces)
         if down.returncode != 0 or problems:
             pytest.fail(
                 f"{SCRIPT} down: exit {down.returncode}; left behind: {problems}\n"
@@ -145,25 +222,31 @@ def ssh_hosts() -> Iterator[SshHosts]:
             )
 
 
-def _netns_id(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
 def _strays(hosts: SshHosts) -> list[int]:
-    """Processes inside the hosts' namespaces other than their listening sshd."""
-    masters = {hosts.sshd_pid(name) for name, _ in hosts.hosts}
-    namespaces = {_netns_id(pid) for pid in masters} - {None}
+    """Root-namespace pids of what runs on the hosts besides their init and sshd listener:
+    processes in a host's PID namespace, and processes a test started in a host's network
+    namespace with `ip netns exec` (those stay in the root PID namespace)."""
+    keep: set[int] = set()
+    pid_namespaces: set[str] = set()
+    net_namespaces: set[str] = set()
+    for name, _ in hosts.hosts:
+        init = hosts.init_pid(name)
+        keep |= {init, hosts.sshd_pid(name), _parent(init)}  # _parent: its `unshare`
+        pid_namespaces.add(hosts.pid_namespace(name))
+        net = _ns(init, "net")
+        if net is not None:
+            net_namespaces.add(net)
     return [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit()
-        and int(entry.name) not in masters
-        and _netns_id(entry.name) in namespaces
-        and _alive(int(entry.name))
+        proc.pid
+        for proc in _processes()
+        if proc.pid not in keep
+        and (proc.pid_ns in pid_namespaces or proc.net_ns in net_namespaces)
     ]
+
+
+def _parent(pid: int) -> int:
+    """The parent of a root-namespace pid, as a root-namespace pid."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -177,7 +260,7 @@ def no_stray_remote_processes(ssh_hosts: SshHosts) -> Iterator[None]:
     """After each test, nothing but the sshd listeners may run on the hosts.
 
     Sessions that are closing get a moment to go by themselves; the rest get SIGTERM (+SIGCONT
-    for stopped ones), then SIGKILL. The PID space is shared, so the root namespace can do it.
+    for stopped ones), then SIGKILL, sent from here (the root namespace sees every host).
     """
     yield
     deadline = time.monotonic() + 2
@@ -278,23 +361,63 @@ def ssh_cli(ssh_hosts: SshHosts, tmp_path: Path) -> Iterator[SshCli]:
     env.pop("ORCHESTRATE_JOB_ID", None)
     cli = SshCli(hosts=ssh_hosts, home=home, work=work, env=env)
     yield cli
-    from orchestrate import host
-
-    # The PID space is shared by the hosts: a scan here sees every host's processes.
     for run in (work / "runs").glob("*") if (work / "runs").exists() else []:
-        host.reap(run.name, 1.0)
+        stop_tagged(ssh_hosts, run.name, grace_s=1.0)
 
 
-def tagged_on(hosts: SshHosts, job_id: str) -> dict[str, list[int]]:
-    """Pids carrying the job's tag, asked on each host over ssh (what a user would run)."""
+def tagged_on(
+    hosts: SshHosts, job_id: str, names: Iterable[str] | None = None
+) -> dict[str, list[int]]:
+    """Pids carrying the job's tag, asked on each host (or each of `names`) over ssh, what a
+    user would run; each host answers with its own pids and sees only its own processes."""
     script = (
         "for p in /proc/[0-9]*; do "
         f"grep -qzx 'ORCHESTRATE_JOB_ID={job_id}' $p/environ 2>/dev/null && echo ${{p#/proc/}}; "
         "done; true"
     )
     found = {}
-    for name, _ in hosts.hosts:
+    for name in [name for name, _ in hosts.hosts] if names is None else names:
         result = hosts.run(name, script)
         assert result.returncode == 0, result.stderr
         found[name] = [int(pid) for pid in result.stdout.split()]
     return {name: pids for name, pids in found.items() if pids}
+
+
+def tagged_by_namespace(hosts: SshHosts, job_id: str) -> dict[str, list[int]]:
+    """Root-namespace pids carrying the job's tag, by the host whose PID namespace holds them:
+    the check from outside, which no host's view of itself can fool. Processes outside the
+    hosts are left out on purpose: other test sessions on this machine may run a job with the
+    same id (the SSH backend starts nothing tagged on the controller)."""
+    needle = f"ORCHESTRATE_JOB_ID={job_id}".encode()
+    hosts_by_ns = {}
+    for name, _ in hosts.hosts:
+        with contextlib.suppress(OSError):  # a host that is down has no processes
+            hosts_by_ns[hosts.pid_namespace(name)] = name
+    found: dict[str, list[int]] = {}
+    for proc in _processes():
+        host = hosts_by_ns.get(proc.pid_ns)
+        if host is None:
+            continue
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.setdefault(host, []).append(proc.pid)
+    return found
+
+
+def stop_tagged(hosts: SshHosts, job_id: str, grace_s: float) -> dict[str, int]:
+    """Stops every process of the job on the test hosts, from the root namespace (SIGTERM and
+    SIGCONT, SIGKILL after ``grace_s``); returns how many each host had. Test cleanup only: the
+    backend's own stopping goes through each host. Never touches processes outside the hosts
+    (a root-namespace kill-by-tag could hit another session's job of the same id)."""
+    found = tagged_by_namespace(hosts, job_id)
+    pids = [pid for group in found.values() for pid in group]
+    _signal_all(pids, signal.SIGTERM)
+    _signal_all(pids, signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    while (left := tagged_by_namespace(hosts, job_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_all([pid for group in left.values() for pid in group], signal.SIGKILL)
+    return {host: len(group) for host, group in found.items()}

@@ -1,25 +1,28 @@
 """The SSH test hosts behave like separate machines: what orchestrate's SSH backend relies on.
 
 Each check is one a user would make on a real cluster: can I log in, is this the machine I think
-it is, is the host key checked, does DDP across two machines add up, do Fabric and pdsh get in.
+it is, is the host key checked, does DDP across two machines add up, do Fabric and pdsh get in,
+can a process on one machine see or kill another machine's processes (it must not).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shlex
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import fabric
 import paramiko
 import pytest
 
-if TYPE_CHECKING:  # a runtime `import conftest` could pick up another folder's conftest.py
-    from conftest import SshHosts
+from tests.ssh.conftest import SshHosts, alive
 
 pytestmark = pytest.mark.ssh
 
@@ -134,11 +137,8 @@ def test_pdsh_fans_out_through_the_ssh_config(ssh_hosts: SshHosts) -> None:
     assert sorted(result.stdout.splitlines()) == sorted(f"{n}: {n}" for n in names)
 
 
-@pytest.mark.timeout(120)
-def test_up_again_changes_nothing(ssh_hosts: SshHosts) -> None:
-    known_hosts = ssh_hosts.known_hosts.read_text()
-    pids = [ssh_hosts.sshd_pid(name) for name, _ in ssh_hosts.hosts]
-    again = subprocess.run(
+def _up_again(ssh_hosts: SshHosts) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         ["bash", str(ssh_hosts.script), "up", str(len(ssh_hosts.hosts))],
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -146,10 +146,121 @@ def test_up_again_changes_nothing(ssh_hosts: SshHosts) -> None:
         timeout=100,
         check=False,
     )
+
+
+@pytest.mark.timeout(120)
+def test_up_again_changes_nothing(ssh_hosts: SshHosts) -> None:
+    known_hosts = ssh_hosts.known_hosts.read_text()
+    daemons = [(ssh_hosts.init_pid(name), ssh_hosts.sshd_pid(name)) for name, _ in ssh_hosts.hosts]
+    again = _up_again(ssh_hosts)
     assert again.returncode == 0, again.stderr
     assert ssh_hosts.known_hosts.read_text() == known_hosts
-    assert [ssh_hosts.sshd_pid(name) for name, _ in ssh_hosts.hosts] == pids
+    assert [
+        (ssh_hosts.init_pid(name), ssh_hosts.sshd_pid(name)) for name, _ in ssh_hosts.hosts
+    ] == daemons
     assert ssh_hosts.run(ssh_hosts.hosts[-1][0], "true").returncode == 0
+
+
+def _on_host_by_tag(ssh_hosts: SshHosts, host: str, tag: str, action: str = "") -> list[int]:
+    """Pids on `host` whose environment has TEST_TAG=tag, found by a /proc scan run on the host
+    (kill-by-tag as the backend's agent does it); `action` (e.g. "kill -TERM") is applied to
+    each."""
+    then = f" && {action} ${{p#/proc/}}" if action else ""
+    script = (
+        "for p in /proc/[0-9]*; do "
+        f"grep -qzx 'TEST_TAG={tag}' $p/environ 2>/dev/null && echo ${{p#/proc/}}{then}; "
+        "done; true"
+    )
+    result = ssh_hosts.run(host, script)
+    assert result.returncode == 0, result.stderr
+    return [int(pid) for pid in result.stdout.split()]
+
+
+def _start_tagged_sleep(ssh_hosts: SshHosts, host: str, tag: str) -> int:
+    """`sleep 300` on `host`, outliving the ssh session, tagged TEST_TAG=tag; its pid there."""
+    result = ssh_hosts.run(
+        host, f"TEST_TAG={tag} setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!"
+    )
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+def _wait_gone(pid: int, timeout: float = 5) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_each_host_sees_and_kills_only_its_own_processes(ssh_hosts: SshHosts) -> None:
+    (h1, _), (h2, _) = ssh_hosts.hosts[0], ssh_hosts.hosts[1]
+    tag = uuid.uuid4().hex
+    pid_on_h2 = _start_tagged_sleep(ssh_hosts, h2, tag)
+    assert _on_host_by_tag(ssh_hosts, h2, tag) == [pid_on_h2]
+    # Kill-by-tag on h1 finds nothing, and h2's process lives on.
+    assert _on_host_by_tag(ssh_hosts, h1, tag, "kill -TERM") == []
+    assert _on_host_by_tag(ssh_hosts, h2, tag) == [pid_on_h2]
+    # This machine sees it too, under its own pid, in h2's PID namespace and no other.
+    root_pid = ssh_hosts.root_pid(h2, pid_on_h2)
+    assert ssh_hosts.host_of(root_pid) == h2
+    assert b"TEST_TAG=" + tag.encode() in Path(f"/proc/{root_pid}/environ").read_bytes()
+    assert os.readlink(f"/proc/{root_pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    # Kill-by-tag on its own host ends it.
+    assert _on_host_by_tag(ssh_hosts, h2, tag, "kill -TERM") == [pid_on_h2]
+    assert _wait_gone(root_pid)
+
+
+@pytest.mark.timeout(60)
+def test_each_host_has_an_init_that_reaps_orphans(ssh_hosts: SshHosts) -> None:
+    for name, _ in ssh_hosts.hosts:
+        # The sleep's parent shell exits at once: the orphan goes to the host's PID 1.
+        result = ssh_hosts.run(name, "tr '\\0' ' ' </proc/1/cmdline; echo; (sleep 0.2 & echo $!)")
+        assert result.returncode == 0, result.stderr
+        init_cmdline, orphan = result.stdout.splitlines()
+        assert f"host-init.sh {name} " in init_cmdline
+        assert ssh_hosts.root_pid(name, 1) == ssh_hosts.init_pid(name)
+        time.sleep(0.6)
+        # Reaped: not even a zombie left on the host.
+        left = ssh_hosts.run(name, f"cat /proc/{orphan}/stat 2>/dev/null; true")
+        assert left.stdout == "", f"{name}: orphan {orphan} not reaped: {left.stdout}"
+
+
+def test_root_bashrc_is_blank_on_the_hosts_only(ssh_hosts: SshHosts) -> None:
+    bashrc = Path(pwd.getpwnam("root").pw_dir) / ".bashrc"
+    mounted = f" {bashrc} "
+    assert mounted not in Path("/proc/self/mountinfo").read_text()  # the machine's: untouched
+    for name, _ in ssh_hosts.hosts:
+        result = ssh_hosts.run(name, f"cat {bashrc}; echo ---; cat /proc/self/mountinfo")
+        content, _, mountinfo = result.stdout.partition("---\n")
+        if bashrc.exists():
+            assert result.returncode == 0, result.stderr
+            assert content == "", f"{name} runs root's ~/.bashrc"
+            assert mounted in mountinfo
+        else:  # nothing to hide, and nothing was created
+            assert "No such file" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_host_goes_down_whole_and_up_brings_only_it_back(ssh_hosts: SshHosts) -> None:
+    *others, (last, _) = ssh_hosts.hosts
+    known_hosts = ssh_hosts.known_hosts.read_text()
+    kept = [(ssh_hosts.init_pid(name), ssh_hosts.sshd_pid(name)) for name, _ in others]
+    init, sshd = ssh_hosts.init_pid(last), ssh_hosts.sshd_pid(last)
+    session = ssh_hosts.root_pid(last, _start_tagged_sleep(ssh_hosts, last, uuid.uuid4().hex))
+
+    os.kill(init, signal.SIGTERM)  # what `down` does: the kernel ends the whole PID namespace
+    assert all(_wait_gone(pid) for pid in (init, sshd, session))
+    assert ssh_hosts.run(last, "true", "-o", "ConnectTimeout=2").returncode == 255
+
+    again = _up_again(ssh_hosts)
+    assert again.returncode == 0, again.stderr
+    assert ssh_hosts.init_pid(last) not in (init, sshd)
+    assert ssh_hosts.run(last, "hostname").stdout == f"{last}\n"
+    assert ssh_hosts.known_hosts.read_text() == known_hosts
+    assert [(ssh_hosts.init_pid(name), ssh_hosts.sshd_pid(name)) for name, _ in others] == kept
 
 
 WORKER = """\

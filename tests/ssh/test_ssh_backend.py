@@ -1,6 +1,8 @@
-"""The SSH backend end to end on real sshd hosts (one network namespace each): the real CLI,
-real torch.distributed (gloo) across hosts, real kills. Nothing mocked but the GPUs (a stand-in
-``nvidia-smi`` reached through the inventory's python wrapper, since no GPU exists here)."""
+"""The SSH backend end to end on real sshd hosts (own network, PID and UTS namespace each): the
+real CLI, real torch.distributed (gloo) across hosts, real kills. Nothing mocked but the GPUs (a
+stand-in ``nvidia-smi`` reached through the inventory's python wrapper, since no GPU exists
+here). A host sees and kills only its own processes, so a stop that works here works because
+the backend reached every host, not because one host's kill-by-tag swept them all."""
 
 from __future__ import annotations
 
@@ -16,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from orchestrate import host
 from orchestrate.ports import derive_port
-from tests.ssh.conftest import SshCli, tagged_on
+from tests.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
 
@@ -42,13 +43,16 @@ dist.destroy_process_group()
 
 
 def _assert_nothing_left(cli: SshCli, job_id: str) -> None:
-    """No process of the job on any host (asked on each over ssh), or what is left, shown."""
-    left = tagged_on(cli.hosts, job_id)
-    if left:
-        pids = ",".join(str(p) for ps in left.values() for p in ps)
+    """No process of the job on any host, asked on each host over ssh and counted from here by
+    PID namespace; what is left is shown (root-namespace pids)."""
+    asked = tagged_on(cli.hosts, job_id)
+    seen = tagged_by_namespace(cli.hosts, job_id)
+    if asked or seen:
+        pids = ",".join(str(p) for ps in seen.values() for p in ps) or "0"
         ps = subprocess.run(["ps", "-o", "pid,ppid,stat,cmd", "-p", pids],
                             capture_output=True, text=True).stdout
-        raise AssertionError(f"processes of {job_id} left on {sorted(left)}:\n{ps}")
+        raise AssertionError(f"processes of {job_id} left: hosts say {asked}; by namespace "
+                             f"{seen}:\n{ps}")
 
 
 def _ddp_job(cli: SshCli, name: str, nodes: int, per_node: int | str = "all",
@@ -158,6 +162,40 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> N
     _assert_nothing_left(ssh_cli, "victim-1")
 
 
+@pytest.mark.timeout(150)
+def test_lost_host_fails_the_job_naming_it_and_the_others_are_stopped(ssh_cli: SshCli) -> None:
+    """A host dies whole: its PID namespace is SIGKILLed, ranks, agent and sshd at once (what a
+    kernel panic looks like to the processes; its TCP peers still get a reset). The job fails
+    naming a rank on that host, not one the backend stopped elsewhere afterwards, and nothing of
+    the job is left on the hosts that remain. With one PID space for all hosts, a kill-by-tag on
+    any host could not be told apart from the per-host stop this needs."""
+    hosts = ssh_cli.hosts
+    ssh_cli.inventory([{"name": n, "slots": 2} for n, _ in hosts.hosts])
+    job = ssh_cli.write("sleepy.yaml", SLEEPY)
+    ssh_cli.run("submit", str(job), "--detach", "--job-id", "lost-1", check=True)
+    ssh_cli.wait_running("lost-1")
+    assert set(tagged_by_namespace(hosts, "lost-1")) == {"h1", "h2", "h3"}
+    try:
+        os.kill(hosts.init_pid("h2"), signal.SIGKILL)
+        lost_at = time.monotonic()
+        final = ssh_cli.wait_state("lost-1", {"FAILED", "COMPLETED", "CANCELLED"}, 60)
+        took = time.monotonic() - lost_at
+        assert final["state"] == "FAILED", final
+        assert final["failure"]["node"] == "h2", final
+        assert final["failure"]["rank"] in (2, 3), final
+        assert "h2" in final["reason"], final
+        assert took < 20, f"the job noticed the lost host after {took:.1f}s"
+        survivors = ["h1", "h3"]
+        left = tagged_on(hosts, "lost-1", survivors)
+        seen = tagged_by_namespace(hosts, "lost-1")
+        assert not left and not seen, f"left on the survivors: {left}; by namespace: {seen}"
+    finally:
+        again = subprocess.run(["bash", str(hosts.script), "up", str(len(hosts.hosts))],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=100, check=False)
+    assert again.returncode == 0, again.stderr  # h2 back for the tests that follow
+
+
 SLEEPY = """
     name: sleepy
     backend: ssh
@@ -178,7 +216,7 @@ def test_killed_supervisor_leaves_nothing_on_any_host(ssh_cli: SshCli) -> None:
     assert [r["state"] for r in status["ranks"]] == ["RUNNING"] * 6
     os.kill(_supervisor_pid(ssh_cli, "orphan-1"), signal.SIGKILL)
     killed_at = time.monotonic()
-    while host.job_pids("orphan-1") and time.monotonic() - killed_at < 15:
+    while tagged_by_namespace(ssh_cli.hosts, "orphan-1") and time.monotonic() - killed_at < 15:
         time.sleep(0.1)
     gone_after = time.monotonic() - killed_at
     _assert_nothing_left(ssh_cli, "orphan-1")
@@ -243,7 +281,8 @@ def test_cancel_without_a_supervisor_kills_by_tag_on_every_host(ssh_cli: SshCli)
         """)
     ssh_cli.run("submit", str(job), "--detach", "--job-id", "stubborn-1", check=True)
     status = ssh_cli.wait_running("stubborn-1")
-    agents = [_parent(r["pid"]) for r in status["ranks"]]  # each rank's agent on its host
+    # Each rank's agent on its host; the pids in `status` are the hosts' own.
+    agents = [_parent(ssh_cli.hosts.root_pid(r["node"], r["pid"])) for r in status["ranks"]]
     supervisor = _supervisor_pid(ssh_cli, "stubborn-1")
     os.kill(supervisor, signal.SIGSTOP)  # frozen, it sees nothing of what follows
     for pid in agents:
@@ -258,14 +297,20 @@ def test_cancel_without_a_supervisor_kills_by_tag_on_every_host(ssh_cli: SshCli)
     _assert_nothing_left(ssh_cli, "stubborn-1")
 
 
+def _address(cli: SshCli, host: str) -> str:
+    return dict(cli.hosts.hosts)[host]
+
+
 def _parent(pid: int) -> int:
+    """The parent of a root-namespace pid, as a root-namespace pid."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.timeout(60)
 def test_unreachable_host_fails_preflight_fast_and_launches_nothing(ssh_cli: SshCli) -> None:
+    ghost = _address(ssh_cli, "h1").rsplit(".", 1)[0] + ".250"  # on the test network, no sshd
     nodes = [{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1},
-             {"name": "ghost", "address": "10.213.8.250", "slots": 1}]  # no sshd there
+             {"name": "ghost", "address": ghost, "slots": 1}]
     ssh_cli.inventory(nodes)
     job = ssh_cli.write("wide.yaml", """
         name: wide
@@ -279,7 +324,7 @@ def test_unreachable_host_fails_preflight_fast_and_launches_nothing(ssh_cli: Ssh
     took = time.monotonic() - started
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert took < 15, f"preflight took {took:.1f}s"
-    assert "ghost (10.213.8.250): ssh: unreachable" in proc.stderr
+    assert f"ghost ({ghost}): ssh: unreachable" in proc.stderr
     assert "preflight: what failed" in proc.stderr  # the table, before the errors
     assert "Traceback" not in proc.stderr
     _assert_nothing_left(ssh_cli, "wide-1")
@@ -310,7 +355,8 @@ def test_busy_master_port_fixed_is_refused_and_auto_moves(ssh_cli: SshCli) -> No
             """)
         refused = ssh_cli.run("submit", str(fixed), "--detach", "--job-id", "porty-1")
         assert refused.returncode == 2
-        assert f"h1 (10.213.8.11): port: master port {busy} is in use on h1" in refused.stderr
+        h1 = _address(ssh_cli, "h1")
+        assert f"h1 ({h1}): port: master port {busy} is in use on h1" in refused.stderr
         auto = ssh_cli.write("auto.yaml", """
             name: porty
             backend: ssh
@@ -406,13 +452,14 @@ def test_unknown_host_key_is_refused_unless_the_inventory_accepts_it(
     ssh_cli.inventory([{"name": "h1", "slots": 1}], known_hosts_file=str(empty))
     refused = ssh_cli.run("submit", str(job), "--detach", "--job-id", "keys-1")
     assert refused.returncode == 2
-    assert "h1 (10.213.8.11): host key: unknown host key for 10.213.8.11:22" in refused.stderr
+    h1 = _address(ssh_cli, "h1")
+    assert f"h1 ({h1}): host key: unknown host key for {h1}:22" in refused.stderr
 
     # A key that does not match is refused even when unknown keys are accepted.
     h2_key = next(line.split(None, 1)[1] for line in
                   ssh_cli.hosts.known_hosts.read_text().splitlines() if line.startswith("h2,"))
     forged = tmp_path / "known_hosts_forged"
-    forged.write_text(f"10.213.8.11 {h2_key}\n")
+    forged.write_text(f"{h1} {h2_key}\n")
     ssh_cli.inventory([{"name": "h1", "slots": 1}], known_hosts_file=str(forged),
                       accept_unknown_host_keys=True)
     spoofed = ssh_cli.run("submit", str(job), "--detach", "--job-id", "keys-2")
@@ -467,9 +514,10 @@ def test_dry_run_shows_every_host_and_each_failed_check(ssh_cli: SshCli) -> None
     dry = ssh_cli.run("submit", str(job), "--dry-run", "--job-id", "checks-1")
     assert dry.returncode == 2
     assert "==> launch-h1.sh <==" in dry.stdout  # what would run, then the checks
-    assert "h2 (10.213.8.12): python: /nonexistent/python3 not found on the host" in dry.stderr
-    for label in ("h1 (10.213.8.11)", "h3 (10.213.8.13)"):
-        assert f"{label}: workdir: /nonexistent-workdir does not exist" in dry.stderr
+    label = {name: f"{name} ({address})" for name, address in ssh_cli.hosts.hosts}
+    assert f"{label['h2']}: python: /nonexistent/python3 not found on the host" in dry.stderr
+    for host in (label["h1"], label["h3"]):
+        assert f"{host}: workdir: /nonexistent-workdir does not exist" in dry.stderr
     assert "ok 2." in dry.stderr  # the torch column: import torch worked on h1 and h3
 
 
@@ -488,8 +536,10 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
         """)
     leases = Path.home() / ".local/state/orchestrate/leases/h1"
     leases.mkdir(parents=True, exist_ok=True)
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    # Lease holders are pids on h1, which has its own PID space: a pid that h1 used and freed.
+    shell = ssh_cli.hosts.run("h1", "echo $$")
+    assert shell.returncode == 0, shell.stderr
+    gone = int(shell.stdout)
 
     def plant(job_id: str, holder_pid: int, holder_start: int) -> Path:
         path = leases / f"{job_id}.json"
@@ -500,25 +550,26 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
         return path
 
     # Holder gone, nothing tagged: stale.
-    ghost = plant("lease-ghost", gone.pid, 12345)
+    ghost = plant("lease-ghost", gone, 12345)
     ok = ssh_cli.run("submit", str(job), "--follow", "--job-id", "grab-1", check=True)
     assert "[h1:0] gpus=2,3,4,5,6,7" in ok.stdout
     assert not ghost.exists()
-    # The holder's pid now belongs to another process (start time differs): stale.
-    reused = plant("lease-reused", os.getpid(), 1)
+    # The holder's pid now belongs to another process (start time differs): stale. Pid 1 is
+    # alive on every host (h1's init) and did not start at tick 1.
+    reused = plant("lease-reused", 1, 1)
     ssh_cli.run("submit", str(job), "--follow", "--job-id", "grab-2", check=True)
     assert not reused.exists()
     # Holder gone, but a process of that job still runs on h1: live, the GPUs stay taken.
     started = ssh_cli.hosts.run(
         "h1", "ORCHESTRATE_JOB_ID=lease-alive setsid sleep 120 </dev/null >/dev/null 2>&1 &")
     assert started.returncode == 0, started.stderr
-    alive = plant("lease-alive", gone.pid, 12345)
+    alive = plant("lease-alive", gone, 12345)
     try:
         refused = ssh_cli.run("submit", str(job), "--detach", "--job-id", "grab-3")
         assert refused.returncode == 2
         assert "6 held by other jobs" in refused.stderr
         assert alive.exists()
     finally:
-        host.reap("lease-alive", 1.0)
+        stop_tagged(ssh_cli.hosts, "lease-alive", grace_s=1.0)
     ssh_cli.run("submit", str(job), "--follow", "--job-id", "grab-4", check=True)
     assert not alive.exists()
