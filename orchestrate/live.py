@@ -82,7 +82,7 @@ def _ms(value: float) -> str:
     return f"{value * 1000:.1f}"
 
 
-def _split_bar(data: float, compute: float, sync: float, scale: float, width: int = 16) -> Text:
+def _split_bar(data: float, compute: float, sync: float, scale: float, width: int = 12) -> Text:
     text = Text()
     if scale <= 0:
         return text

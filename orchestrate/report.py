@@ -86,6 +86,8 @@ def rank_nodes(plan: Mapping[str, Any]) -> dict[int, str]:
 
 
 def _float(value: Any) -> float | None:
+    if type(value) is float:  # the common case, fast
+        return value if math.isfinite(value) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
@@ -349,7 +351,8 @@ def _short(value: Any) -> str:
 def _metrics_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     markers = [svg.Marker(step, label, "restart", "#6a1b9a") for step, label in restarts(data)]
     for stall in data.stalls:
-        step = step_at(metrics, stall.at) if stall.at is not None else None
+        # All records, the dead attempt's too: a stall is placed at the step it happened in.
+        step = step_at(data.metrics, stall.at) if stall.at is not None else None
         if step is not None:
             markers.append(svg.Marker(step, f"stall: {stall.kind}", "stall", svg.HIGHLIGHT))
     step_loss = metric_points(metrics, "step", "train_loss")
@@ -430,7 +433,8 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
             lines, chart_id="pace-over-time",
             title="data + forward + optimizer per step, each rank, over the run",
             x_label="optimizer step", y_label="per step", y_format=svg.milliseconds,
-            y_zero=True, frame=svg.Frame(height=240)))
+            y_zero=True, frame=svg.Frame(height=240),
+            max_points=max(150, 3000 // len(lines))))
     heads = ("steps/s", "samples/s", "data", "forward", "backward+sync", "optimizer",
              "sync wait", "gap")
     out.append('<table class="pace"><tr><th>rank</th><th>node</th>'
@@ -549,7 +553,7 @@ def _doctor_section(data: RunData) -> list[str]:
                  for i, (name, points) in enumerate(sorted(by_backend.items()))]
         out.append(svg.line_chart(lines, chart_id="busbw", title="all_reduce bus bandwidth "
                                   "against message size", x_label="message size",
-                                  y_label="busbw (GB/s)", log_x=True, band=band,
+                                  y_label="busbw (GB/s)", log_x=True, log_base=2, band=band,
                                   x_format=svg.size_bytes, y_zero=True))
     matrix = bandwidth.get("pairs")
     if isinstance(matrix, Mapping) and matrix.get("nodes"):

@@ -63,8 +63,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         data = path.read_bytes()
     except OSError:
         return []
+    lines = [line for line in data.splitlines() if line.strip()]
+    try:  # one parse of the whole file is ~3x faster than one per line
+        values = json.loads(b"[" + b",".join(lines) + b"]")
+        return [value for value in values if isinstance(value, dict)]
+    except ValueError:
+        pass
     records = []
-    for line in data.splitlines():
+    for line in lines:
         try:
             value = json.loads(line)
         except ValueError:

@@ -30,6 +30,7 @@ rank look slowest.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -96,11 +97,16 @@ class Pace:
         return {r.rank: r for r in self.ranks}
 
 
-def _number(record: Mapping[str, Any], key: str) -> float:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    return float(value)
+_FIELDS = ("t", "steps", "samples", "last_step", *_BUCKETS, "wall_s")
+
+
+def _row(window: Mapping[str, Any]) -> tuple[float, ...] | None:
+    """A window's numbers in :data:`_FIELDS` order; None when one is missing or not a number
+    (a damaged record is skipped, never fatal)."""
+    try:
+        return tuple(float(window[key]) for key in _FIELDS)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def recent(
@@ -109,7 +115,7 @@ def recent(
     """The windows that ended within ``last_s`` seconds before ``until`` (all when None)."""
     if last_s is None:
         return list(windows)
-    return [w for w in windows if _number(w, "t") >= until - last_s]
+    return [w for w in windows if (row := _row(w)) is not None and row[0] >= until - last_s]
 
 
 def pace(
@@ -124,17 +130,18 @@ def pace(
     any rank (a live view wants the current pace; a report the whole run). Ranks without a
     window with steps are left out.
     """
-    newest = max((_number(w, "t") for ws in windows.values() for w in ws), default=0.0)
+    rows = {rank: [r for w in ws if (r := _row(w)) is not None and r[1] > 0]
+            for rank, ws in windows.items()}
+    newest = max((r[0] for rs in rows.values() for r in rs), default=0.0)
     totals: dict[int, dict[str, float]] = {}
-    for rank, rank_windows in windows.items():
-        chosen = [w for w in recent(rank_windows, last_s, newest) if _number(w, "steps") > 0]
+    for rank, rank_rows in rows.items():
+        chosen = rank_rows if last_s is None else [r for r in rank_rows
+                                                   if r[0] >= newest - last_s]
         if not chosen:
             continue
-        sums = {key: sum(_number(w, key) for w in chosen) for key in (*_BUCKETS, "wall_s")}
-        sums["steps"] = sum(_number(w, "steps") for w in chosen)
-        sums["samples"] = sum(_number(w, "samples") for w in chosen)
-        sums["last_step"] = max(_number(w, "last_step") for w in chosen)
-        sums["last_t"] = max(_number(w, "t") for w in chosen)
+        sums = {key: math.fsum(r[i] for r in chosen) for i, key in enumerate(_FIELDS)}
+        sums["last_step"] = max(r[3] for r in chosen)
+        sums["last_t"] = max(r[0] for r in chosen)
         totals[rank] = sums
     if not totals:
         return Pace((), None, None)
@@ -208,23 +215,26 @@ class PacePoint:
 
 
 def series(windows: Sequence[Mapping[str, Any]]) -> list[PacePoint]:
-    """A rank's windows as points over time (windows without steps are skipped)."""
+    """A rank's windows as points over time (windows without steps, or damaged, are skipped)."""
     points = []
     for w in windows:
-        steps = _number(w, "steps")
-        if steps <= 0:
-            continue
-        wall = _number(w, "wall_s")
-        points.append(
-            PacePoint(
-                t=_number(w, "t"),
-                step=int(_number(w, "last_step")),
-                data_s=_number(w, "data_s") / steps,
-                forward_s=_number(w, "forward_s") / steps,
-                backward_s=_number(w, "backward_s") / steps,
-                optimizer_s=_number(w, "optimizer_s") / steps,
-                step_s=wall / steps,
-                samples_per_s=_number(w, "samples") / wall if wall > 0 else 0.0,
+        try:
+            steps = float(w["steps"])
+            wall = float(w["wall_s"])
+            if steps <= 0:
+                continue
+            points.append(
+                PacePoint(
+                    t=float(w["t"]),
+                    step=int(w["last_step"]),
+                    data_s=float(w["data_s"]) / steps,
+                    forward_s=float(w["forward_s"]) / steps,
+                    backward_s=float(w["backward_s"]) / steps,
+                    optimizer_s=float(w["optimizer_s"]) / steps,
+                    step_s=wall / steps,
+                    samples_per_s=float(w["samples"]) / wall if wall > 0 else 0.0,
+                )
             )
-        )
+        except (KeyError, TypeError, ValueError):
+            continue
     return points

@@ -110,17 +110,18 @@ def widen(low: float, high: float, count: int = 5) -> tuple[float, float]:
             ticks[-1] + step if ticks[-1] < high - 1e-12 else ticks[-1])
 
 
-def log_ticks(low: float, high: float) -> list[float]:
-    """Ticks for a log axis: powers of 10, or of 2 (at most ~10) when the range is short."""
+def log_ticks(low: float, high: float, base: int = 10) -> list[float]:
+    """Ticks for a log axis: powers of ``base`` (2 for byte sizes), at most about 10 of them
+    (every second or third power when there are more); powers of 2 when a base-10 axis spans
+    less than two decades."""
     if low <= 0 or high <= low:
         return [max(low, 1e-12)]
-    decades = math.log10(high) - math.log10(low)
-    if decades >= 2.5:
-        first, last = math.ceil(math.log10(low) - 1e-9), math.floor(math.log10(high) + 1e-9)
-        return [10.0**e for e in range(first, last + 1)]
-    first, last = math.ceil(math.log2(low) - 1e-9), math.floor(math.log2(high) + 1e-9)
+    if base == 10 and math.log10(high) - math.log10(low) < 2:
+        base = 2
+    first = math.ceil(math.log(low, base) - 1e-9)
+    last = math.floor(math.log(high, base) + 1e-9)
     stride = max(1, math.ceil((last - first + 1) / 10))
-    return [2.0**e for e in range(first, last + 1, stride)]
+    return [float(base) ** e for e in range(first, last + 1, stride)]
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,7 @@ def line_chart(
     y_label: str,
     log_x: bool = False,
     log_y: bool = False,
+    log_base: int = 10,
     markers: Sequence[Marker] = (),
     band: Band | None = None,
     x_format: Format = compact,
@@ -253,7 +255,8 @@ def line_chart(
     frame: Frame = Frame(),
     max_points: int = 1200,
 ) -> str:
-    """Lines of y against x, with optional vertical markers, an expected band and log axes."""
+    """Lines of y against x, with optional vertical markers, an expected band and log axes
+    (``log_base`` 2 puts x ticks on powers of two: message sizes)."""
     xs = [x for s in series for x, _ in s.points] + [m.x for m in markers]
     ys = [y for s in series for _, y in s.points]
     if band is not None:
@@ -261,7 +264,7 @@ def line_chart(
         ys += [v for _, lo, hi in band.points for v in (lo, hi)]
     x_low, x_high = _limits(xs, log=log_x, zero=False)
     y_low, y_high = _limits(ys, log=log_y, zero=y_zero)
-    x_ticks = log_ticks(x_low, x_high) if log_x else nice_ticks(x_low, x_high)
+    x_ticks = log_ticks(x_low, x_high, log_base) if log_x else nice_ticks(x_low, x_high)
     if not log_y:
         y_low, y_high = widen(y_low, y_high)
     y_ticks = log_ticks(y_low, y_high) if log_y else nice_ticks(y_low, y_high)
