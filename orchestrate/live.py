@@ -102,9 +102,12 @@ def render(snap: Snapshot) -> RenderableType:
                   "red" if state in ("FAILED", "CANCELLED", "TIMEOUT") else "cyan")
     metrics = snap.last_metrics
     bits = [f"{k} {metrics[k]}" for k in ("epoch", "step") if metrics.get(k) is not None]
-    started = status.get("started_at")
+    started, finished = status.get("started_at"), status.get("finished_at")
     if isinstance(started, int | float):
-        bits.append(f"running {int(snap.now - started)}s")
+        if isinstance(finished, int | float):
+            bits.append(f"ran {int(finished - started)}s")
+        else:
+            bits.append(f"running {int(snap.now - started)}s")
     if bits:
         header.append("  " + "  ".join(bits), style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold")

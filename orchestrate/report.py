@@ -393,12 +393,15 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
     if not figures.ranks:
         return []
     straggler = figures.straggler.rank if figures.straggler else None
+    gpus = {r.get("rank"): r.get("gpu_model") for r in data.plan.get("ranks") or []
+            if isinstance(r, Mapping)}
     bars = []
     for r in figures.ranks:
         is_straggler = r.rank == straggler
         note = f"{r.gap_pct:+.0f}%" + (" straggler" if is_straggler else "")
+        where = r.node + (f" {gpus[r.rank]}" if gpus.get(r.rank) else "")
         bars.append(svg.Bar(
-            f"rank {r.rank} ({r.node})", (r.data_s, r.compute_s, r.sync_s), note=note,
+            f"rank {r.rank} ({where})", (r.data_s, r.compute_s, r.sync_s), note=note,
             highlight=is_straggler,
             data={"rank": str(r.rank), "gap": f"{r.gap_pct:.1f}"},
         ))

@@ -379,10 +379,12 @@ def stacked_bars(
     value_format: Format = compact,
     width: float = 720,
     row_height: float = 22,
-    label_width: float = 150,
+    label_width: float | None = None,
 ) -> str:
     """Horizontal bars, each split into ``parts`` (name, colour); highlighted rows are outlined
-    and labelled in the highlight colour."""
+    and labelled in the highlight colour. ``label_width`` (px) defaults to the longest label's."""
+    if label_width is None:
+        label_width = max(90.0, max((7.0 * len(b.label) for b in bars), default=0.0) + 12)
     top, bottom_margin = 34.0, 40.0
     note_width = max((7.2 * len(b.note) for b in bars), default=0.0) + 16
     height = top + row_height * max(len(bars), 1) + bottom_margin

@@ -3,6 +3,7 @@ the run-directory reader's tolerance."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -161,7 +162,7 @@ def test_log_x_axis_for_message_sizes_with_an_expected_band() -> None:
     ticks = [t.text for t in root.findall(f"{SVG_NS}g[@class='x-ticks']/{SVG_NS}text")]
     assert ticks[0] == "1K" and "1M" in ticks and ticks[-1] == "256M"
     xs = [float(c.attrib["cx"]) for c in root.iter(f"{SVG_NS}circle")]
-    gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(xs)]
     assert max(gaps) - min(gaps) < 0.3  # equal ratios are equal distances
     assert root.find(f"{SVG_NS}polygon[@class='band']") is not None
 
