@@ -471,7 +471,7 @@ def _timeline_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> li
     end = finished if finished is not None else max(times)
     spans: list[svg.Span] = []
     events: list[svg.Event] = []
-    if data.attempts:
+    if len(data.attempts) > 1:  # one attempt is drawn as starting / training below
         for a in data.attempts:
             if a.started is None:
                 continue
@@ -510,7 +510,7 @@ def _timeline_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> li
             events.append(svg.Event(t, f"epoch {r.get('epoch')} (step {r.get('step')})",
                                     "epoch", svg.PALETTE[1], row="epochs"))
         elif r.get("kind") == "start" and isinstance(r.get("resumed_from_step"), int) \
-                and not data.attempts:
+                and len(data.attempts) < 2:
             events.append(svg.Event(t, f"restart: resumed from step {r['resumed_from_step']}",
                                     "restart", "#6a1b9a", row="restarts"))
     for stall in data.stalls:

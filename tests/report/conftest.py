@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import textwrap
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,7 +145,3 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     assert found, "chromium is not installed: run tests/setup.sh (apt-get install chromium)"
     return found
-
-
-def dedent(text: str) -> str:
-    return textwrap.dedent(text)
