@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from orchestrate import reaper
 from tests.local.conftest import Cli
 
 PACE_DATA = '''
@@ -66,12 +65,11 @@ STEPS_PER_EPOCH = 16  # 1024 samples / 2 ranks / batch 32
 
 
 def pace_job(cli: Cli, name: str, delay_s: float, epochs: int = EPOCHS) -> Path:
-    """A train: job of the dataset above; timing windows of 0.5 s for a few per run."""
+    """A train: job of the dataset above (``make_cli`` sets 0.5 s timing windows)."""
     (cli.work / "pace_data.py").write_text(PACE_DATA)
     return cli.write(f"{name}.yaml", f"""
         name: {name}
         resources: {{nodes: 1, gpus_per_node: 2}}
-        env: {{ORCHESTRATE_TIMING_S: "0.5"}}
         distributed: {{timeout_s: 120}}
         train:
           model: pace_data:build_model
@@ -107,15 +105,22 @@ class Runs:
 def make_cli(base: Path) -> Cli:
     home, work = base / "home", base / "work"
     work.mkdir(parents=True)
-    env = dict(os.environ, ORCHESTRATE_HOME=str(home), ORCHESTRATE_RUNS=str(work / "runs"))
+    # Timing windows of 0.5 s, for a few per run: local ranks inherit the submitting
+    # environment (a job file's env may not set ORCHESTRATE_ variables).
+    env = dict(os.environ, ORCHESTRATE_HOME=str(home), ORCHESTRATE_RUNS=str(work / "runs"),
+               ORCHESTRATE_TIMING_S="0.5")
     env.pop("ORCHESTRATE_JOB_ID", None)
+    env.pop("ORCHESTRATE_TIMING", None)
     return Cli(home=home, work=work, env=env, uid=uuid.uuid4().hex[:6])
 
 
 def reap_all(cli: Cli) -> None:
+    """Stop whatever a test left running, through ``orchestrate cancel`` (a no-op on ended
+    jobs): every process a test started ends with it."""
     runs = cli.work / "runs"
-    for run in runs.glob("*") if runs.exists() else []:
-        reaper.reap(run.name, grace_s=1.0)
+    names = [run.name for run in runs.glob("*")] if runs.exists() else []
+    if names:
+        cli.run("cancel", *names, timeout=60)
 
 
 def run_job(cli: Cli, name: str, delay_s: float) -> Run:
