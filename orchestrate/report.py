@@ -188,6 +188,7 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f5;pa
 border-radius:3px}
 svg.chart{width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;border-radius:6px;
 margin:8px 0}
+svg.chart.heatmap{width:auto;max-width:100%}
 .note{color:#5a6470;font-size:12.5px}
 ul.stalls li{margin:4px 0}
 footer{color:#8a939c;font-size:12px;margin-top:36px}

@@ -229,6 +229,7 @@ class Frame:
 def _open(chart_id: str, kind: str, frame: Frame, title: str) -> list[str]:
     return [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart {kind}" '
+        f'width="{_n(frame.width)}" height="{_n(frame.height)}" '
         f'viewBox="0 0 {_n(frame.width)} {_n(frame.height)}" role="img" '
         f'font-family="sans-serif" font-size="11" fill="{INK}">',
         f"<title>{escape(title)}</title>",
@@ -301,13 +302,14 @@ def line_chart(
         out.append(f'<polygon class="band" points="{upper} {lower}" fill="{band.color}" '
                    f'fill-opacity="0.15" stroke="none"><title>{escape(band.label)}</title>'
                    "</polygon>")
-    for m in markers:
+    for i, m in enumerate(sorted(markers, key=lambda m: m.x)):
         x = _n(ax(m.x))
+        label_y = frame.top + 10 + 12 * (i % 3)  # staggered: close markers keep apart
         out.append(
             f'<g class="marker {escape(m.kind)}" data-x="{escape(repr(float(m.x)))}">'
             f'<line x1="{x}" x2="{x}" y1="{_n(frame.top)}" y2="{_n(bottom)}" '
             f'stroke="{m.color}" stroke-width="1.2" stroke-dasharray="4 3"/>'
-            f'<text x="{_n(ax(m.x) + 3)}" y="{_n(frame.top + 10)}" fill="{m.color}" '
+            f'<text x="{_n(ax(m.x) + 3)}" y="{_n(label_y)}" fill="{m.color}" '
             f'font-size="10">{escape(m.label)}</text>'
             f"<title>{escape(m.label)} at {escape(x_format(m.x))}</title></g>"
         )
@@ -555,7 +557,8 @@ def heatmap(
     """A matrix of cells coloured from ``low_color`` (the scale's low end) to ``high_color``;
     ``None`` cells (the diagonal, pairs not measured) are blank."""
     label_width, top = 110.0, 64.0
-    width = label_width + cell * max(len(columns), 1) + 20
+    width = max(label_width + cell * max(len(columns), 1) + 20,
+                label_width + 7.6 * len(title) + 16)  # room for the title
     height = top + cell * max(len(rows), 1) + 20
     frame = Frame(width=width, height=height, left=label_width)
     numbers = [v for row in values for v in row if v is not None and math.isfinite(v)]
