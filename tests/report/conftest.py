@@ -140,6 +140,12 @@ def pace_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     try:
         slow = run_job(cli, "slow", SLOW_ITEM_S)
         even = run_job(cli, "even", 0.0)
+        if even.status["straggler"] is not None:
+            # On an oversubscribed machine one rank can get less CPU for a whole short run: a
+            # real straggler, not a measuring error. Once is the machine; twice in a row would
+            # be the measurement (a bias towards one rank), and then the tests fail.
+            print(f"even run named a straggler {even.status['straggler']}; running it again")
+            even = run_job(cli, "even-again", 0.0)
         yield Runs(cli, slow, even)
     finally:
         reap_all(cli)
