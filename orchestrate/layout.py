@@ -34,6 +34,18 @@ SLURM_MONITOR = "monitor.py"
 SLURM_BATCH_LOG = "slurm-%j.out"
 #: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
 SSH_HOSTS = "ssh-hosts.json"
+#: Per-rank step timing of the built-in trainer: ``timing/rank-<R>.jsonl``, one window a line
+#: (format in orchestrate/train/timing.py), written by every rank for itself.
+TIMING_DIR = "timing"
+#: The self-contained HTML report of a run (``orchestrate report``).
+REPORT_FILE = "report.html"
+#: Files the report and the live view read when they exist (written by the stall watch, the
+#: supervisor's restart bookkeeping, ``orchestrate doctor`` and the rank sidecar; shapes
+#: accepted are in orchestrate/runfiles.py).
+DIAGNOSIS_FILE = "diagnosis.json"
+ATTEMPTS_FILE = "attempts.json"
+DOCTOR_FILE = "doctor.json"
+HEARTBEAT_DIR = "diag/hb"
 
 
 def node_script_name(node: str) -> str:
@@ -55,3 +67,13 @@ def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
 def slurm_hostfile(run_dir: Path, restart: int) -> Path:
     """Each rank's host in one run of a Slurm job."""
     return run_dir / SLURM_STATE / f"{SLURM_HOSTFILE}{restart}"
+
+
+def timing_file(run_dir: Path, rank: int) -> Path:
+    """The file one rank appends its step-timing windows to."""
+    return run_dir / TIMING_DIR / f"rank-{rank}.jsonl"
+
+
+def heartbeat_file(run_dir: Path, rank: int) -> Path:
+    """One rank's latest heartbeat (JSON with ``t``, the time of the beat)."""
+    return run_dir / HEARTBEAT_DIR / f"rank-{rank}.json"

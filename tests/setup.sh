@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine: the package with its test
 # extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, pytest, ruff, mypy) and the system
-# tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2). Idempotent.
+# tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2; Chromium to render
+# the HTML report headless and tmux to drive the live view in a terminal). Idempotent.
 # The Slurm and SSH test clusters install their own packages too when started by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ command -v ssh >/dev/null || need+=(openssh-client)
 command -v ip >/dev/null || need+=(iproute2)
 command -v slurmctld >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium fonts-dejavu-core)
+command -v tmux >/dev/null || need+=(tmux)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/setup.sh: please install (as root): ${need[*]}" >&2

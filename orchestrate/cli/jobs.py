@@ -156,8 +156,13 @@ def list_jobs(as_json: bool, limit: int) -> None:
 @cli.command()
 @click.argument("job_ref", metavar="JOB", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(job_ref: str | None, as_json: bool) -> None:
-    """A job's state, per-rank exit status and the first failure (default: the latest job)."""
+@click.option("--watch", is_flag=True,
+              help="redraw per-rank pace, straggler, heartbeats and loss until the job ends")
+def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
+    """A job's state, per-rank exit status, the first failure and the straggler (default: the
+    latest job)."""
+    from orchestrate.cli import report
+
     store = _store()
     if job_ref is None:
         latest = store.list(1)
@@ -167,8 +172,11 @@ def status(job_ref: str | None, as_json: bool) -> None:
         job_ref = latest[0].id
     job = _refreshed(store, store.resolve(job_ref))
     job = store.get(job.id) or job
+    if watch:
+        report.watch_job(store, job)
+        return
     if as_json:
-        click.echo(json.dumps(job.to_json(), indent=2))
+        click.echo(json.dumps(report.status_json(job), indent=2))
         return
     from rich.table import Table
 
@@ -198,6 +206,8 @@ def status(job_ref: str | None, as_json: bool) -> None:
                             if a.excluded_nodes else ""),
             )
         out.print(attempts)
+    for line in report.status_lines(job):
+        out.print(line, markup=False)
     if job.failure:
         _summary(job)
 

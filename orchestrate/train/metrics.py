@@ -6,6 +6,7 @@
   "first step" time from it;
 - ``{"kind": "step", ...}`` every ``log_every_steps`` optimizer steps (when > 0);
 - ``{"kind": "epoch", ...}`` after each epoch's validation;
+- ``{"kind": "checkpoint", "epoch", "step", "time", "path"}`` after each checkpoint is on disk;
 - ``{"kind": "end", ...}`` when the process finishes or stops for a requeue.
 
 TensorBoard and Weights & Biases get the same numbers when the job asks for them *and* they are

@@ -48,6 +48,7 @@ from orchestrate.train.optimizer import build_optimizer, build_scheduler
 from orchestrate.train.precision import PrecisionPlan, plan_precision
 from orchestrate.train.preemption import StopAgreement, StopFlag, signal_names
 from orchestrate.train.sampling import ResumableSampler, validation_shard
+from orchestrate.train.timing import StepTiming
 from orchestrate.train.trainer import EpochTotals, Position, Trainer
 
 _PEER_SIGNS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout")
@@ -300,7 +301,8 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def _setup(
-    spec: TrainSpec, cluster: Cluster, run_dir: Path, flag: StopFlag, log: MetricsLog
+    spec: TrainSpec, cluster: Cluster, run_dir: Path, flag: StopFlag, log: MetricsLog,
+    environ: Mapping[str, str],
 ) -> Trainer:
     built: Built | None = None
     error: BaseException | None = None
@@ -368,6 +370,7 @@ def _setup(
         position=restored.position,
         totals=restored.totals,
         resumed_from=restored.resumed_from,
+        timing=StepTiming.for_rank(run_dir, cluster.rank, cuda=cuda, environ=environ),
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
     trainer.last_checkpoint = built.resume_from
@@ -420,7 +423,7 @@ def run_session(
             return EXIT_FAILED
         run_dir.mkdir(parents=True, exist_ok=True)
         log = MetricsLog(run_dir, spec, enabled=cluster.rank == 0)
-        trainer = _setup(spec, cluster, run_dir, flag, log)
+        trainer = _setup(spec, cluster, run_dir, flag, log, environ)
         outcome = trainer.run()
         leave(cluster, failed=False)
         if outcome == "preempted":

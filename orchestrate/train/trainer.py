@@ -36,6 +36,7 @@ from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.precision import PrecisionPlan
 from orchestrate.train.preemption import StopAgreement
 from orchestrate.train.sampling import ResumableSampler
+from orchestrate.train.timing import StepTiming
 
 GB = 1e9
 Outcome = Literal["completed", "preempted"]
@@ -85,6 +86,7 @@ class Trainer:
     position: Position = field(default_factory=Position)
     totals: EpochTotals = field(default_factory=EpochTotals)
     resumed_from: int | None = None
+    timing: StepTiming = field(default_factory=StepTiming.off)
     last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
     last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
@@ -151,7 +153,9 @@ class Trainer:
         self._pending_samples = 0
         self._interval = (*self._running(), self._epoch_started)
         index = self.position.batch
+        self.timing.resume()
         for inputs, target in self.train_loader:
+            self.timing.data_ready(len(target))
             group_start = index - index % accum
             group_size = min(accum, n_batches - group_start)
             last_of_group = index + 1 == group_start + group_size
@@ -161,11 +165,13 @@ class Trainer:
                 continue
             self._optimizer_step()
             self.position.step += 1
+            self.timing.step_done(self.position.step, self.position.epoch + 1)
             self.position.batch = index
             stopping = self.stop.step_done()
             if self.stop.unhealthy_agreed:
                 self._nonfinite()
             self._after_step()
+            self.timing.resume()
             if stopping:
                 return "stop"
             if self._at_max_steps() and index < n_batches:
@@ -184,10 +190,12 @@ class Trainer:
             with self.precision.autocast():
                 output = self.model(inputs)
                 loss = self.loss_fn(output, target)
+            self.timing.forward_done()
             scaled = loss / group_size if group_size > 1 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             torch.autograd.backward(scaled)
+        self.timing.backward_done()
         count = len(target)
         assert self._pending_loss is not None
         self._pending_loss.add_(loss.detach(), alpha=count)  # one kernel, float64 sum
@@ -328,6 +336,7 @@ class Trainer:
         self._pending_samples = 0
 
     def _finish(self, outcome: Outcome) -> None:
+        self.timing.close()
         self.metrics.record(
             {
                 "kind": "end",
@@ -418,6 +427,10 @@ class Trainer:
             self.last_checkpoint = path
             self.metrics.say(f"checkpoint {path} (epoch {self.position.epoch + 1}, "
                              f"step {self.position.step})")
+            done = self.position.epoch + (0 if self.position.batch == 0 else 1)
+            self.metrics.record({"kind": "checkpoint", "epoch": done,
+                                 "step": self.position.step, "time": time.time(),
+                                 "path": str(path)})
         if barrier and self.cluster.control is not None:
             dist.barrier(group=self.cluster.control)
         self.last_saved = self._where

@@ -1,0 +1,357 @@
+"""The pure parts: straggler figures, chart primitives, the report's HTML, the sparkline, and
+the run-directory reader's tolerance."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
+
+import pytest
+
+from orchestrate import svg
+from orchestrate.live import Snapshot, loss_line, render, sparkline
+from orchestrate.report import Attempt, RunData, Stall, effective_metrics, render_report, step_at
+from orchestrate.runfiles import add_pace, load_run, read_jsonl, write_report
+from orchestrate.straggler import MATERIAL_GAP_PCT, pace
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+
+def window(rank: int, *, data: float, forward: float = 0.002, backward: float,
+           optimizer: float = 0.001, steps: int = 10, t: float = 100.0,
+           first: int = 1) -> dict[str, Any]:
+    """A timing window with per-step figures multiplied out over ``steps`` steps."""
+    return {"t": t, "rank": rank, "epoch": 1, "first_step": first,
+            "last_step": first + steps - 1, "steps": steps, "samples": steps * 32,
+            "data_s": data * steps, "forward_s": forward * steps, "backward_s": backward * steps,
+            "optimizer_s": optimizer * steps,
+            "wall_s": (data + forward + backward + optimizer) * steps + 0.01, "clock": "host"}
+
+
+# --- straggler -------------------------------------------------------------------------------
+
+
+def test_slow_data_rank_is_the_straggler_and_the_others_show_its_gap_as_sync() -> None:
+    # rank 2 waits 30 ms for data; ranks 0, 1, 3 wait ~30 ms in the all-reduce instead.
+    windows = {
+        0: [window(0, data=0.001, backward=0.040)],
+        1: [window(1, data=0.001, backward=0.041)],
+        2: [window(2, data=0.031, backward=0.010)],
+        3: [window(3, data=0.002, backward=0.039)],
+    }
+    nodes = {0: "a100-1", 1: "a100-1", 2: "slowdisk", 3: "a100-2"}
+    result = pace(windows, nodes)
+    assert result.straggler is not None
+    assert (result.straggler.rank, result.straggler.node) == (2, "slowdisk")
+    by_rank = result.by_rank()
+    own = {r: 0.002 + 0.001 + 0.010 + d for r, d in ((0, .001), (1, .001), (2, .031), (3, .002))}
+    others = sorted(v for r, v in own.items() if r != 2)
+    assert result.straggler.gap_pct == pytest.approx((own[2] - others[1]) / others[1] * 100)
+    assert by_rank[2].sync_s == pytest.approx(0.0)
+    assert by_rank[0].sync_s == pytest.approx(0.030)
+    assert by_rank[3].compute_s == pytest.approx(0.002 + 0.010 + 0.001)
+    for r in by_rank.values():
+        assert r.data_s + r.compute_s + r.sync_s == pytest.approx(
+            r.data_s + r.forward_s + r.backward_s + r.optimizer_s)
+        assert r.steps == 10 and r.samples == 320
+
+
+def test_small_gaps_name_no_straggler_but_keep_the_slowest() -> None:
+    windows = {0: [window(0, data=0.0010, backward=0.0100)],
+               1: [window(1, data=0.0015, backward=0.0095)]}
+    result = pace(windows, {0: "n", 1: "n"})
+    assert result.straggler is None
+    assert result.slowest == 1
+    assert 0 < result.by_rank()[1].gap_pct < MATERIAL_GAP_PCT
+
+
+def test_one_rank_or_no_data_has_no_straggler() -> None:
+    assert pace({}, {}).ranks == ()
+    single = pace({0: [window(0, data=0.5, backward=0.1)]}, {0: "n"})
+    assert single.straggler is None and single.by_rank()[0].gap_pct == 0.0
+    empty_windows = pace({0: [], 1: [{"t": 1.0, "steps": 0}]}, {})
+    assert empty_windows.ranks == ()
+
+
+def test_recent_windows_show_a_straggler_that_appears_late() -> None:
+    early = {r: [window(r, data=0.001, backward=0.01, t=100.0)] for r in (0, 1)}
+    late = {0: [window(0, data=0.001, backward=0.05, t=200.0, first=11)],
+            1: [window(1, data=0.041, backward=0.01, t=200.0, first=11)]}
+    windows = {r: early[r] + late[r] for r in (0, 1)}
+    recent = pace(windows, {}, last_s=30)
+    assert recent.straggler is not None and recent.straggler.rank == 1
+    assert recent.by_rank()[1].steps == 10
+    assert pace(windows, {}).by_rank()[1].steps == 20
+
+
+# --- sparkline and live view ---------------------------------------------------------------------
+
+
+def test_sparkline_scales_low_to_high_and_buckets_long_series() -> None:
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([3.0, 3.0, 3.0]) == "▄▄▄"
+    assert sparkline([]) == "" and sparkline([float("nan")]) == ""
+    long = sparkline([float(i) for i in range(1000)], width=20)
+    assert len(long) == 20 and long[0] == "▁" and long[-1] == "█"
+    line = loss_line([2.0, 1.0, 0.5])
+    assert line == "loss █▃▁ 0.5 (first 2)"
+
+
+def test_live_view_lists_every_rank_and_marks_the_straggler() -> None:
+    from rich.console import Console
+
+    windows = {0: [window(0, data=0.001, backward=0.04)],
+               1: [window(1, data=0.031, backward=0.01)]}
+    status = {"id": "j-1", "state": "RUNNING", "started_at": 50.0,
+              "ranks": [{"rank": 0, "node": "a", "state": "RUNNING"},
+                        {"rank": 1, "node": "b", "state": "RUNNING"},
+                        {"rank": 2, "node": "c", "state": "RUNNING"}]}
+    snap = Snapshot(status=status, pace=pace(windows, {0: "a", 1: "b"}), losses=[2.0, 1.0],
+                    last_metrics={"epoch": 1, "step": 10}, heartbeats={0: 95.0, 1: None},
+                    now=100.0)
+    console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render(snap))
+    text = console.export_text()
+    assert "straggler: rank 1 (b)" in text
+    assert re.search(r"^\s*0 +a .* 5s ago", text, flags=re.M), text
+    assert re.search(r"^\s*2 +c +RUNNING +- ", text, flags=re.M), text
+    assert "loss █▁ 1" in text and "step 10" in text and "running 50s" in text
+
+
+# --- chart primitives ----------------------------------------------------------------------------
+
+
+def _parse(text: str) -> ElementTree.Element:
+    return ElementTree.fromstring(text)
+
+
+def test_line_chart_is_deterministic_well_formed_svg_with_markers() -> None:
+    series = [svg.Series("loss", [(1, 2.0), (2, 1.0), (3, 0.5)]),
+              svg.Series("val <&>", [(1, 2.5), (3, 0.7)], svg.PALETTE[1])]
+    markers = [svg.Marker(2, "restart 2", "restart")]
+    one = svg.line_chart(series, chart_id="c", title="t", x_label="step", y_label="loss",
+                         markers=markers)
+    assert one == svg.line_chart(series, chart_id="c", title="t", x_label="step",
+                                 y_label="loss", markers=markers)
+    root = _parse(one)
+    groups = root.findall(f"{SVG_NS}g[@class='series']")
+    assert [g.attrib["data-series"] for g in groups] == ["loss", "val <&>"]
+    assert [len(g.findall(f"{SVG_NS}circle")) for g in groups] == [3, 2]
+    marker = root.find(f"{SVG_NS}g[@class='marker restart']")
+    assert marker is not None and float(marker.attrib["data-x"]) == 2.0
+    # the marker sits where step 2's points are
+    x_marker = float(marker.find(f"{SVG_NS}line").attrib["x1"])  # type: ignore[union-attr]
+    x_point = float(groups[0].findall(f"{SVG_NS}circle")[1].attrib["cx"])
+    assert x_marker == pytest.approx(x_point)
+
+
+def test_log_x_axis_for_message_sizes_with_an_expected_band() -> None:
+    sizes = [2.0**k for k in range(10, 29, 2)]
+    points = [(s, min(s / 2**20, 9.0)) for s in sizes]
+    chart = svg.line_chart([svg.Series("busbw gloo", points)], chart_id="bw", title="busbw",
+                           x_label="size", y_label="GB/s", log_x=True, log_base=2,
+                           x_format=svg.size_bytes,
+                           band=svg.Band("expected", [(sizes[0], 6.0, 12.0),
+                                                      (sizes[-1], 6.0, 12.0)]))
+    root = _parse(chart)
+    ticks = [t.text for t in root.findall(f"{SVG_NS}g[@class='x-ticks']/{SVG_NS}text")]
+    assert ticks[0] == "1K" and "1M" in ticks and ticks[-1] == "256M"
+    xs = [float(c.attrib["cx"]) for c in root.iter(f"{SVG_NS}circle")]
+    gaps = [b - a for a, b in itertools.pairwise(xs)]
+    assert max(gaps) - min(gaps) < 0.3  # equal ratios are equal distances
+    assert root.find(f"{SVG_NS}polygon[@class='band']") is not None
+
+
+def test_thin_keeps_spikes_of_long_series() -> None:
+    points = [(float(i), 1.0) for i in range(10_000)]
+    points[5_432] = (5_432.0, 50.0)
+    kept = svg.thin(points, 300)
+    assert len(kept) <= 310 and (5_432.0, 50.0) in kept and kept[-1] == points[-1]
+
+
+def test_stacked_bars_highlight_and_heatmap_cells() -> None:
+    bars = [svg.Bar("rank 0", (0.001, 0.01, 0.03), data={"rank": "0"}),
+            svg.Bar("rank 1", (0.031, 0.01, 0.0), note="+250% straggler", highlight=True,
+                    data={"rank": "1"})]
+    root = _parse(svg.stacked_bars(bars, (("data", "#e69f00"), ("compute", "#0072b2"),
+                                          ("sync", "#ccc")), chart_id="s", title="split",
+                                   x_label="per step", value_format=svg.milliseconds))
+    highlighted = root.findall(f"{SVG_NS}g[@class='bar highlight']")
+    assert [g.attrib["data-rank"] for g in highlighted] == ["1"]
+    widths = [float(r.attrib["width"]) for r in highlighted[0].findall(f"{SVG_NS}rect")
+              if "data-part" in r.attrib]
+    assert widths[0] / widths[1] == pytest.approx(3.1, rel=0.02)
+    heat = _parse(svg.heatmap(["a", "b", "c"], ["a", "b", "c"],
+                              [[None, 10.0, 9.0], [10.0, None, 1.0], [9.5, 1.1, None]],
+                              chart_id="m", title="pairs"))
+    cells = heat.findall(f"{SVG_NS}g[@class='cell']")
+    assert len(cells) == 6 and len(heat.findall(f"{SVG_NS}rect[@class='cell empty']")) == 3
+    slow = [c for c in cells if float(c.attrib["data-value"]) < 2]
+    assert {(c.attrib["data-row"], c.attrib["data-column"]) for c in slow} == {("b", "c"),
+                                                                             ("c", "b")}
+
+
+def test_ticks_and_formats() -> None:
+    assert svg.nice_ticks(0, 0.95) == [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert svg.nice_ticks(3, 3) == [3]
+    assert svg.log_ticks(1, 1e6) == [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
+    assert svg.seconds(185) == "3m05s" and svg.seconds(7300) == "2h01m"
+    assert svg.size_bytes(256 * 2**20) == "256M" and svg.milliseconds(0.0123) == "12.3ms"
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _plan(world: int = 2) -> dict[str, Any]:
+    return {"job_id": "j-1", "job_name": "j", "backend": "ssh", "dist_backend": "nccl",
+            "world_size": world,
+            "nodes": [{"name": "a100", "address": "10.0.0.1", "node_rank": 0, "nproc": world,
+                       "first_rank": 0, "gpu_indices": list(range(world)),
+                       "gpu_models": ["A100-80GB"] * world, "env": {"NCCL_SOCKET_IFNAME": "eno1"},
+                       "cuda_visible_devices": "0,1"}],
+            "ranks": [{"rank": r, "local_rank": r, "node": "a100", "gpu_index": r,
+                       "gpu_model": "A100-80GB"} for r in range(world)],
+            "env": {"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": str(world)},
+            "secret_env": ["WANDB_API_KEY"], "command": ["python", "train.py"]}
+
+
+def test_report_with_only_a_plan_is_complete_html_without_external_references() -> None:
+    html = render_report(RunData(job_id="j-1", plan=_plan()))
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    assert "NCCL_SOCKET_IFNAME=eno1" in html and "WANDB_API_KEY" in html
+    assert "no per-rank step timing" in html
+    assert "<script" not in html and "src=" not in html
+
+
+def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
+    metrics = [
+        {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None},
+        {"kind": "epoch", "epoch": 1, "step": 10, "train_loss": 2.0, "val_loss": 2.1,
+         "time": 20.0},
+        {"kind": "step", "step": 12, "train_loss": 1.9, "time": 22.0},
+        {"kind": "start", "step": 11, "time": 40.0, "resumed_from_step": 10},
+        {"kind": "epoch", "epoch": 2, "step": 20, "train_loss": 1.0, "val_loss": 1.2,
+         "time": 50.0},
+        {"kind": "checkpoint", "epoch": 2, "step": 20, "time": 51.0, "path": "x"},
+    ]
+    doctor = {"verdict": "warn", "bandwidth": {
+        "allreduce": [{"size_bytes": 2**k, "busbw_GBps": k / 3, "backend": "nccl"}
+                      for k in range(10, 30, 2)],
+        "expected": {"floor_GBps": 12.0},
+        "pairs": {"nodes": ["a", "b"], "GBps": [[None, 11.0], [2.0, None]]}}}
+    data = RunData(
+        job_id="j-1", plan=_plan(),
+        job={"id": "j-1", "state": "COMPLETED", "submitted_at": 0.0, "started_at": 2.0,
+             "first_step_at": 10.0, "finished_at": 60.0},
+        metrics=metrics,
+        stalls=[Stall("laggard", (1,), ("a100",), "rank 1 (node a100) has not reached "
+                      "collective #42", 21.0)],
+        attempts=[Attempt(1, 2.0, 30.0, "node failure", None),
+                  Attempt(2, 35.0, 60.0, "", 10)],
+        doctor=doctor,
+    )
+    html = render_report(data)
+    charts = {e.attrib["id"]: e for e in map(ElementTree.fromstring,
+                                            re.findall(r"<svg\b.*?</svg>", html, flags=re.S))}
+    loss = charts["loss"]
+    restart = loss.find(f"{SVG_NS}g[@class='marker restart']")
+    stall = loss.find(f"{SVG_NS}g[@class='marker stall']")
+    assert restart is not None and float(restart.attrib["data-x"]) == 10.0
+    assert stall is not None and float(stall.attrib["data-x"]) == pytest.approx(11.0)
+    # the step record of the attempt that died after step 10 is not drawn
+    assert charts["loss"].find(f".//{SVG_NS}g[@data-series='train_loss (logged steps)']") is None
+    phases = charts["phases"]
+    assert len(phases.findall(f"{SVG_NS}g[@class='span attempt']")) == 2
+    for kind in ("restart", "stall", "checkpoint", "first-step", "end", "submitted"):
+        assert phases.find(f"{SVG_NS}g[@class='event {kind}']") is not None, kind
+    assert "rank 1 (node a100) has not reached collective #42" in html
+    band = charts["busbw"].find(f"{SVG_NS}polygon[@class='band']")
+    assert band is not None and "6-12 GB/s" in (band.findtext(f"{SVG_NS}title") or "")
+    assert len(charts["pairs"].findall(f"{SVG_NS}g[@class='cell']")) == 2
+
+
+def test_effective_metrics_and_step_at() -> None:
+    records = [{"kind": "step", "step": s, "time": float(s)} for s in (5, 10, 15)]
+    records.append({"kind": "start", "step": 11, "resumed_from_step": 10, "time": 20.0})
+    records.append({"kind": "step", "step": 15, "time": 25.0})
+    kept = effective_metrics(records)
+    assert [(r["kind"], r["step"]) for r in kept] == [("step", 5), ("step", 10), ("start", 11),
+                                                      ("step", 15)]
+    assert step_at(kept, 7.5) == pytest.approx(7.5)
+    assert step_at(kept, -1) == 5 and step_at([], 3.0) is None
+
+
+# --- reading run directories ---------------------------------------------------------------------
+
+
+def test_reader_tolerates_missing_files_and_a_line_being_written(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    data = load_run(run, now=5.0)
+    assert data.job_id == "run" and data.metrics == [] and data.timing == {}
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "start", "step": 1}\n{"kind": "ep')
+    (run / "timing").mkdir()
+    (run / "timing" / "rank-0.jsonl").write_text(json.dumps(window(0, data=0.1, backward=0.1))
+                                                 + "\n{")
+    (run / "timing" / "rank-x.jsonl").write_text("junk")
+    (run / "diagnosis.json").write_text(json.dumps(
+        {"kind": "frozen", "ranks": [3], "nodes": ["b"], "summary": "s", "at": 4.0}))
+    (run / "attempts.json").write_text("[not json")
+    assert read_jsonl(run / "metrics.jsonl") == [{"kind": "start", "step": 1}]
+    data = load_run(run, {"id": "job-7", "state": "RUNNING", "ranks": []}, now=5.0)
+    assert data.job_id == "job-7" and list(data.timing) == [0] and data.attempts == []
+    assert [s.kind for s in data.stalls] == ["frozen"]
+    path = write_report(run, {"id": "job-7", "state": "RUNNING", "ranks": []})
+    assert path == run / "report.html" and "job-7" in path.read_text()
+    status = add_pace({"ranks": [{"rank": 0, "node": "n"}, {"rank": 1, "node": "m"}]}, run)
+    assert status["straggler"] is None
+    assert status["ranks"][0]["timing"]["steps"] == 10 and status["ranks"][1]["timing"] is None
+
+
+def test_a_timer_that_cannot_write_says_so_once_and_stops(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    from orchestrate.train.timing import StepTiming
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    timer = StepTiming(blocker / "timing" / "rank-0.jsonl", 0, interval_s=0.0)
+    for step in (1, 2, 3):
+        timer.resume()
+        timer.data_ready(32)
+        timer.forward_done()
+        timer.backward_done()
+        timer.step_done(step, 1)
+    timer.close()
+    err = capsys.readouterr().err
+    assert err.count("step timing off") == 1 and not timer.on
+
+
+def test_timer_switch_and_windows(tmp_path: Path) -> None:
+    from orchestrate.train.timing import StepTiming
+
+    off = StepTiming.for_rank(tmp_path, 0, cuda=False, environ={"ORCHESTRATE_TIMING": "0"})
+    assert not off.on
+    timer = StepTiming.for_rank(tmp_path, 3, cuda=False,
+                                environ={"ORCHESTRATE_TIMING_S": "1000"})
+    for step in range(1, 6):
+        timer.resume()
+        timer.data_ready(8)
+        timer.forward_done()
+        timer.backward_done()
+        timer.step_done(step, 1)
+    assert not (tmp_path / "timing" / "rank-3.jsonl").exists()  # the window is still open
+    timer.close()
+    (record,) = read_jsonl(tmp_path / "timing" / "rank-3.jsonl")
+    assert (record["first_step"], record["last_step"], record["steps"], record["samples"]) == (
+        1, 5, 5, 40)
+    assert record["rank"] == 3 and record["clock"] == "host"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
