@@ -17,6 +17,7 @@ Importing this module costs nothing beyond the standard library.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from functools import lru_cache
 from importlib import import_module
@@ -49,10 +50,39 @@ def module_text(name: str) -> str:
     return "\n".join(kept) + "\n"
 
 
+#: Names every shipped module may define alike (they mean the same everywhere).
+SHARED_NAMES = frozenset({"TYPE_CHECKING"})
+
+
+def top_level_names(text: str) -> set[str]:
+    """The names a module's text defines at its top level (functions, classes, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names - SHARED_NAMES
+
+
 @lru_cache(maxsize=16)
 def bundle(*names: str) -> str:
     """One program from the named modules, in the order given (dependencies first); the last
-    one's ``if __name__ == "__main__":`` block is what runs."""
+    one's ``if __name__ == "__main__":`` block is what runs.
+
+    The modules share one namespace once joined, so a name two of them define would silently
+    replace the first one's: that is refused here (:class:`ValueError`), at render time and in
+    the tests, never at run time on a host.
+    """
+    owners: dict[str, str] = {}
+    for name in names:
+        for defined in top_level_names(module_text(name)):
+            if defined in owners:
+                raise ValueError(f"{name} and {owners[defined]} both define {defined!r}: "
+                                 "they cannot be shipped as one program")
+            owners[defined] = name
     parts = [f"{FUTURE}\n"]
     for name in names:
         parts.append(f"# ---- {name} " + "-" * max(0, 90 - len(name)) + "\n")

@@ -308,7 +308,15 @@ def run_with_restarts(
     expects = plan.train_config is not None
     before = progress(plan)
     while True:
-        plan, launched = launch(attempt, excluded)
+        try:
+            plan, launched = launch(attempt, excluded)
+        except Exception as exc:  # a restart that cannot launch ends the job, saying why
+            why = f"attempt {attempt} could not start: {_launch_error(exc)}"
+            store.end_attempt(job_id, time.time(), why)
+            _note(run_dir, f"job {job_id} FAILED: {why}")
+            store.finish(job_id, "FAILED", why)
+            final_report(store, job_id)
+            return Outcome("FAILED", why, None)
         outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
                             launched.cleanup, launched.sink)
         after = progress(plan)
@@ -325,6 +333,7 @@ def run_with_restarts(
             store.end_attempt(job_id, time.time(), reason, resumed)
             _note(run_dir, f"job {job_id} {outcome.state}" + (f": {reason}" if reason else ""))
             store.finish(job_id, outcome.state, reason, failure=outcome.failure)
+            final_report(store, job_id)
             return outcome
         why = f"{outcome.reason}; {decision.why}"
         store.end_attempt(job_id, time.time(), why, resumed, decision.exclude)
@@ -337,12 +346,38 @@ def run_with_restarts(
             store.finish(job_id, "CANCELLED", f"{stop.reason} (between attempts: nothing "
                          "restarted)")
             _note(run_dir, f"job {job_id} CANCELLED between attempts")
+            final_report(store, job_id)
             return Outcome("CANCELLED", stop.reason, None)
         restarts += 1
         attempt += 1
         excluded = (*excluded, *decision.exclude)
         before = after
         store.reopen(job_id, Attempt(attempt, time.time(), excluded_nodes=excluded))
+
+
+def _launch_error(exc: Exception) -> str:
+    problems = getattr(exc, "problems", None)
+    if problems:
+        return "; ".join(p.render().replace("\n", " ") for p in problems)
+    failures = getattr(getattr(exc, "verdict", None), "failures", None)
+    if failures:
+        return "preflight: " + "; ".join(f"{t.label}: {check}: {detail}"
+                                         for t, check, detail in failures)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def final_report(store: Store, job_id: str) -> None:
+    """The job's HTML report (``report.html`` in its run directory), written when it ends; a
+    report that cannot be written never fails the job."""
+    from orchestrate.runfiles import write_report
+
+    record = store.get(job_id)
+    if record is None:
+        return
+    try:
+        write_report(Path(record.run_dir), record.to_json())
+    except Exception as exc:  # any failure here is the report's, never the job's
+        _note(Path(record.run_dir), f"no report: {type(exc).__name__}: {exc}")
 
 
 def _note(run_dir: Path, text: str) -> None:

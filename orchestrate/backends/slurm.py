@@ -42,6 +42,7 @@ from orchestrate.errors import UserError
 from orchestrate.layout import METRICS, SBATCH_SCRIPT
 from orchestrate.outcome import Attempt, Failure
 from orchestrate.store import STOPPED, JobRecord, Store
+from orchestrate.supervise import final_report
 
 if TYPE_CHECKING:
     from orchestrate.prepare import Prepared
@@ -386,7 +387,8 @@ def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobReco
     if changed or view.final:
         _update_ranks(job, store, runs, view)
     if view.final:
-        store.finish(job.id, view.state, view.reason or "", failure=view.failure, **fields)
+        if store.finish(job.id, view.state, view.reason or "", failure=view.failure, **fields):
+            final_report(store, job.id)  # the first to see the end writes the report
     elif changed or fields:
         store.update(job.id, state=view.state, reason=view.reason, failure=view.failure,
                      **fields)

@@ -150,11 +150,11 @@ def wait_for_results(
     tasks = range(len(record.ranks))
     missing = [t for t in tasks if not _result_file(job, t).exists()]
     if not missing:
-        # Every rank returned something; if some raised, the root cause is the rank that failed
-        # first (its exit time is recorded), not the first in task order: the others mostly
-        # report the connection it closed.
-        first = final.failure.rank if final.failure is not None else None
-        for t in ([first] if first is not None else []) + list(tasks):
+        # Every rank returned something; if some raised, the root cause is the rank that
+        # raised first, not the first in task order: the others mostly report the connection
+        # it closed. submitit's task runner exits 0 after writing an error, so the order is
+        # the order the results were written in.
+        for t in sorted(tasks, key=lambda t: _result_file(job, t).stat().st_mtime_ns):
             job.task(t).result()  # a rank that raised: submitit's FailedJobError, its traceback
         return job.results()
     state = job.state if job.state not in ("", "UNKNOWN") else final.state

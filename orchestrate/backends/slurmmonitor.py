@@ -42,8 +42,7 @@ import time
 # <in-package>
 from orchestrate.exits import EXIT_FAILED
 from orchestrate.outcome import Exit, RankEnd, first_failure
-from orchestrate.restart import Policy, ending_of, progress_marker, progressed
-from orchestrate.restart import decide as decide_restart
+from orchestrate.restart import Policy, decide, ending_of, progress_marker, progressed
 
 # </in-package>
 
@@ -193,8 +192,8 @@ def mark(run_dir: str, checkpoint_dir: str, marker: str) -> None:
         json.dump(progress_marker(run_dir, checkpoint_dir or None), f)
 
 
-def decide(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: str,
-           marker: str, checkpoint_dir: str, expects_markers: bool) -> Verdict:
+def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: str,
+               marker: str, checkpoint_dir: str, expects_markers: bool) -> Verdict:
     """The verdict on one run of the step (see the module docstring), noted in the log."""
     ends = rank_ends(exit_dir)
     if not ends:
@@ -211,12 +210,12 @@ def decide(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: s
     except (OSError, ValueError):
         before = {}
     after = progress_marker(run_dir, checkpoint_dir or None)
-    decision = decide_restart(policy, ending, requeues, progressed(before, after,
-                                                                   expects_markers))
+    decision = decide(policy, ending, requeues, progressed(before, after, expects_markers))
     if ending.kind == "requeue":
         sentence = (f"rank {first.rank} on {first.node} checkpointed and asks to resume "
                     f"(exit {first.exit.code})")
-    reason = f"{sentence}; {decision.why}"
+    reason = f"{sentence}: requeuing, {decision.why}" if decision.restart else \
+        f"{sentence}; {decision.why}"
     _note(merged, reason if decision.restart else
           f"{reason}; the other ranks were stopped")
     _write(os.path.join(exit_dir, "REASON"), reason)
@@ -246,8 +245,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["decide"] and len(argv) == 9:
         policy = Policy.from_json(json.loads(argv[4]))
-        verdict = decide(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6], argv[7],
-                         argv[8] == "1")
+        verdict = verdict_of(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6],
+                             argv[7], argv[8] == "1")
         print(verdict.line())
         return 0
     print("usage: monitor.py merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]\n"

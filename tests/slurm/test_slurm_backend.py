@@ -396,7 +396,7 @@ train:
   seed: 777
   checkpoint_every_steps: 20
 distributed: {{timeout_s: 60}}
-slurm: {{max_restarts: 2}}
+restart: {{max: 2}}
 """
 
 
@@ -474,7 +474,8 @@ def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli)
         backend: slurm
         resources: {nodes: 2, gpus_per_node: 1, time: "2"}
         command: [bash, loop.sh]
-        slurm: {signal_seconds_before: 60, max_restarts: 1}
+        slurm: {signal_seconds_before: 60}
+        restart: {max: 1}
         """)
     job_id = ocli.submit(job)
     done = ocli.wait(job_id, {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
@@ -518,7 +519,7 @@ def test_node_failure_requeues_or_fails_as_configured(ocli: OrchestrateCli) -> N
         backend: slurm
         resources: {nodes: 1, gpus_per_node: 1, node_names: [n3]}
         command: [bash, node.sh]
-        slurm: {requeue_on_node_failure: false}
+        restart: {on: [requeue]}
         """)
     assert "#SBATCH --no-requeue" in ocli.run("render", str(no_requeue), check=True).stdout
     a = ocli.submit(requeue)

@@ -145,7 +145,7 @@ def test_allocation_uniform_uneven_and_gpus(tmp_path: Path) -> None:
     uneven = _job(tmp_path, "v", """\
         resources: {nodes: 2, gpus_per_node: all, node_names: [n3, n1]}
         command: [python, x.py]
-        slurm: {requeue_on_node_failure: false}
+        restart: {on: [requeue]}
         """, CPU_INVENTORY)
     options = _options(uneven)
     assert options[:4] == ["--job-name=v", "--nodes=2", "--ntasks=5", "--ntasks-per-node=3"]
@@ -192,7 +192,7 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
         "uniform": ("resources: {nodes: 2, gpus_per_node: 2}\ncommand: [python, 'a b.py']\n",
                     CPU_INVENTORY),
         "uneven-pinned": ("resources: {nodes: 2, gpus_per_node: all, node_names: [n3, n1]}\n"
-                          "command: [python, x.py]\nslurm: {requeue_on_node_failure: false}\n",
+                          "command: [python, x.py]\nrestart: {on: [requeue]}\n",
                           CPU_INVENTORY),
         "uneven-gpus": ("resources: {nodes: 3}\ncommand: [python, x.py]\n", GPU_INVENTORY),
         "secrets-fixed": ("resources: {nodes: 2, gpus_per_node: 1}\ncommand: [python, x.py]\n"
@@ -276,12 +276,16 @@ def _record(exit_dir: Path, rank: int, status: int, at_us: int, host: str) -> No
     (exit_dir / f"rank-{rank}").write_text(f"{status} {at_us} {host}\n")
 
 
+POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_failed_node": False}
+
+
 def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[str, int]:
     done = subprocess.run(
         [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.log"),
-         str(tmp_path / "exits"), str(restart), str(max_restarts)],
+         str(tmp_path / "exits"), str(restart), json.dumps({**POLICY, "max": max_restarts}),
+         str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
         capture_output=True, text=True, check=True)
-    verdict, status = done.stdout.split()
+    verdict, status, _wait, _exclude = done.stdout.split()
     return verdict, int(status)
 
 
@@ -300,7 +304,8 @@ def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_pa
     assert _decide(tmp_path, restart=0) == ("REQUEUE", 75)
     assert _decide(tmp_path, restart=3) == ("FAILED", 75)
     log = (tmp_path / "output.log").read_text()
-    assert "requeuing, restart 1 of at most 3" in log and "restarted 3 time(s) already" in log
+    assert "requeuing, restart 1 of at most 3" in log
+    assert "the restart budget is spent (3 of restart.max = 3)" in log
     # A rank that died (SIGKILL: 137) among those asking to resume: no requeue, it failed.
     _record(tmp_path / "exits", 1, 137, 999_999, "n2")
     assert _decide(tmp_path) == ("FAILED", 137)

@@ -211,6 +211,7 @@ def test_a_host_cut_off_the_network_is_named_within_seconds(ssh_cli: SshCli) -> 
         inventory: inv.yaml
         resources: {nodes: 3, gpus_per_node: 1}
         command: [bash, -c, "sleep 300"]
+        restart: {max: 0}
         """)
     ssh_cli.run("submit", str(job), "--detach", "--job-id", "cut-1", check=True)
     ssh_cli.wait_running("cut-1")
@@ -269,6 +270,7 @@ SLEEPY = """
     inventory: inv.yaml
     resources: {nodes: 3, gpus_per_node: 2}
     command: [bash, -c, "sleep 300 & sleep 300; wait"]
+    restart: {max: 0}
     """
 
 

@@ -172,7 +172,7 @@ def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fa
     if not gpus.get("ok"):
         fail("gpus", str(gpus.get("detail", "not answered")))
         return
-    present = {int(index) for index, _ in gpus.get("present", [])}
+    present = {int(gpu[0]) for gpu in gpus.get("present", [])}
     missing = sorted(set(node.gpu_indices) - present)
     if missing:
         fail("gpus", f"GPU(s) {missing} not present (nvidia-smi shows {sorted(present)})")
