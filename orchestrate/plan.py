@@ -276,6 +276,7 @@ def make_plan(
     python: str = "python3",
     param_count: float | None = None,
     facts: HostFacts | None = None,
+    debug: bool = False,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
@@ -306,7 +307,7 @@ def make_plan(
         )
     common = common_env(job, job_id=job_id, run_dir=run_dir, backend=backend,
                         any_gpu=placement.any_gpu, world_size=world_size,
-                        master_addr=master_addr, master_port=port)
+                        master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
     nodes: list[NodePlan] = []
     for numbered in number_ranks(choices):

@@ -54,6 +54,7 @@ class Loaded:
     templates_dir: Path | None
     param_count: float | None
     notes: tuple[str, ...] = ()
+    debug: bool = False  # submit --debug: NCCL's log and torch's collective checks
 
     @property
     def path(self) -> Path:
@@ -77,6 +78,7 @@ class Loaded:
             "templates_dir": None if self.templates_dir is None else str(self.templates_dir),
             "param_count": self.param_count,
             "notes": list(self.notes),
+            "debug": self.debug,
         }
 
     @classmethod
@@ -95,6 +97,7 @@ class Loaded:
             templates_dir=None if data["templates_dir"] is None else Path(data["templates_dir"]),
             param_count=data["param_count"],
             notes=tuple(data["notes"]),
+            debug=bool(data.get("debug", False)),
         )
 
 
@@ -181,6 +184,7 @@ def plan_job(
         python=sys.executable if loaded.job.backend == "local" else "python3",
         param_count=loaded.param_count,
         facts=facts,
+        debug=loaded.debug,
     )
     if loaded.notes:
         plan = replace(plan, notes=(*plan.notes, *loaded.notes))
@@ -199,6 +203,7 @@ def prepare(
     job_id: str | None = None,
     id_suffix: str | None = None,
     render_files: bool = True,
+    debug: bool = False,
 ) -> Prepared:
     """Load, plan and render a job file. ``job_id`` names the job; else ``<name>-<id_suffix>``
     (``submit`` passes a fresh suffix), else ``<name>-dryrun``."""
@@ -210,6 +215,8 @@ def prepare(
                                    hint="a job id names a folder: no '/' and no '..'") from None
     loaded = load(path, overrides)
     job_id = job_id or f"{loaded.job.name}-{id_suffix or PREVIEW_SUFFIX}"
+    if debug:
+        loaded = replace(loaded, debug=True)
     return plan_job(loaded, job_id, render_files=render_files)
 
 

@@ -51,8 +51,12 @@ def common_env(
     world_size: int,
     master_addr: str,
     master_port: int,
+    debug: bool = False,
 ) -> dict[str, str]:
-    """What every rank of the job shares."""
+    """What every rank of the job shares. With nccl, the flight recorder dumps into the run
+    directory when a collective times out; ``debug`` (``submit --debug``) adds NCCL's own log
+    (per host and process, in the run directory) and torch's collective checks, which cost
+    milliseconds per collective (docs/hangs.md)."""
     env: dict[str, str] = {
         "WORLD_SIZE": str(world_size),
         "MASTER_ADDR": master_addr,
@@ -69,6 +73,17 @@ def common_env(
         # A rank that dies must not leave the others blocked inside a collective until the
         # process-group timeout: async error handling tears the communicator down.
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        # What every rank was doing when a collective timed out, for `orchestrate diagnose`
+        # (the flight recorder is on by default since torch 2.6; older names are set too).
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+        env["TORCH_FR_DUMP_TEMP_FILE"] = f"{run_dir}/diag/fr/nccl_rank_"
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = f"{run_dir}/diag/fr/nccl_rank_"
+    if debug:
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if backend == "nccl":
+            env["NCCL_DEBUG"] = "INFO"
+            env["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+            env["NCCL_DEBUG_FILE"] = f"{run_dir}/nccl/%h.%p.log"
     return env
 
 
@@ -101,17 +116,24 @@ def node_env(
     net = node.network
     interface = net.interface if net is not None and net.interface else found_interface
     if interface:
-        env["GLOO_SOCKET_IFNAME"] = interface
+        env["GLOO_SOCKET_IFNAME"] = interface.lstrip("=")
         if backend == "nccl":
-            env["NCCL_SOCKET_IFNAME"] = interface
+            env["NCCL_SOCKET_IFNAME"] = exact(interface)
     if backend == "nccl":
         if (net is not None and net.fabric == "ethernet") or (net is None and multi_node):
             env["NCCL_IB_DISABLE"] = "1"
         if net is not None and net.hca:
-            env["NCCL_IB_HCA"] = net.hca
+            env["NCCL_IB_HCA"] = exact(net.hca)
         if node.gpu_link == "none":
             env["NCCL_P2P_DISABLE"] = "1"
     return env
+
+
+def exact(names: str) -> str:
+    """NCCL matches NCCL_SOCKET_IFNAME and NCCL_IB_HCA by *prefix*: ``eth1`` also selects
+    ``eth10``, ``mlx5_1`` also ``mlx5_10``. A leading ``=`` asks for exactly the names given
+    (a leading ``^``, an exclusion list, is the user's own and kept as written)."""
+    return names if names.startswith(("=", "^")) else f"={names}"
 
 
 def number(value: float) -> str:

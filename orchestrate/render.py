@@ -52,6 +52,9 @@ def quote(value: object) -> str:
     (SC1003), and rendered scripts must pass shellcheck whatever a job file holds.
     """
     text = str(value)
+    if text.startswith("="):  # `export X==y` is valid bash but reads like a typo (SC1097)
+        return "'" + text.replace("'", "'\"'\"'") + "'" if "\\" not in text else \
+            "'='" + quote(text[1:])
     if "\\" not in text:
         return shlex.quote(text)
     return "\\\\".join(shlex.quote(part) if part else "" for part in text.split("\\"))

@@ -33,13 +33,17 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
               help="stream output until the job ends (default on a terminal) or return at once")
 @click.option("--dry-run", is_flag=True, help="print what would be submitted; launch nothing")
 @click.option("--job-id", default=None, help="use this job id instead of a fresh one")
+@click.option("--debug", is_flag=True,
+              help="NCCL's log per host and process (run dir nccl/) and torch's collective "
+              "checks (TORCH_DISTRIBUTED_DEBUG=DETAIL, milliseconds per collective)")
 def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_run: bool,
-           job_id: str | None) -> None:
+           job_id: str | None, debug: bool) -> None:
     """Launch a job; exits 0 when a followed job completes, 1 when it fails."""
     from orchestrate.prepare import new_id_suffix, prepare
     from orchestrate.render import merged
 
-    prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix())
+    prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
+                       debug=debug)
     backend = get_backend(prepared.plan.backend)
     if dry_run:
         click.echo(merged(prepared.files), nl=False)

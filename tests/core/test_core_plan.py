@@ -189,12 +189,26 @@ def test_env_follows_the_inventorys_network_and_links() -> None:
     p = plan(job(resources={"nodes": 3}), inv)
     eth, ib, roce = (n.env for n in p.nodes)
     assert p.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert (eth["NCCL_SOCKET_IFNAME"], eth["GLOO_SOCKET_IFNAME"]) == ("eno1", "eno1")
+    # NCCL matches by prefix (eno1 would select eno10 too): the exact-match form; gloo plain.
+    assert (eth["NCCL_SOCKET_IFNAME"], eth["GLOO_SOCKET_IFNAME"]) == ("=eno1", "eno1")
     assert eth["NCCL_IB_DISABLE"] == "1" and eth["NCCL_P2P_DISABLE"] == "1"
-    assert "NCCL_IB_DISABLE" not in ib and ib["NCCL_IB_HCA"] == "mlx5_0"
+    assert "NCCL_IB_DISABLE" not in ib and ib["NCCL_IB_HCA"] == "=mlx5_0"
     assert "NCCL_P2P_DISABLE" not in ib
     assert "NCCL_IB_DISABLE" not in roce and "NCCL_IB_HCA" not in roce
     assert eth["OMP_NUM_THREADS"] == "8"  # 16 cpus / 2 ranks
+
+
+def test_nccl_diagnostics_are_rendered_and_debug_is_opt_in() -> None:
+    inv = inventory(gpu_node("a", 2, network={"interface": "^docker0,lo", "fabric": "roce"}))
+    p = plan(job(), inv)
+    assert p.env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert p.env["TORCH_FR_DUMP_TEMP_FILE"] == "/runs/j-1/diag/fr/nccl_rank_"
+    assert p.nodes[0].env["NCCL_SOCKET_IFNAME"] == "^docker0,lo"  # an exclusion stays as written
+    assert "NCCL_DEBUG" not in p.env and "TORCH_DISTRIBUTED_DEBUG" not in p.env
+    debug = plan(job(), inv, debug=True)
+    assert debug.env["NCCL_DEBUG"] == "INFO" and debug.env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert debug.env["NCCL_DEBUG_FILE"] == "/runs/j-1/nccl/%h.%p.log"
+    assert debug.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
 
 
 def test_every_rank_has_the_torchrun_variables() -> None:
