@@ -29,6 +29,9 @@ SLURM_MERGE_OFFSETS = "merged-offsets.json"
 SLURM_BATCH_LOG = "slurm-%j.out"
 #: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
 SSH_HOSTS = "ssh-hosts.json"
+#: The doctor's rank program (``python -m orchestrate.checkup``): rank 0's result, and the own
+#: result of a rank that failed before it could tell rank 0 (``checkup-rank-R.json``).
+CHECKUP_RESULT = "checkup.json"
 
 
 def node_script_name(node: str) -> str:
@@ -39,6 +42,11 @@ def node_script_name(node: str) -> str:
 def rank_log(run_dir: Path, rank: int) -> Path:
     """The file holding one rank's output."""
     return run_dir / LOG_DIR / f"rank-{rank}.log"
+
+
+def checkup_rank_result(rank: int) -> str:
+    """File name of one rank's own checkup result (beside :data:`CHECKUP_RESULT`)."""
+    return f"checkup-rank-{rank}.json"
 
 
 def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
