@@ -393,9 +393,15 @@ def _judge_pairs(
         keys = [k for k in rates if node in k]
         values = _known(rates[k] for k in keys)
         others = _known(rates[k] for k in healthy)
+        i = index[node]
+        sends = _known(pairs.GBps[i][j] for j in range(count) if j != i)
+        receives = _known(pairs.GBps[j][i] for j in range(count) if j != i)
         detail = (
-            f"every pair with {node} is slow ({len(keys)} of {len(keys)}): "
-            + "; ".join(directions(*k) for k in keys)
+            f"every pair with {node} is slow ({len(keys)} of {len(keys)}): {node} sends at "
+            + (f"{_gb(min(sends))}" if sends else "-")
+            + ", receives at " + (f"{_gb(min(receives))}" if receives else "-")
+            + " (slowest peer); "
+            + "; ".join(directions(*sorted(k, key=lambda n: n != node)) for k in keys)
         )
         if others:
             detail += f"; the other pairs reach {_gb(statistics.median(others))} (median)"
