@@ -292,7 +292,7 @@ def judge_bandwidth(
     doctor's JSON (the measured figures with each chart's expected band)."""
     rows: list[Check] = []
     section: dict[str, Any] = {"backend": result.backend}
-    planned = {n.name: n for n in shape.nodes}
+    planned = planned_by_name(result.nodes, shape)
     used = [planned[n] for n in result.nodes if n in planned]
     if result.world is not None and (best := result.world.best()) is not None:
         rows_, section["all_reduce"] = _judge_world(result.world, best, used, shape)
@@ -314,6 +314,16 @@ def judge_bandwidth(
         rows_, section["pairs"] = _judge_pairs(result.pairs, planned)
         rows.extend(rows_)
     return rows, section
+
+
+def planned_by_name(names: Sequence[str], shape: JobShape) -> dict[str, PlannedNode]:
+    """The planned node behind each node name of a checkup result: by name, or by position
+    when the ranks did not know the names (``node <GROUP_RANK>``, ORCHESTRATE_NODE_NAMES
+    unset) and the counts agree."""
+    by_name = {n.name: n for n in shape.nodes}
+    if all(name in by_name for name in names) or len(names) != len(shape.nodes):
+        return by_name
+    return dict(zip(names, shape.nodes, strict=True))
 
 
 def _judge_world(

@@ -209,7 +209,7 @@ class Watchdog:
 
     def _run(self) -> None:
         next_poll = time.monotonic() + POLL_S
-        while not self._stopped.wait(0.05):
+        while not self._stopped.wait(0.2):
             now = time.monotonic()
             with self._lock:
                 step, bound, until, poll = self._step, self._bound, self._until, self._poll

@@ -225,7 +225,6 @@ class Checkup:
         self.node_of: dict[int, str] = {}
         self._failing = False
         self._fail_lock = threading.Lock()
-        self._step_kind_collective = False
         self.watchdog = Watchdog(self._expired, self._deadline(), backstop_s=GRACE_S + 15)
 
     # -- bounds ----------------------------------------------------------------------------
@@ -252,33 +251,28 @@ class Checkup:
         return total
 
     @contextmanager
-    def step(self, name: str, bound_s: float, collective: bool = True) -> Iterator[None]:
+    def step(self, name: str, bound_s: float) -> Iterator[None]:
         """Run one named, bounded step; an error in it takes the failure path."""
         self.watchdog.arm(name, bound_s)
         began = time.monotonic()
-        if self.control.store is not None:
-            self.control.enter(name)
         try:
+            self.control.enter(name)
             yield
         except _Stop:
             raise
         except Exception as exc:
-            from orchestrate.checkup.measure import CheckFailed
-
-            kind: Kind = "wrong" if isinstance(exc, CheckFailed) else (
-                "collective" if collective else "local")
-            detail = _one_line(exc)
-            if kind == "local" and os.environ.get("ORCHESTRATE_CHECKUP_TRACEBACK"):
+            kind = _kind(exc)
+            if kind == "local":  # not a peer's doing: the traceback helps whoever fixes it
                 traceback.print_exc()
-            raise _Stop(self._fail(name, kind, detail)) from None
+            raise _Stop(self._fail(name, kind, _one_line(exc))) from None
         self.steps_s[name] = time.monotonic() - began
 
     # -- the failure path --------------------------------------------------------------------
 
     def _expired(self, step: str, kind: str, detail: str) -> None:
         """The watchdog's way in (its thread): a step timed out, or rank 0 said stop."""
-        self._fail(step, "timeout" if kind == "timeout" else "local", detail, aborted=(
-            kind == "aborted"))
+        self._fail(step, "timeout" if kind == "timeout" else "collective", detail,
+                   aborted=kind == "aborted")
 
     def _fail(self, step: str, kind: Kind, detail: str, aborted: bool = False) -> int:
         """Report a failure of this rank; on rank 0, also find whom to blame and write the
@@ -660,6 +654,21 @@ def summary(result: CheckupResult, path: Path) -> str:
         if rates:
             text += f"; node pairs {min(rates):.3g}-{max(rates):.3g} GB/s"
     return text + f"; {result.elapsed_s:.1f} s; wrote {path}"
+
+
+def _kind(exc: BaseException) -> Kind:
+    """How a step failed: a checked result differed (wrong), this rank's own trouble (local:
+    memory, a bug), or a collective that broke, usually because of a peer."""
+    import torch
+
+    from orchestrate.checkup.measure import CheckFailed
+
+    if isinstance(exc, CheckFailed):
+        return "wrong"
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError, ValueError, TypeError,
+                        AttributeError, KeyError, IndexError, AssertionError)):
+        return "local"
+    return "collective"
 
 
 _SOURCE_REF = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*")

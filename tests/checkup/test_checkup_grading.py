@@ -334,3 +334,12 @@ def test_shape_of_a_real_plan() -> None:
     assert [n.nproc for n in got.nodes] == [3, 2]
     assert got.nodes[1].interface == "eth0" and got.master_addr == "10.0.0.1"
     assert got.world_size == 5
+
+
+def test_nodes_named_by_group_rank_are_matched_by_position() -> None:
+    inv = inventory([{"name": "n[1-3]", "slots": 1}], **GBE25)
+    names = ("node 0", "node 1", "node 2")
+    pairs = matrix(names, {("node 2", "node 0"): 0.4, ("node 2", "node 1"): 0.4}, 2.8)
+    rows, _ = judge_bandwidth(result(names, backend="gloo", pairs=pairs), shape(inv, "gloo"))
+    assert rows[0].name == "node node 2" and rows[0].status == "fail"
+    assert rows[0].expected is not None and rows[0].expected.startswith(">= 2.5 GB/s")

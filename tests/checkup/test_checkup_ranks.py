@@ -143,7 +143,9 @@ def test_rank_killed_mid_sweep_is_named(starter: Starter) -> None:
 def test_frozen_rank_is_named_after_the_step_bound(starter: Starter) -> None:
     checkup = starter.start([1, 1, 1], ["--tier", "bandwidth", "--sizes", "1M",
                                         "--pair-size", "1M", "--timeout-s", "4"])
-    step = checkup.wait_for_step(1, "pairs round")
+    # Inside its pair (b <-> c in round 1), not waiting for the round's end: a rank frozen
+    # there is found at the partner's operation bound, not at the longer round bound.
+    step = checkup.wait_for_step(1, "pairs round 1 (")
     stopped = time.monotonic()
     checkup.rank(1).proc.send_signal(signal.SIGSTOP)
     try:
