@@ -76,7 +76,13 @@ class Control:
     # -- joining -------------------------------------------------------------------------------
 
     def announce(self, info: dict[str, Any]) -> None:
-        self._main().set(_key("join", self.rank), json.dumps(info))
+        store = self._main()
+        store.set(_key("join", self.rank), json.dumps(info))
+        store.add(_key("joined"), 1)
+
+    def joined_count(self) -> int:
+        """How many ranks have announced themselves (one request, however many ranks)."""
+        return int(self._main().add(_key("joined"), 0))
 
     def joined(self) -> list[int]:
         """Ranks that have announced themselves (rank 0 asks)."""
@@ -84,8 +90,10 @@ class Control:
         return [r for r in range(self.world_size) if store.check([_key("join", r)])]
 
     def members(self, ranks: Sequence[int]) -> list[dict[str, Any]]:
-        store = self._main()
-        return [json.loads(store.get(_key("join", r))) for r in ranks]
+        if not ranks:
+            return []
+        values = self._main().multi_get([_key("join", r) for r in ranks])
+        return [json.loads(v) for v in values]
 
     def publish_roster(self, roster: dict[str, Any]) -> None:
         self._main().set(_key("roster"), json.dumps(roster))

@@ -448,10 +448,10 @@ class Checkup:
         self.watchdog.polling(self._poll)
         if self.rank == 0:
             deadline = began + o.join_timeout_s
+            while (self.control.joined_count() < place.world_size
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
             joined = self.control.joined()
-            while len(joined) < place.world_size and time.monotonic() < deadline:
-                time.sleep(0.05)
-                joined = self.control.joined()
             members = self.control.members(joined)
             self.roster = members
             self.node_of = {int(m["rank"]): str(m["node"]) for m in members}

@@ -141,8 +141,10 @@ def test_rank_killed_mid_sweep_is_named(starter: Starter) -> None:
 
 
 def test_frozen_rank_is_named_after_the_step_bound(starter: Starter) -> None:
+    # --budget-s 6: each direction of a pair lasts ~6 s, so the signal lands inside the pair.
     checkup = starter.start([1, 1, 1], ["--tier", "bandwidth", "--sizes", "1M",
-                                        "--pair-size", "1M", "--timeout-s", "4"])
+                                        "--pair-size", "1M", "--timeout-s", "4",
+                                        "--budget-s", "6", "--iters", "100000"])
     # Inside its pair (b <-> c in round 1), not waiting for the round's end: a rank frozen
     # there is found at the partner's operation bound, not at the longer round bound.
     step = checkup.wait_for_step(1, "pairs round 1 (")
@@ -157,8 +159,9 @@ def test_frozen_rank_is_named_after_the_step_bound(starter: Starter) -> None:
     finally:
         checkup.kill()
     assert checkup.rank(0).proc.returncode == 1 and checkup.rank(2).proc.returncode == 1
-    assert elapsed < 4 + 4 + 8, "step bound, grace, and some slack on a busy machine"
     failure = checkup.result()["failure"]
+    assert elapsed < 4 + 4 + 8, ("step bound, grace, and some slack on a busy machine",
+                                 elapsed, failure, checkup.logs())
     assert failure["ranks"] == [1] and failure["nodes"] == ["b"], failure
     assert "stopped answering in pairs round" in failure["detail"], (step, failure)
 
