@@ -107,7 +107,7 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Opt
                         f"{GPU_SIZES} on GPUs)")
     parser.add_argument("--pair-size", help=f"bytes per node-to-node transfer (default "
                         f"{CPU_PAIR} on CPUs, {GPU_PAIR} on GPUs)")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up operations per size")
     parser.add_argument("--iters", type=int, default=10, help="timed iterations at most")
     parser.add_argument("--min-iters", type=int, default=2, help="timed iterations at least")
     parser.add_argument("--budget-s", type=float, default=2.0,
@@ -647,8 +647,10 @@ def summary(result: CheckupResult, path: Path) -> str:
     text = (f"checkup: smoke passed on {result.world_size} rank(s), {nodes} node(s) "
             f"({result.backend})")
     best = result.world.best() if result.world is not None else None
-    if best is not None:
-        text += (f"; all_reduce busbw {best.busbw_GBps:.3g} GB/s at {human(best.bytes)}")
+    if best is not None and result.world_size > 1:
+        text += f"; all_reduce busbw {best.busbw_GBps:.3g} GB/s at {human(best.bytes)}"
+    elif best is not None:
+        text += f"; all_reduce algbw {best.algbw_GBps:.3g} GB/s at {human(best.bytes)} (1 rank)"
     if result.pairs is not None:
         rates = [v for row in result.pairs.GBps for v in row if v is not None]
         if rates:

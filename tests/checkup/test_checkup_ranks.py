@@ -132,10 +132,11 @@ def test_rank_killed_mid_sweep_is_named(starter: Starter) -> None:
     codes = checkup.wait(60)
     assert codes == {0: 1, 1: 1, 2: 1, 3: -signal.SIGKILL}, checkup.logs()
     last = max(r.ended or 0 for r in checkup.ranks if r.rank != 3)
-    assert last - killed < 15, "everyone stops within the grace period"
     failure = checkup.result()["failure"]
+    # Everyone stops within the grace period (and slack for this machine's shared cores).
+    assert last - killed < 15, (last - killed, failure, checkup.logs())
     assert failure["tier"] == "bandwidth"
-    assert failure["ranks"] == [3] and failure["nodes"] == ["b"]
+    assert failure["ranks"] == [3] and failure["nodes"] == ["b"], (failure, checkup.logs())
     assert failure["detail"].startswith("rank 3 (node b) stopped answering in all_reduce")
     assert failure["per_rank"]["3"].startswith("silent in all_reduce")
 
