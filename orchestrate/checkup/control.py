@@ -19,7 +19,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +44,9 @@ class Control:
         self.addr, self.port, self.rank, self.world_size = addr, port, rank, world_size
         self.store: Store | None = None
         self._side: Store | None = None
+        # The side connection serves two threads (the watchdog's polls, the failure path);
+        # a store client is one socket, so its requests must not interleave.
+        self._side_lock = threading.RLock()
 
     @property
     def master(self) -> str:
@@ -60,14 +64,17 @@ class Control:
         )
         return self.store
 
-    def side(self) -> Store:
-        """A second connection for the watchdog and the failure path (opened once)."""
-        if self._side is None:
-            assert self.store is not None
-            side: Store = self.store.clone()  # type: ignore[attr-defined]
-            side.set_timeout(timedelta(seconds=SIDE_TIMEOUT_S))
-            self._side = side
-        return self._side
+    @contextmanager
+    def side(self) -> Iterator[Store]:
+        """A second connection for the watchdog and the failure path (opened once), held
+        by one thread at a time."""
+        with self._side_lock:
+            if self._side is None:
+                assert self.store is not None
+                side: Store = self.store.clone()  # type: ignore[attr-defined]
+                side.set_timeout(timedelta(seconds=SIDE_TIMEOUT_S))
+                self._side = side
+            yield self._side
 
     def _main(self) -> Store:
         assert self.store is not None, "connect first"
@@ -103,7 +110,16 @@ class Control:
         store = self._main()
         store.wait([_key("roster")], timedelta(seconds=timeout_s))
         value: dict[str, Any] = json.loads(store.get(_key("roster")))
+        store.add(_key("roster_read"), 1)
         return value
+
+    def wait_roster_read(self, count: int, timeout_s: float) -> None:
+        """Rank 0, before it exits after a failed join: let ``count`` ranks read why (the
+        store dies with rank 0)."""
+        store = self._main()
+        deadline = time.monotonic() + timeout_s
+        while int(store.add(_key("roster_read"), 0)) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     # -- progress, failures and results ---------------------------------------------------------
 
@@ -112,42 +128,45 @@ class Control:
         self._main().set(_key("step", self.rank), step)
 
     def report_failure(self, report: dict[str, Any]) -> None:
-        side = self.side()
-        side.set(_key("fail", self.rank), json.dumps(report))
-        side.add(_key("failures"), 1)
+        with self.side() as side:
+            side.set(_key("fail", self.rank), json.dumps(report))
+            side.add(_key("failures"), 1)
 
     def failures(self) -> int:
-        return int(self.side().add(_key("failures"), 0))
+        with self.side() as side:
+            return int(side.add(_key("failures"), 0))
 
     def stop_all(self, reason: str) -> None:
         """Tell every rank to stop (rank 0, once a failure is certain)."""
-        self.side().set(_key("stop"), reason)
+        with self.side() as side:
+            side.set(_key("stop"), reason)
 
     def stop_reason(self) -> str | None:
-        side = self.side()
-        if side.check([_key("stop")]):
-            return side.get(_key("stop")).decode()
-        return None
+        with self.side() as side:
+            if side.check([_key("stop")]):
+                return str(side.get(_key("stop")).decode())
+            return None
 
     def post_result(self, part: dict[str, Any]) -> None:
         self._main().set(_key("result", self.rank), json.dumps(part))
 
     def accounted(self, rank: int) -> str | None:
         """``"fail"`` or ``"result"`` once ``rank`` posted one (side connection)."""
-        side = self.side()
-        for kind in ("fail", "result"):
-            if side.check([_key(kind, rank)]):
-                return kind
-        return None
+        with self.side() as side:
+            for kind in ("fail", "result"):
+                if side.check([_key(kind, rank)]):
+                    return kind
+            return None
 
     def read(self, kind: str, rank: int) -> Any:
-        return json.loads(self.side().get(_key(kind, rank)))
+        with self.side() as side:
+            return json.loads(side.get(_key(kind, rank)))
 
     def last_step(self, rank: int) -> str | None:
-        side = self.side()
-        if side.check([_key("step", rank)]):
-            return side.get(_key("step", rank)).decode()
-        return None
+        with self.side() as side:
+            if side.check([_key("step", rank)]):
+                return str(side.get(_key("step", rank)).decode())
+            return None
 
     def results(self, timeout_s: float) -> dict[int, dict[str, Any]]:
         """Every rank's result part (rank 0); raises TimeoutError with the missing ranks."""

@@ -465,6 +465,7 @@ class Checkup:
                 failure = never_joined(missing, {**self.node_of, **where}, place.world_size,
                                        o.join_timeout_s, self.control.master)
                 self.control.publish_roster({"ok": False, "failure": failure.to_json()})
+                self.control.wait_roster_read(len(joined) - 1, GRACE_S)
                 self._failing = True
                 self._write(self._result(failure))
                 print(f"checkup: FAILED in join: {failure.detail}", file=sys.stderr, flush=True)

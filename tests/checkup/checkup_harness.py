@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+# The harness reads rank 0's store while rank 0 may still be importing torch: keep c10d's
+# connection-retry lines out of the test output.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 _INHERITED = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
     "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_DIST_BACKEND", "ORCHESTRATE_NODE_NAMES",
@@ -104,23 +107,23 @@ class Checkup:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
         deadline = time.monotonic() + timeout
-        store = None
-        while store is None:
-            try:
-                store = TCPStore("127.0.0.1", self.port, None, False,
-                                 timeout=timedelta(seconds=5), wait_for_workers=False)
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         key = f"checkup/step/{rank}"
+        store = None
         while time.monotonic() < deadline:
-            if store.check([key]):
-                step = store.get(key).decode()
-                if step.startswith(prefix):
-                    return step
             if any(r.proc.poll() is not None for r in self.ranks):
                 break
+            try:
+                if store is None:
+                    store = TCPStore("127.0.0.1", self.port, None, False,
+                                     timeout=timedelta(seconds=2), wait_for_workers=False)
+                if store.check([key]):
+                    step = store.get(key).decode()
+                    if step.startswith(prefix):
+                        return str(step)
+            except Exception:  # rank 0 not listening yet (importing torch on a busy machine)
+                store = None
+                time.sleep(0.05)
+                continue
             time.sleep(0.005)
         raise AssertionError(f"rank {rank} never entered {prefix!r}:\n{self.logs()}")
 

@@ -125,7 +125,7 @@ def test_three_nodes_measure_every_pair_both_ways(starter: Starter) -> None:
 
 def test_rank_killed_mid_sweep_is_named(starter: Starter) -> None:
     checkup = starter.start([2, 2], ["--tier", "bandwidth", "--sizes", "1M,4M,16M",
-                                     "--budget-s", "1"])
+                                     "--budget-s", "4", "--iters", "100000"])
     checkup.wait_for_step(3, "all_reduce 4 MiB")
     killed = time.monotonic()
     checkup.rank(3).proc.kill()
