@@ -246,8 +246,8 @@ class Checkup:
         total = o.join_timeout_s + 10 + 6 * o.timeout_s
         if "bandwidth" in o.tiers:
             total += 2 * len(self.sizes) * (2 * o.budget_s + 2 * o.timeout_s)
-            nodes = max(2, len(o.names))
-            total += nodes * (2 * o.budget_s + 2 * o.timeout_s)
+            nodes = max(2, len(o.names) or self.place.world_size)  # rounds: at most nodes
+            total += nodes * self._round_bound()
         return total
 
     @contextmanager
