@@ -46,6 +46,9 @@ DIAGNOSIS_FILE = "diagnosis.json"
 ATTEMPTS_FILE = "attempts.json"
 DOCTOR_FILE = "doctor.json"
 HEARTBEAT_DIR = "diag/hb"
+#: The doctor's rank program (``python -m orchestrate.checkup``): rank 0's result, and the own
+#: result of a rank that failed before it could tell rank 0 (``checkup-rank-R.json``).
+CHECKUP_RESULT = "checkup.json"
 
 
 def node_script_name(node: str) -> str:
@@ -56,6 +59,11 @@ def node_script_name(node: str) -> str:
 def rank_log(run_dir: Path, rank: int) -> Path:
     """The file holding one rank's output."""
     return run_dir / LOG_DIR / f"rank-{rank}.log"
+
+
+def checkup_rank_result(rank: int) -> str:
+    """File name of one rank's own checkup result (beside :data:`CHECKUP_RESULT`)."""
+    return f"checkup-rank-{rank}.json"
 
 
 def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
