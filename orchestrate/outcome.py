@@ -15,10 +15,7 @@ from __future__ import annotations
 import signal as signals
 from dataclasses import dataclass
 
-# <in-package>
 from orchestrate.exits import EXIT_REQUEUE
-
-# </in-package>
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

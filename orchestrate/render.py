@@ -37,11 +37,17 @@ from orchestrate.layout import (
 )
 from orchestrate.plan import Plan
 from orchestrate.ports import PORT_BASE, PORT_SPAN
-from orchestrate.shipping import bundle
+from orchestrate.shipping import program
 
 #: The modules of the Slurm batch job's monitor program (monitor.py in the run directory).
 MONITOR_MODULES = ("orchestrate.exits", "orchestrate.outcome", "orchestrate.restart",
                    "orchestrate.backends.slurmmonitor")
+
+
+def monitor_program() -> str:
+    """``monitor.py``: the Slurm batch job's monitor, shipped beside job.sbatch."""
+    return program(MONITOR_MODULES, "from orchestrate.backends.slurmmonitor import main\n"
+                                    "sys.exit(main(sys.argv[1:]))")
 
 
 def quote(value: object) -> str:
@@ -133,7 +139,7 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
             files[SBATCH_SCRIPT] = env.get_template("sbatch.sh.j2").render(
                 context, **slurm_context(plan)
             )
-            files[SLURM_MONITOR] = bundle(*MONITOR_MODULES)
+            files[SLURM_MONITOR] = monitor_program()
         else:
             template = env.get_template("node.sh.j2")
             for node in plan.nodes:

@@ -30,11 +30,8 @@ import os
 import re
 from dataclasses import dataclass
 
-# <in-package>
 from orchestrate.exits import EXIT_REQUEUE, EXIT_USER_ERROR
 from orchestrate.outcome import Exit
-
-# </in-package>
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

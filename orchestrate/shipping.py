@@ -1,93 +1,76 @@
 """Programs shipped to other machines as source text: several stdlib-only modules, one program.
 
-The SSH agent, the Slurm batch job's monitor and the rank sidecar run where orchestrate may not
-be installed (a bare server, a compute node, a user's own Python), so orchestrate sends their
-text and the remote interpreter runs it (``python -S -c TEXT`` or a file in the run directory).
-Each such program is made of modules of this package that use the standard library only; here
-they are joined into one text, in dependency order. Two conventions in those modules make that
-possible:
-
-- imports of sibling modules sit between ``# <in-package>`` and ``# </in-package>`` lines: they
-  serve the package (and the type checker) and are dropped from the bundle, where the sibling's
-  definitions come earlier in the same text;
-- ``from __future__ import annotations`` may only open a file, so it is hoisted to the top once.
+The SSH agent, the Slurm batch job's monitor and the local watchdog run where orchestrate may not
+be installed (a bare server, a compute node) or must not be imported (``python -S``: no
+site-packages, a third of the start-up), so orchestrate sends their text and the interpreter
+there runs it (``python -S -c TEXT``, or a file in the run directory). Such a program is made of
+modules of this package that use the standard library only, carried *as modules*: their sources
+travel in a dict, and a small import hook (the first thing the program installs) serves them
+under their own names, each in its own namespace. So a shipped module is written, imported,
+type-checked and tested like any other (``from orchestrate.host import reap``), and two of them
+may define the same name. No other orchestrate module can be imported there: a shipped module
+that needs one that is not shipped fails at once, in the tests that run every program.
 
 Importing this module costs nothing beyond the standard library.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 from functools import lru_cache
 from importlib import import_module
 from pathlib import Path
 
-FUTURE = "from __future__ import annotations"
-OPEN = "# <in-package>"
-CLOSE = "# </in-package>"
+#: Serves the shipped sources as modules (run first, before the entry code).
+_BOOTSTRAP = '''\
+import sys
+from importlib.abc import Loader, MetaPathFinder
+from importlib.util import spec_from_loader
+
+
+class _Shipped(MetaPathFinder, Loader):
+    """The modules this program carries, under their own names."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name in _SOURCES or name in _PACKAGES:
+            return spec_from_loader(name, self, is_package=name in _PACKAGES)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        source = _SOURCES.get(module.__name__)
+        if source is None:  # a package that only holds shipped modules
+            module.__path__ = []
+            return
+        exec(compile(source, "<shipped " + module.__name__ + ">", "exec"), module.__dict__)
+
+
+sys.meta_path.insert(0, _Shipped())
+'''
 
 
 @lru_cache(maxsize=64)
-def module_text(name: str) -> str:
-    """A module's source, without its in-package imports and ``__future__`` line."""
-    module = import_module(name)
-    path = module.__file__
+def module_source(name: str) -> str:
+    """A module's source text."""
+    path = import_module(name).__file__
     if path is None:  # pragma: no cover - namespace packages have no file
         raise ValueError(f"{name} has no source file")
-    kept: list[str] = []
-    skipping = False
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        stripped = line.strip()
-        if stripped == OPEN:
-            skipping = True
-        elif stripped == CLOSE:
-            skipping = False
-        elif not skipping and stripped != FUTURE:
-            kept.append(line)
-    if skipping:
-        raise ValueError(f"{name}: '{OPEN}' without '{CLOSE}'")
-    return "\n".join(kept) + "\n"
-
-
-#: Names every shipped module may define alike (they mean the same everywhere).
-SHARED_NAMES = frozenset({"TYPE_CHECKING"})
-
-
-def top_level_names(text: str) -> set[str]:
-    """The names a module's text defines at its top level (functions, classes, assignments)."""
-    names: set[str] = set()
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return names - SHARED_NAMES
+    return Path(path).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=16)
-def bundle(*names: str) -> str:
-    """One program from the named modules, in the order given (dependencies first); the last
-    one's ``if __name__ == "__main__":`` block is what runs.
-
-    The modules share one namespace once joined, so a name two of them define would silently
-    replace the first one's: that is refused here (:class:`ValueError`), at render time and in
-    the tests, never at run time on a host.
-    """
-    owners: dict[str, str] = {}
-    for name in names:
-        for defined in top_level_names(module_text(name)):
-            if defined in owners:
-                raise ValueError(f"{name} and {owners[defined]} both define {defined!r}: "
-                                 "they cannot be shipped as one program")
-            owners[defined] = name
-    parts = [f"{FUTURE}\n"]
-    for name in names:
-        parts.append(f"# ---- {name} " + "-" * max(0, 90 - len(name)) + "\n")
-        parts.append(module_text(name))
-    return "".join(parts)
+def program(modules: tuple[str, ...], entry: str) -> str:
+    """One program carrying ``modules`` and running ``entry`` (Python statements, e.g.
+    ``from orchestrate.host import watch; watch(...)``) once they can be imported."""
+    packages = sorted({name.rsplit(".", depth)[0] for name in modules
+                       for depth in range(1, name.count(".") + 1)})
+    sources = "{\n" + "".join(f"    {name!r}: {module_source(name)!r},\n"
+                              for name in modules) + "}"
+    return (f"# A program shipped by orchestrate: the modules {', '.join(modules)}.\n"
+            f"_SOURCES = {sources}\n_PACKAGES = {tuple(packages)!r}\n"
+            + _BOOTSTRAP + "\n" + entry.rstrip() + "\n")
 
 
 def fingerprint(text: str) -> str:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from orchestrate.layout import SUPERVISOR_LOG
-from orchestrate.shipping import bundle
+from orchestrate.shipping import program
 from orchestrate.store import JobRecord, Store
 
 
@@ -85,12 +85,11 @@ def start_watchdog(pid: int, job_id: str, grace_s: float) -> subprocess.Popen[by
     its lease (:func:`orchestrate.host.watch`). Standard library only, no site-packages."""
     from orchestrate.host import TAG, proc_start
 
-    program = bundle("orchestrate.host") + (
-        f"\nwatch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r})\n"
-    )
+    text = program(("orchestrate.host",), "from orchestrate.host import watch\n"
+                   f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r})")
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(
-        [sys.executable, "-S", "-c", program], stdin=subprocess.DEVNULL,
+        [sys.executable, "-S", "-c", text], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
     )

@@ -39,12 +39,9 @@ import signal
 import sys
 import time
 
-# <in-package>
 from orchestrate.exits import EXIT_FAILED
 from orchestrate.outcome import Exit, RankEnd, first_failure
 from orchestrate.restart import Policy, decide, ending_of, progress_marker, progressed
-
-# </in-package>
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

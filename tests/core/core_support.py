@@ -132,9 +132,8 @@ def normalise(text: str) -> str:
     """Machine-dependent values (this interpreter's path) as placeholders, for goldens; a
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
     line naming its modules, since its own tests cover its text."""
-    from orchestrate.render import MONITOR_MODULES
-    from orchestrate.shipping import bundle
+    from orchestrate.render import MONITOR_MODULES, monitor_program
 
-    program = bundle(*MONITOR_MODULES)
-    shown = f"<orchestrate.shipping.bundle{MONITOR_MODULES}>\n"
+    program = monitor_program()
+    shown = f"<orchestrate.shipping.program{MONITOR_MODULES}>\n"
     return text.replace(sys.executable, "$PYTHON").replace(program, shown)

@@ -25,8 +25,7 @@ from orchestrate.backends.slurmctl import (
 from orchestrate.errors import UserError
 from orchestrate.job import time_limit_seconds
 from orchestrate.prepare import prepare
-from orchestrate.render import MONITOR_MODULES
-from orchestrate.shipping import bundle
+from orchestrate.render import monitor_program
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,7 +218,7 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
 def _monitor(tmp_path: Path) -> Path:
     """The monitor program exactly as ``render`` ships it beside job.sbatch."""
     path = tmp_path / "monitor.py"
-    path.write_text(bundle(*MONITOR_MODULES))
+    path.write_text(monitor_program())
     return path
 
 

@@ -40,7 +40,6 @@ import socket
 import subprocess
 import sys
 
-# <in-package>
 from orchestrate.host import (
     TAG,
     LeaseBook,
@@ -54,8 +53,6 @@ from orchestrate.host import (
     suppress,
 )
 from orchestrate.restart import progress_marker
-
-# </in-package>
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from orchestrate.backends.sshkit.agent import MARK
 from orchestrate.backends.sshkit.connections import Link, SshChannel
 from orchestrate.exits import EXIT_LOST
 from orchestrate.outcome import Exit
-from orchestrate.shipping import bundle
+from orchestrate.shipping import program
 
 #: A rank whose channel ends without the agent saying how it ended (connection lost, agent
 #: killed) is reported with ssh's own status for that.
@@ -41,7 +41,8 @@ AGENT_MODULES = ("orchestrate.host", "orchestrate.exits", "orchestrate.outcome",
 
 def agent_source() -> str:
     """The agent program's text: the host module, then the agent's protocol."""
-    return bundle(*AGENT_MODULES)
+    return program(AGENT_MODULES, "from orchestrate.backends.sshkit.agent import main\n"
+                                  "sys.exit(main(sys.argv[1:], sys.stdout))")
 
 
 def agent_command(python: str, *args: str) -> str:
