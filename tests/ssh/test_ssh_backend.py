@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -674,18 +675,20 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
     # The local backend, run on h1 as a user logged in there would (its own home state, the
     # default ~/.local/state/orchestrate, as the agent's).
     fakebin = Path(wrapper).parent
+    # That home outlives the test hosts and job ids are never reused: a fresh id each run.
+    local_id = f"local-half-{uuid.uuid4().hex[:8]}"
     started = ssh_cli.hosts.run(
         "h1", f"cd {ssh_cli.work} && PATH={fakebin}:$PATH ORCHESTRATE_RUNS={ssh_cli.work}/h1runs "
-        f"{sys.executable} -m orchestrate submit {local_job} --detach --job-id local-half-1",
+        f"{sys.executable} -m orchestrate submit {local_job} --detach --job-id {local_id}",
         timeout=90)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         leases = Path.home() / ".local/state/orchestrate/leases/h1"
         deadline = time.monotonic() + 30
-        while not (leases / "local-half-1.json").exists():
+        while not (leases / f"{local_id}.json").exists():
             assert time.monotonic() < deadline, "the local job never leased its GPUs"
             time.sleep(0.2)
-        held = json.loads((leases / "local-half-1.json").read_text())["gpus"]
+        held = json.loads((leases / f"{local_id}.json").read_text())["gpus"]
         assert len(held) == 4 and set(held) <= {2, 3, 4, 5, 6, 7}
 
         # An SSH job for 2 A6000s gets the 2 the local job left free.
@@ -708,5 +711,5 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
         assert "4 held by other jobs" in three.stderr
     finally:
         ssh_cli.hosts.run("h1", f"cd {ssh_cli.work} && {sys.executable} -m orchestrate cancel "
-                          "local-half-1", timeout=60)
-        stop_tagged(ssh_cli.hosts, "local-half-1", grace_s=1.0)
+                          f"{local_id}", timeout=60)
+        stop_tagged(ssh_cli.hosts, local_id, grace_s=1.0)
