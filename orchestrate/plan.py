@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrate import hostlist
+from orchestrate import frameworks, hostlist
 from orchestrate.errors import UserError
 from orchestrate.inventory import Gpu, Inventory, Node
 from orchestrate.job import JobSpec
@@ -198,6 +198,8 @@ def make_plan(
 
     any_gpu = any(c.gpus for c in choices)
     dist_backend = _dist_backend(job, any_gpu, source, warnings)
+    frameworks.check(job.framework, job.backend, job.name,
+                     [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
     if len({g.model for c in choices for g in c.gpus}) > 1:
         warnings.append(
             "GPU models are mixed across ranks ("
@@ -233,6 +235,7 @@ def make_plan(
         "ORCHESTRATE_TIMEOUT_S": _number(job.distributed.timeout_s),
         "PYTHONUNBUFFERED": "1",
     }
+    common.update(frameworks.common_env(job.backend, job_id, any_gpu))
     if any_gpu:
         common["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if dist_backend == "nccl":
@@ -601,6 +604,7 @@ def _node_env(
         "LOCAL_WORLD_SIZE": str(choice.nproc),
         "GROUP_RANK": str(node_rank),
     }
+    env.update(frameworks.node_env(job.backend, node_rank, choice.nproc))
     if choice.gpus:
         # Every local rank sees all of the job's GPUs on the node and uses cuda:LOCAL_RANK;
         # isolating one GPU per process would block NCCL peer-to-peer over NVLink.
