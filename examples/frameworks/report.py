@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,9 @@ def report(probe: str, believes: dict[str, Any], checks: dict[str, Any]) -> None
         "env": {key: os.environ.get(key) for key in ENV_KEYS},
         "checks": checks,
         "process": {
+            "host": socket.gethostname(),
             "pid": os.getpid(),
-            "parent": _cmdline(os.getppid())[:4],
+            "parent": [arg[:100] for arg in _cmdline(os.getppid())[:6]],
             "children": _children(),
         },
     }

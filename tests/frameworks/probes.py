@@ -57,9 +57,10 @@ def probe_lines(output: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def assert_believes_plan(output: str, plan: dict[str, Any], probe: str, environment: str,
-                         launcher: str) -> dict[int, dict[str, Any]]:
-    """Every rank of ``plan`` printed exactly one probe line, from its own process, and its
-    framework believes what the plan says; returns the records by rank.
+                         launcher: str, on_hosts: bool = True) -> dict[int, dict[str, Any]]:
+    """Every rank of ``plan`` printed exactly one probe line, from its own process, on its plan
+    node's host (unless not ``on_hosts``), and its framework believes what the plan says;
+    returns the records by rank.
 
     ``environment`` is the Lightning cluster environment expected (ignored for accelerate);
     ``launcher`` a word of the parent command that shows orchestrate started the rank.
@@ -76,6 +77,8 @@ def assert_believes_plan(output: str, plan: dict[str, Any], probe: str, environm
         assert record["probe"] == probe
         if prefix:
             assert prefix == f"[{entry['node']}:{entry['rank']}]"
+        if on_hosts:  # ran on that machine, not just labelled so
+            assert record["process"]["host"] == entry["node"], record
         # What orchestrate set: the plan's rank, local rank, node rank, sizes.
         assert env["RANK"] == str(entry["rank"])
         assert env["LOCAL_RANK"] == str(entry["local_rank"])
