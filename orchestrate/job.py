@@ -15,6 +15,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.frameworks import Framework
 from orchestrate.loader import Lines, known_fields, read_yaml, suggest, validate
 from orchestrate.schema import Spec, single_line
 from orchestrate.train.config import TrainSpec
@@ -257,6 +258,12 @@ class JobSpec(Spec):
         description="names taken from the submitting environment; never written to a file",
     )
     distributed: Distributed = Field(default_factory=Distributed)
+    framework: Framework = Field(
+        default="none",
+        description="the training framework the command uses, so that `plan` refuses layouts "
+        "it cannot run and says what to pass it (docs/frameworks.md); the environment is the "
+        "same either way",
+    )
     slurm: SlurmJob = Field(default_factory=SlurmJob)
     ssh: SSHJob = Field(default_factory=SSHJob)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrate import hostlist
+from orchestrate import frameworks, hostlist
 from orchestrate.errors import UserError
 from orchestrate.inventory import Inventory
 from orchestrate.job import JobSpec
@@ -293,6 +293,9 @@ def make_plan(
     if job.restart.exclude_failed_node:
         _check_spare_node(job, inventory, memory, facts, source)
     backend = dist_backend(job, placement.any_gpu, source, warnings)
+    notes = list(placement.notes)
+    frameworks.check(job.framework, job.backend, job.name,
+                     [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
     if len(placement.models) > 1:
         warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
                         "every step waits for the slowest GPU")
@@ -360,7 +363,7 @@ def make_plan(
         train_config=None if job.train is None else job.train.model_dump(mode="json"),
         memory=memory,
         warnings=tuple(warnings),
-        notes=placement.notes,
+        notes=tuple(notes),
         time_limit=job.resources.time,
     )
 

@@ -10,6 +10,7 @@ settings its network and GPU link call for), then RANK and LOCAL_RANK
 
 from __future__ import annotations
 
+from orchestrate import frameworks
 from orchestrate.errors import UserError
 from orchestrate.job import JobSpec
 from orchestrate.placement import Choice
@@ -67,6 +68,7 @@ def common_env(
         "ORCHESTRATE_TIMEOUT_S": number(job.distributed.timeout_s),
         "PYTHONUNBUFFERED": "1",
     }
+    env.update(frameworks.common_env(job.backend, job_id, any_gpu))
     if any_gpu:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if backend == "nccl":
@@ -105,6 +107,7 @@ def node_env(
         "LOCAL_WORLD_SIZE": str(choice.nproc),
         "GROUP_RANK": str(node_rank),
     }
+    env.update(frameworks.node_env(job.backend, node_rank, choice.nproc))
     if choice.gpus:
         # Every local rank sees all of the job's GPUs on the node and uses cuda:LOCAL_RANK;
         # isolating one GPU per process would block NCCL peer-to-peer over NVLink.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine: the package with its test
-# extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, pytest, ruff, mypy) and the system
-# tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2; Chromium to render
-# the HTML report headless and tmux to drive the live view in a terminal). Idempotent.
+# extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, Lightning, accelerate, pytest, ruff,
+# mypy) and the system tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2;
+# Chromium to render the HTML report headless and tmux to drive the live view in a terminal).
+# Idempotent.
 # The Slurm and SSH test clusters install their own packages too when started by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."

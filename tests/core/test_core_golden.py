@@ -92,3 +92,33 @@ def test_goldens_show_what_the_issue_asks() -> None:
         "#SBATCH --ntasks-per-node=8",
     ):
         assert line + "\n" in sbatch
+
+
+def test_goldens_show_what_lightning_and_accelerate_read() -> None:
+    """What frameworks pick their mode by (docs/frameworks.md): off Slurm, TORCHELASTIC_RUN_ID
+    (Lightning then reads RANK/LOCAL_RANK/GROUP_RANK); on Slurm, no TORCHELASTIC_RUN_ID and each
+    task's SLURM_NODEID/SLURM_NTASKS_PER_NODE are its plan node's index and rank count;
+    ACCELERATE_USE_CPU only without GPUs."""
+    golden = CORE / "golden"
+    cpu = json.loads((golden / "cpu-local.plan.json").read_text())
+    assert cpu["env"]["TORCHELASTIC_RUN_ID"] == cpu["job_id"]
+    assert cpu["env"]["ACCELERATE_USE_CPU"] == "true"
+    ssh = json.loads((golden / "uneven-ssh.plan.json").read_text())
+    assert ssh["env"]["TORCHELASTIC_RUN_ID"] == ssh["job_id"]
+    assert "ACCELERATE_USE_CPU" not in ssh["env"]  # GPUs: accelerate picks them itself
+    assert not any(k.startswith("SLURM_") for n in ssh["nodes"] for k in n["env"])
+
+    slurm = json.loads((golden / "uneven-slurm.plan.json").read_text())
+    assert "TORCHELASTIC_RUN_ID" not in slurm["env"]
+    assert [(n["env"]["SLURM_NODEID"], n["env"]["SLURM_NTASKS_PER_NODE"]) for n in slurm["nodes"]
+            ] == [("0", "3"), ("1", "2")]
+    sbatch = (golden / "uneven-slurm.render.txt").read_text()
+    _, _, task = sbatch.partition("if [[ ${1:-} == --task ]]; then")
+    assert "TORCHELASTIC_RUN_ID" not in sbatch
+    for node, count in (("0) # plan node alpha", 3), ("1) # plan node beta", 2)):
+        block = task.split(node, 1)[1].split(";;", 1)[0]
+        assert f"export SLURM_NODEID={node[0]}\n" in block
+        assert f"export SLURM_NTASKS_PER_NODE={count}\n" in block
+    # srun must not see the allocation's maximum as the step's per-node count.
+    after = task.partition("# ---- the batch script")[2]
+    assert after.index("unset SLURM_NTASKS_PER_NODE") < after.index("\nsrun ")
