@@ -29,6 +29,14 @@ SLURM_MERGE_OFFSETS = "merged-offsets.json"
 SLURM_BATCH_LOG = "slurm-%j.out"
 #: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
 SSH_HOSTS = "ssh-hosts.json"
+#: Stall diagnosis (orchestrate.sidecar writes, orchestrate.evidence reads): ``diag/hb/rank-R.json``
+#: heartbeats, ``diag/request`` (a launcher asks for dumps), ``diag/<id>/rank-R.*`` the answers,
+#: ``diag/diagnosis.json`` the latest diagnosis. sidecar.py repeats these names (it is copied
+#: into ranks as sitecustomize.py and imports nothing from orchestrate).
+DIAG_DIR = "diag"
+DIAG_HEARTBEATS = "hb"
+DIAG_REQUEST = "request"
+DIAG_DIAGNOSIS = "diagnosis.json"
 
 
 def node_script_name(node: str) -> str:
@@ -50,3 +58,8 @@ def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
 def slurm_hostfile(run_dir: Path, restart: int) -> Path:
     """Each rank's host in one run of a Slurm job."""
     return run_dir / SLURM_STATE / f"{SLURM_HOSTFILE}{restart}"
+
+
+def heartbeat_file(run_dir: Path, rank: int) -> Path:
+    """Where a rank's sidecar keeps its heartbeat."""
+    return run_dir / DIAG_DIR / DIAG_HEARTBEATS / f"rank-{rank}.json"
