@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
+from orchestrate import sidecar
 from orchestrate.train import checkpoint, rng
 from orchestrate.train.config import TrainSpec
 from orchestrate.train.distributed import Cluster
@@ -149,6 +150,7 @@ class Trainer:
         self._pending_samples = 0
         self._interval = (*self._running(), self._epoch_started)
         index = self.position.batch
+        sidecar.phase("step", self.position.step)
         for inputs, target in self.train_loader:
             group_start = index - index % accum
             group_size = min(accum, n_batches - group_start)
@@ -160,6 +162,7 @@ class Trainer:
             self._optimizer_step()
             self.position.step += 1
             self.position.batch = index
+            sidecar.phase("step", self.position.step)
             stopping = self.stop.step_done()
             self._after_step()
             if stopping:
@@ -280,6 +283,7 @@ class Trainer:
         reduced = self._all_reduce([loss_sum, float(samples), float(self._epoch_samples_here)])
         val_loss = val_accuracy = None
         if self.val_loader is not None:
+            sidecar.phase("eval", self.position.step)
             result = evaluate(
                 self.module,
                 self.val_loader,
@@ -346,6 +350,7 @@ class Trainer:
             if barrier and self.cluster.control is not None:
                 dist.barrier(group=self.cluster.control)
             return
+        sidecar.phase("checkpoint", self.position.step)
         self._fold()
         mine = {
             "rng": rng.capture(self.cluster.device.type == "cuda"),

@@ -12,6 +12,7 @@ stall, diagnosis) as a JSON fixture for the pure tests (tests/diag/captures/).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -108,10 +109,8 @@ class Job:
             if proc.poll() is None:
                 proc.kill()
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def output(self) -> str:
         return "\n".join(
