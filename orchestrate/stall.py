@@ -564,7 +564,8 @@ def _first_place(views: Sequence[RankView]) -> str:
         if not view.heard:
             return f" (rank {view.rank} has no heartbeat: it never started Python)"
         if view.frame is not None:
-            return f" (rank {view.rank} is in {_located(view)})"
+            kernel = f", {view.kernel}" if view.kernel else ""
+            return f" (rank {view.rank} is in {view.where()}{kernel})"
     return ""
 
 

@@ -196,15 +196,27 @@ class Outcome:
     exit_codes: dict[int, int | None]
 
 
-def _compact(beat: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What StallWatch reads of a heartbeat (for a capture's trace)."""
+def _compact(beat: dict[str, Any] | None) -> list[Any] | None:
+    """What StallWatch reads of a heartbeat, as one short row (a capture's trace):
+    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...]]``."""
     if beat is None:
         return None
+    return [
+        beat.get("pid"), beat.get("beat"), beat.get("phase"), beat.get("step"),
+        (beat.get("stack") or [None])[0],
+        [[p["pg"], p["enqueued"], p["completed"]] for p in beat.get("pgs") or []],
+    ]
+
+
+def expand(row: list[Any] | None) -> dict[str, Any] | None:
+    """A trace row back into the heartbeat fields StallWatch reads."""
+    if row is None:
+        return None
+    pid, beat, phase, step, frame, pgs = row
     return {
-        "pid": beat.get("pid"), "beat": beat.get("beat"), "phase": beat.get("phase"),
-        "step": beat.get("step"), "stack": (beat.get("stack") or [])[:1],
-        "pgs": [{"pg": p["pg"], "enqueued": p["enqueued"], "completed": p["completed"]}
-                for p in beat.get("pgs") or []],
+        "pid": pid, "beat": beat, "phase": phase, "step": step,
+        "stack": [frame] if frame else [],
+        "pgs": [{"pg": pg, "enqueued": enq, "completed": comp} for pg, enq, comp in pgs],
     }
 
 
@@ -260,19 +272,21 @@ def _save_capture(
     folder = os.environ.get("DIAG_CAPTURE")
     if not folder:
         return
-    text = json.dumps({
+    record = {
         "source": f"tests/diag real run ({name}), torch "
                   f"{__import__('torch').__version__}, Python {sys.version.split()[0]}",
         "stall_s": watch.stall_s, "heartbeat_s": watch.heartbeat_s,
         "master": job.master, "nodes": nodes, "now": at,
-        "trace": trace,
         "heartbeats": beats,
         "dumps": collected["ranks"],
         "stall": {"reason": stall.reason, "since": stall.since, "idle_s": stall.idle_s,
                   "threshold_s": stall.threshold_s, "silent": list(stall.silent),
                   "ages": stall.ages},
         "diagnosis": diagnosis.as_dict(),
-    }, indent=1, sort_keys=True)
+        "trace": "TRACE",
+    }
+    rows = ",\n".join(json.dumps(entry, separators=(",", ":")) for entry in trace)
+    text = json.dumps(record, indent=1, sort_keys=True).replace('"TRACE"', f"[\n{rows}\n]")
     text = text.replace(str(job.run_dir), "/RUN").replace(str(REPO), "/REPO")
     Path(folder).mkdir(parents=True, exist_ok=True)
     (Path(folder) / f"{name}.json").write_text(text + "\n")

@@ -93,7 +93,7 @@ def test_rendezvous_names_the_rank_that_never_joined(starter: Starter) -> None:
     assert diagnosis.ranks == (1,)
     assert diagnosis.summary.startswith(
         "rank 1 (node node-a) never reached init_process_group (rank 1 is in "
-        f"steps.py:{line_of('time.sleep(3600)  # never joins')} `prepare` (sleeping"
+        f"steps.py:{line_of('time.sleep(3600)  # never joins')} `prepare`, sleeping"
     ), diagnosis.summary
     assert diagnosis.summary.endswith(f"; ranks 0,2 wait at {job.master}")
     assert outcome.at - trigger <= STALL_S + 30

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 RANK = int(os.environ["RANK"])
 explicit = os.environ.get("EXPLICIT_TIMEOUT_S")
-if RANK == int(os.environ.get("NEVER_JOIN_RANK", "-1")):
+if int(os.environ.get("NEVER_JOIN_RANK", "-1")) == RANK:
     time.sleep(3600)
 print("default", dist.distributed_c10d.default_pg_timeout.total_seconds(), flush=True)
 started = time.time()
