@@ -3,7 +3,7 @@
 A stuck multi-node job usually shows nothing: every rank waits in a collective until a 10- or
 30-minute timeout names no one. The sidecar makes each rank leave evidence a launcher can read
 while the rank is blocked: a heartbeat file, and on request its stacks and flight recorder. The
-launcher side (``orchestrate.collect`` reads the files, ``orchestrate.stall`` decides and names
+launcher side (``orchestrate.evidence`` reads the files, ``orchestrate.stall`` decides and names
 the rank) never talks to the rank itself, so a frozen rank is noticed by its *silence*.
 
 Standard library only, Python 3.8+, and nothing from orchestrate: a launcher copies this file's
@@ -41,7 +41,8 @@ Files, under ``<run_dir>/diag/``
                   "op_since": <t the entry was created>, "sizes": [[4]]}],
          "stack": [["/w/train.py", 88, "step"], ...],   # main thread, innermost first
          "user_stack": [...],  # its innermost frames outside the stdlib and *-packages
-         "stdlib": "/usr/lib/python3.11", "fr": "ok"}
+         "stdlib": "/usr/lib/python3.11", "fr": "ok",
+         "cpu_s": 0.012}  # CPU time of the thread that wrote it (the sidecar's cost so far)
 
     ``pgs`` is ``null`` until ``torch.distributed`` is imported; ``fr`` says why it is empty
     (``"off"``, ``"unavailable"``, or the first error). ``op`` and the ``op_*`` fields are there
@@ -62,8 +63,11 @@ Files, under ``<run_dir>/diag/``
     once a second; on a new id it writes ``<id>/rank-<R>.stacks.txt`` (a header naming the main
     thread, then ``faulthandler.dump_traceback(all_threads=True)``), ``rank-<R>.fr.json`` (the
     full flight-recorder dump, once torch.distributed is imported), ``rank-<R>.state.json`` (a
-    fresh heartbeat plus the main thread's kernel state and wait channel from ``/proc``) and
-    last ``rank-<R>.done``. A request older than the sidecar by more than a minute is ignored.
+    fresh heartbeat, with the op of every collective in flight taken from that dump, plus
+    ``"proc"``: the main thread's kernel state and wait channel from ``/proc``) and last
+    ``rank-<R>.done`` (``{"id", "t", "files"}``). One collector per run dir: a second request
+    written before the ranks read the first replaces it. A request older than the sidecar by
+    more than a minute (an earlier run's) is ignored.
 
 Flight recorder as measured on torch 2.13.0+cpu, gloo (``_dump_fr_trace_json(False, None)`` for
 the counters only, ``(True, True)`` for entries):
@@ -76,9 +80,10 @@ the counters only, ``(True, True)`` for entries):
     ``"gloo:all_reduce"``; ``dist.barrier()`` is ``"gloo:barrier"`` with no sizes),
     ``input_sizes``, ``state`` (always ``"scheduled"`` on gloo), ``retired`` (true once
     completed), ``time_created_ns``; ``frames`` is absent. ``pg_config`` is keyed ``""`` and
-    useless on gloo. Before ``init_process_group`` ``pg_status`` is ``{}``. Older torch without
-    the function, or the recorder off (``TORCH_FR_BUFFER_SIZE=0``): progress is then the phase
-    and step only.
+    useless on gloo. Before ``init_process_group`` ``pg_status`` is ``{}``, and so it stays
+    with the recorder off (``TORCH_FR_BUFFER_SIZE=0``; ``fr`` is then ``"empty"``). Older torch
+    without the function, or the recorder off: progress is then the phase and step (and, in a
+    program without steps, the innermost frame: see ``orchestrate.stall``).
 
 Never crash or slow the rank: every error in the thread is caught; a sidecar that cannot write
 prints one line to stderr and stops; the thread is a daemon and never delays exit.
@@ -141,13 +146,17 @@ class Sidecar:
         self.pid = os.getpid()
         self.host = socket.gethostname()
         self.started = time.time()
-        # Written by phase() from the main thread; read by ours. Plain attribute reads and
-        # writes are atomic under the GIL, and a torn (phase, step) pair lasts one beat.
+        # Written by phase() from the main thread and only read here (plain attribute reads
+        # and writes are atomic under the GIL; a torn (phase, step) pair lasts one beat). The
+        # phases this thread observes go to ``auto`` so they never overwrite an explicit one.
         self.phase = "start"
         self.phase_since = self.started
         self.step: int | None = None
         self.explicit = False
+        self.auto = "start"
+        self.auto_since = self.started
         self.beat = 0
+        self.cpu_s = 0.0
         self.progress_t = self.started
         self.thread: threading.Thread | None = None
         self.stopped = False
@@ -192,6 +201,7 @@ class Sidecar:
                         self._write_heartbeat(self.heartbeat())
                     due = now + self.interval_s
                 self._poll_request()
+                self.cpu_s = time.thread_time()
                 time.sleep(max(0.05, min(POLL_S, due - time.monotonic())))
         except _CannotWrite as exc:
             self._give_up(str(exc))
@@ -222,6 +232,7 @@ class Sidecar:
         try:
             self.stopped = True
             self.phase, self.phase_since = "exit", time.time()
+            self.explicit = True
             beat = self.heartbeat(look_up_ops=False)
             self._write_heartbeat(beat, suffix="exit")
         except Exception:
@@ -237,12 +248,18 @@ class Sidecar:
         main = threading.main_thread()
         frame = sys._current_frames().get(main.ident or 0)
         stack, user = _frames(frame, STACK_DEPTH, USER_DEPTH, self._stdlib)
-        if not self.explicit and self.phase != "exit":
-            self._observe_phase(stack, now)
+        initialised = _dist_initialised()
+        if self.explicit:
+            phase, since = self.phase, self.phase_since
+        else:
+            self._observe_phase(stack, now, initialised)
+            phase, since = self.auto, self.auto_since
+        self._was_initialised = self._was_initialised or initialised
+        step = self.step
         pgs = self._flight_recorder(look_up_ops)
         signature = (
-            self.phase,
-            self.step,
+            phase,
+            step,
             None if pgs is None else [(p["pg"], p["enqueued"], p["completed"]) for p in pgs],
         )
         if signature != self._signature:
@@ -257,28 +274,20 @@ class Sidecar:
             "beat": self.beat,
             "interval_s": self.interval_s,
             "started": self.started,
-            "phase": self.phase,
-            "phase_since": self.phase_since,
-            "step": self.step,
+            "phase": phase,
+            "phase_since": since,
+            "step": step,
             "progress_t": self.progress_t,
             "pgs": pgs,
             "fr": self._fr_note,
             "stack": stack,
             "user_stack": user,
             "stdlib": self._stdlib,
+            "cpu_s": round(self.cpu_s, 6),  # the sidecar thread's CPU time: its cost, measured
         }
 
-    def _observe_phase(self, stack: list[list[Any]], now: float) -> None:
-        name = self.phase
-        dist = sys.modules.get("torch.distributed")
-        initialised = False
-        if dist is not None:
-            try:
-                initialised = bool(dist.is_available() and dist.is_initialized())
-            except Exception:
-                initialised = False
+    def _observe_phase(self, stack: list[list[Any]], now: float, initialised: bool) -> None:
         if initialised:
-            self._was_initialised = True
             name = "running"
         elif self._was_initialised:
             name = "finished"
@@ -286,8 +295,8 @@ class Sidecar:
             name = "init_process_group"
         else:
             name = "start"
-        if name != self.phase:
-            self.phase, self.phase_since = name, now
+        if name != self.auto:
+            self.auto, self.auto_since = name, now
 
     def _flight_recorder(self, look_up_ops: bool = True) -> list[dict[str, Any]] | None:
         """Each process group's counters, and the op of a collective that looks stuck."""
@@ -323,7 +332,8 @@ class Sidecar:
             if len(self._ops) > 64:  # keep only what can still be current
                 keep = {(p["pg"], p["enqueued"]) for p in pgs}
                 self._ops = {k: v for k, v in self._ops.items() if k in keep}
-            self._fr_note = "ok"
+            # After init an empty status means the recorder is off (TORCH_FR_BUFFER_SIZE=0).
+            self._fr_note = "ok" if pgs or not self._was_initialised else "empty"
             return pgs
         except Exception as exc:
             self._fr_note = f"error: {type(exc).__name__}: {str(exc)[:200]}"
@@ -367,7 +377,7 @@ class Sidecar:
                 handle.flush()
                 faulthandler.dump_traceback(file=handle, all_threads=True)
             written.append(stacks)
-            state = self.heartbeat()
+            state = self.heartbeat(look_up_ops=False)  # the full dump below has the ops
             dump = _fr_dump_function()
             if dump is not None:
                 try:
@@ -449,6 +459,17 @@ def _frames(
             user.append(where)
         frame = frame.f_back
     return stack, user
+
+
+def _dist_initialised() -> bool:
+    """``torch.distributed.is_initialized()``, without importing it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
 
 
 def _in_init_process_group(stack: list[list[Any]]) -> bool:
@@ -562,7 +583,7 @@ def phase(name: str, step: int | None = None) -> None:
     car = _live
     if car is None:
         return
-    if name != car.phase:
+    if name != car.phase or not car.explicit:
         car.phase = name
         car.phase_since = time.time()
     car.step = step

@@ -89,7 +89,8 @@ def progress_signature(heartbeat: Mapping[str, Any]) -> tuple[Any, ...]:
     and in :data:`FRAME_PHASES` also the innermost frame (before ``init_process_group`` there
     are no collectives to count, and importing torch on a busy node takes long; a rank stuck
     there shows the same frame beat after beat). In ``running`` and ``step`` a frame change is
-    activity, not progress: a rank spinning in its data loader must not look alive."""
+    activity, not progress: a rank spinning in its data loader must not look alive; unless
+    there is nothing else (the flight recorder off, ``TORCH_FR_BUFFER_SIZE=0``, and no steps)."""
     pgs = heartbeat.get("pgs") or []
     counters = tuple(
         (str(p.get("pg")), p.get("enqueued"), p.get("completed")) for p in pgs
@@ -98,7 +99,8 @@ def progress_signature(heartbeat: Mapping[str, Any]) -> tuple[Any, ...]:
     phase = heartbeat.get("phase")
     where = None
     stack = heartbeat.get("stack")
-    if phase in FRAME_PHASES and stack and isinstance(stack[0], Sequence):
+    no_counts = not counters and heartbeat.get("step") is None and phase != IN_INIT
+    if (phase in FRAME_PHASES or no_counts) and stack and isinstance(stack[0], Sequence):
         where = tuple(stack[0][:2])
     return (heartbeat.get("pid"), phase, heartbeat.get("step"), counters, where)
 
@@ -106,6 +108,8 @@ def progress_signature(heartbeat: Mapping[str, Any]) -> tuple[Any, ...]:
 class StallWatch:
     """Feed it heartbeats every second or so; it answers a :class:`Stall` once per stall.
 
+    ``alive`` maps ranks to whether their process lives; a rank missing from it counts as
+    alive (a Slurm batch script may only know that the step runs).
     ``stall_s``: no-progress bound (``distributed.stall_s``); once step times are known it is
     never below ``step_factor`` median step times. ``silent_s``: how long an alive rank's
     heartbeat may stay unchanged (default ``max(stall_s / 2, 10 x heartbeat_s)``: a rank busy in
@@ -183,14 +187,14 @@ class StallWatch:
         ages = {rank: now - at for rank, (_, at) in self._beats.items()}
         silent = tuple(
             rank for rank in sorted(ages)
-            if alive.get(rank, False) and ages[rank] >= self.silent_s
+            if alive.get(rank, True) and ages[rank] >= self.silent_s
             and self._phases.get(rank) != "exit"
         )
         idle = now - self._last_progress
         threshold = self.threshold()
         if silent:
             reason = "silent"
-        elif idle >= threshold and any(alive.values()):
+        elif idle >= threshold and any(alive.get(rank, True) for rank in ages):
             reason = "no_progress"
         else:
             return None

@@ -75,6 +75,21 @@ def test_phases_and_heartbeat_of_a_plain_program(starter: Starter) -> None:
     assert last["t"] - end < 1.0
 
 
+def test_recorder_off_is_said_not_guessed(starter: Starter) -> None:
+    job = starter.start([sys.executable, str(PROGRAMS / "phases.py")], 2, name="fr-off",
+                        env={"TORCH_FR_BUFFER_SIZE": "0"}, heartbeat_s=0.2)
+    deadline = time.monotonic() + 120
+    running = None
+    while job.alive()[0] and time.monotonic() < deadline and running is None:
+        beat = evidence.read_heartbeats(job.run_dir, [0])[0]
+        if beat is not None and beat["phase"] == "running":
+            running = beat
+        time.sleep(0.05)
+    assert job.wait(60) == {0: 0, 1: 0}, job.output()
+    assert running is not None
+    assert running["pgs"] == [] and running["fr"] == "empty"
+
+
 def test_thread_never_delays_exit(starter: Starter, tmp_path: Path) -> None:
     end = tmp_path / "end"
     code = f"import time; time.sleep(1.0); open({str(end)!r}, 'w').write(str(time.time()))"
