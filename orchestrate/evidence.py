@@ -138,10 +138,13 @@ def diagnose(
     stall: Stall | None = None,
     alive: Mapping[int, bool] | None = None,
     timeout_s: float = DEFAULT_COLLECT_S,
+    collected: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
-    """Collect every rank's dump, classify, and keep the result in ``diag/diagnosis.json``."""
+    """Collect every rank's dump (unless ``collected`` is given), classify, and keep the
+    result in ``diag/diagnosis.json``."""
     wanted = sorted(set(ranks))
-    collected = collect(run_dir, wanted, timeout_s)
+    if collected is None:
+        collected = collect(run_dir, wanted, timeout_s)
     heartbeats = read_heartbeats(run_dir, wanted)
     diagnosis = classify(
         heartbeats, collected["ranks"], time.time(), nodes, master, interface,

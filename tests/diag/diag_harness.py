@@ -244,15 +244,12 @@ def drive(
         stall = watch.observe(now, beats, alive)
         if stall is not None:
             collected = evidence.collect(job.run_dir, job.ranks, timeout_s=4.0)
-            beats = evidence.read_heartbeats(job.run_dir, job.ranks)
-            from orchestrate.stall import classify
-
-            at = time.time()
-            diagnosis = classify(
-                beats, collected["ranks"], at, nodes, job.master, "lo", stall=stall,
-                alive=job.alive(),
+            diagnosis = evidence.diagnose(
+                job.run_dir, job.ranks, nodes=nodes, master=job.master, interface="lo",
+                stall=stall, alive=job.alive(), collected=collected,
             )
-            evidence.write_diagnosis(job.run_dir, diagnosis, collected["id"])
+            at = diagnosis.at
+            beats = evidence.read_heartbeats(job.run_dir, job.ranks)
             if capture:
                 _save_capture(capture, job, trace, beats, collected, stall, diagnosis, at, nodes,
                               watch)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from diag_harness import PROGRAMS, Starter, install_site
+from diag_harness import PROGRAMS, REPO, Starter, install_site
 
 from orchestrate import evidence, layout, sidecar
 
@@ -182,6 +182,28 @@ def test_spawned_children_stay_off_and_other_sitecustomize_still_runs(
     assert report["chained"] == "yes"
     beat = evidence.read_heartbeats(job.run_dir, [0])[0]
     assert beat is not None and beat["pid"] == parent
+
+
+def test_one_sidecar_when_both_copies_start_it(starter: Starter) -> None:
+    """A trainer under the launcher's sitecustomize: orchestrate.sidecar.start() finds the
+    sidecar the sitecustomize copy started, and phase() drives it."""
+    code = (
+        "import sys, threading, time\n"
+        "from orchestrate import sidecar\n"
+        "car = sidecar.start(sys.argv[1], 0)\n"
+        "assert car is getattr(sys, '_orchestrate_sidecar')\n"
+        "assert type(car).__module__ == 'sitecustomize'\n"
+        "sidecar.phase('step', 3)\n"
+        "time.sleep(1.0)\n"
+        "print(sum(t.name == 'orchestrate-sidecar' for t in threading.enumerate()))\n"
+    )
+    job = starter.start([sys.executable, "-c", code, str(starter.tmp / "both")], 1,
+                        name="both", python_path=[REPO], heartbeat_s=0.1,
+                        env={"ORCHESTRATE_RUN_DIR": str(starter.tmp / "both")})
+    assert job.wait(60) == {0: 0}, job.output()
+    assert job.output().strip().splitlines()[-1] == "1"
+    beats = evidence.read_heartbeats(starter.tmp / "both", [0])
+    assert beats[0] is not None and (beats[0]["phase"], beats[0]["step"]) == ("exit", 3)
 
 
 def test_switch_off(starter: Starter) -> None:
