@@ -40,6 +40,7 @@ Files, under ``<run_dir>/diag/``
                   "completed": 41, "op": "all_reduce", "op_seq": 42, "op_state": "scheduled",
                   "op_since": <t the entry was created>, "sizes": [[4]]}],
          "stack": [["/w/train.py", 88, "step"], ...],   # main thread, innermost first
+         "main_cpu_s": 12.3,  # CPU seconds of the main thread (Linux), null elsewhere
          "user_stack": [...],  # its innermost frames outside the stdlib and *-packages
          "stdlib": "/usr/lib/python3.11", "fr": "ok",
          "cpu_s": 0.012}  # CPU time of the thread that wrote it (the sidecar's cost so far)
@@ -281,6 +282,7 @@ class Sidecar:
             "pgs": pgs,
             "fr": self._fr_note,
             "stack": stack,
+            "main_cpu_s": _main_cpu_s(main.native_id),
             "user_stack": user,
             "stdlib": self._stdlib,
             "cpu_s": round(self.cpu_s, 6),  # the sidecar thread's CPU time: its cost, measured
@@ -529,6 +531,30 @@ def _add_ops(pgs: Any, raw: bytes) -> None:
         op = ops.get((pg["pg"], pg["enqueued"]))
         if op is not None:
             pg.update(op)
+
+
+def _main_cpu_s(native: int | None) -> float | None:
+    """CPU seconds the main thread used (Linux ``/proc``; None elsewhere): before
+    ``init_process_group`` it tells a rank that imports (loading libtorch keeps one frame for
+    seconds) from one that sleeps."""
+    if native is None or _TICKS is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _clock_ticks() -> float | None:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_TICKS = _clock_ticks()
 
 
 def _thread_state(thread: threading.Thread) -> dict[str, Any]:

@@ -9,7 +9,8 @@ or ``None`` for a rank that did not answer: a frozen rank's silence is the signa
 
 The stall rule (:class:`StallWatch`): a job is stalled when no rank made progress (a change in
 phase, step, or any process group's enqueued/completed collective count; in phases without
-those counts, such as ``start`` or the trainer's ``setup``, in the innermost frame) for
+those counts, such as ``start`` or the trainer's ``setup``, in the innermost frame or the main
+thread's CPU time) for
 ``max(stall_s, step_factor x median step time)``, or when an alive rank's heartbeat stopped
 changing for ``silent_s``. All ages are measured on the launcher's clock (when *it* saw a
 beat or a change), so clock skew between nodes does not matter. A job whose ranks never wrote a
@@ -42,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 KINDS = ("frozen", "rendezvous", "laggard", "mismatch", "transport", "user_code")
 BEFORE_INIT = ("start",)  # automatic phase of a program that has not called init yet
-#: Phases in which a change of the innermost frame counts as progress: work that is not counted
-#: in steps or collectives (importing, the trainer's setup, a checkpoint, an evaluation).
+#: Phases in which activity (the innermost frame, the main thread's CPU time) counts as progress:
+#: work that is not counted in steps or collectives (importing, the trainer's setup, a
+#: checkpoint, an evaluation).
 FRAME_PHASES = ("start", "setup", "checkpoint", "eval")
 IN_INIT = "init_process_group"
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
@@ -86,23 +88,25 @@ class Stall:
 
 def progress_signature(heartbeat: Mapping[str, Any]) -> tuple[Any, ...]:
     """What must change for a rank to count as progressing: phase, step, collective counts,
-    and in :data:`FRAME_PHASES` also the innermost frame (before ``init_process_group`` there
-    are no collectives to count, and importing torch on a busy node takes long; a rank stuck
-    there shows the same frame beat after beat). In ``running`` and ``step`` a frame change is
-    activity, not progress: a rank spinning in its data loader must not look alive; unless
-    there is nothing else (the flight recorder off, ``TORCH_FR_BUFFER_SIZE=0``, and no steps)."""
+    and in :data:`FRAME_PHASES` also activity: the innermost frame or the main thread's CPU
+    time (before ``init_process_group`` there are no collectives to count, and importing torch
+    on a busy node takes long, loading libtorch for seconds in one frame; a rank stuck there
+    sleeps in the same frame beat after beat). In ``running`` and ``step`` activity is not
+    progress: a rank spinning in its data loader must not look alive; unless there is nothing
+    else (the flight recorder off, ``TORCH_FR_BUFFER_SIZE=0``, and no steps)."""
     pgs = heartbeat.get("pgs") or []
     counters = tuple(
         (str(p.get("pg")), p.get("enqueued"), p.get("completed")) for p in pgs
         if isinstance(p, Mapping)
     )
     phase = heartbeat.get("phase")
-    where = None
-    stack = heartbeat.get("stack")
+    activity: tuple[Any, ...] = ()
     no_counts = not counters and heartbeat.get("step") is None and phase != IN_INIT
-    if (phase in FRAME_PHASES or no_counts) and stack and isinstance(stack[0], Sequence):
-        where = tuple(stack[0][:2])
-    return (heartbeat.get("pid"), phase, heartbeat.get("step"), counters, where)
+    if phase in FRAME_PHASES or no_counts:
+        stack = heartbeat.get("stack")
+        frame = tuple(stack[0][:2]) if stack and isinstance(stack[0], Sequence) else None
+        activity = (frame, heartbeat.get("main_cpu_s"))
+    return (heartbeat.get("pid"), phase, heartbeat.get("step"), counters, activity)
 
 
 class StallWatch:

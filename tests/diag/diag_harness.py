@@ -198,13 +198,14 @@ class Outcome:
 
 def _compact(beat: dict[str, Any] | None) -> list[Any] | None:
     """What StallWatch reads of a heartbeat, as one short row (a capture's trace):
-    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...]]``."""
+    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...], main cpu]``."""
     if beat is None:
         return None
     return [
         beat.get("pid"), beat.get("beat"), beat.get("phase"), beat.get("step"),
         (beat.get("stack") or [None])[0],
         [[p["pg"], p["enqueued"], p["completed"]] for p in beat.get("pgs") or []],
+        beat.get("main_cpu_s"),
     ]
 
 
@@ -212,9 +213,9 @@ def expand(row: list[Any] | None) -> dict[str, Any] | None:
     """A trace row back into the heartbeat fields StallWatch reads."""
     if row is None:
         return None
-    pid, beat, phase, step, frame, pgs = row
+    pid, beat, phase, step, frame, pgs, cpu = row
     return {
-        "pid": pid, "beat": beat, "phase": phase, "step": step,
+        "pid": pid, "beat": beat, "phase": phase, "step": step, "main_cpu_s": cpu,
         "stack": [frame] if frame else [],
         "pgs": [{"pg": pg, "enqueued": enq, "completed": comp} for pg, enq, comp in pgs],
     }

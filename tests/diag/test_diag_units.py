@@ -310,6 +310,22 @@ def test_frames_count_only_where_there_is_nothing_else_to_count() -> None:
     assert found == [10]
 
 
+def test_cpu_time_counts_before_init() -> None:
+    """Loading libtorch holds one frame for seconds; the main thread's CPU time still moves.
+    A rank sleeping before init moves neither."""
+    def at(n: int, cpu: float) -> dict[str, Any]:
+        return {**beat(n, phase="start"), "stack": [["/w/torch/__init__.py", 290, "<module>"]],
+                "main_cpu_s": cpu}
+
+    loading, sleeping = StallWatch(10, 1), StallWatch(10, 1)
+    found = []
+    for t in range(30):
+        assert loading.observe(float(t), {0: at(t, 0.5 * t)}, {0: True}) is None
+        if sleeping.observe(float(t), {0: at(t, 1.25)}, {0: True}) is not None:
+            found.append(t)
+    assert found == [10]
+
+
 def test_without_the_flight_recorder_frames_stand_in() -> None:
     """TORCH_FR_BUFFER_SIZE=0 leaves no counters; a program without steps then progresses
     when its innermost frame moves (a real run: test_diag_sidecar's recorder-off test)."""
