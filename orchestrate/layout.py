@@ -34,6 +34,14 @@ SLURM_MONITOR = "monitor.py"
 SLURM_BATCH_LOG = "slurm-%j.out"
 #: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
 SSH_HOSTS = "ssh-hosts.json"
+#: Stall diagnosis (orchestrate.sidecar writes, orchestrate.evidence reads): ``diag/hb/rank-R.json``
+#: heartbeats, ``diag/request`` (a launcher asks for dumps), ``diag/<id>/rank-R.*`` the answers,
+#: ``diag/diagnosis.json`` the latest diagnosis. sidecar.py repeats these names (it is copied
+#: into ranks as sitecustomize.py and imports nothing from orchestrate).
+DIAG_DIR = "diag"
+DIAG_HEARTBEATS = "hb"
+DIAG_REQUEST = "request"
+DIAG_DIAGNOSIS = "diagnosis.json"
 #: Per-rank step timing of the built-in trainer: ``timing/rank-<R>.jsonl``, one window a line
 #: (format in orchestrate/train/timing.py), written by every rank for itself.
 TIMING_DIR = "timing"
@@ -42,10 +50,10 @@ REPORT_FILE = "report.html"
 #: Files the report and the live view read when they exist (written by the stall watch, the
 #: supervisor's restart bookkeeping, ``orchestrate doctor`` and the rank sidecar; shapes
 #: accepted are in orchestrate/runfiles.py).
-DIAGNOSIS_FILE = "diagnosis.json"
+DIAGNOSIS_FILE = f"{DIAG_DIR}/{DIAG_DIAGNOSIS}"
 ATTEMPTS_FILE = "attempts.json"
 DOCTOR_FILE = "doctor.json"
-HEARTBEAT_DIR = "diag/hb"
+HEARTBEAT_DIR = f"{DIAG_DIR}/{DIAG_HEARTBEATS}"
 #: The doctor's rank program (``python -m orchestrate.checkup``): rank 0's result, and the own
 #: result of a rank that failed before it could tell rank 0 (``checkup-rank-R.json``).
 CHECKUP_RESULT = "checkup.json"

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from orchestrate import sidecar
 from orchestrate.errors import UserError
 from orchestrate.exits import (
     EXIT_FAILED,
@@ -408,8 +409,11 @@ def run_session(
     flag.install(signal_names(spec.stop_signals))
     cluster: Cluster | None = None
     trainer: Trainer | None = None
+    if sidecar.enabled(environ):  # heartbeats for the launcher's stall watch
+        sidecar.start(run_dir, env.rank)
     try:
         try:
+            sidecar.phase("init_process_group")
             cluster = join(env, environ)
         except UserError as err:
             _say(f"rank {env.rank}: {err}")
@@ -421,6 +425,7 @@ def run_session(
             )
             leave(None, failed=True)
             return EXIT_FAILED
+        sidecar.phase("setup")
         run_dir.mkdir(parents=True, exist_ok=True)
         log = MetricsLog(run_dir, spec, enabled=cluster.rank == 0)
         trainer = _setup(spec, cluster, run_dir, flag, log, environ)

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
+from orchestrate import sidecar
 from orchestrate.train import checkpoint, rng
 from orchestrate.train.config import TrainSpec
 from orchestrate.train.distributed import Cluster
@@ -154,6 +155,7 @@ class Trainer:
         self._interval = (*self._running(), self._epoch_started)
         index = self.position.batch
         self.timing.resume()
+        sidecar.phase("step", self.position.step)
         for inputs, target in self.train_loader:
             self.timing.data_ready(len(target))
             group_start = index - index % accum
@@ -167,6 +169,7 @@ class Trainer:
             self.position.step += 1
             self.timing.step_done(self.position.step, self.position.epoch + 1)
             self.position.batch = index
+            sidecar.phase("step", self.position.step)
             stopping = self.stop.step_done()
             if self.stop.unhealthy_agreed:
                 self._nonfinite()
@@ -294,6 +297,7 @@ class Trainer:
             self._nonfinite()
         val_loss = val_accuracy = None
         if self.val_loader is not None:
+            sidecar.phase("eval", self.position.step)
             result = evaluate(
                 self.module,
                 self.val_loader,
@@ -382,6 +386,7 @@ class Trainer:
             if barrier and self.cluster.control is not None:
                 dist.barrier(group=self.cluster.control)
             return
+        sidecar.phase("checkpoint", self.position.step)
         self._fold()
         mine = {
             "rng": rng.capture(self.cluster.device.type == "cuda"),
