@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from orchestrate.errors import UserError
 from orchestrate.job import time_limit_seconds
 from orchestrate.plan import Plan, checkpoint_dir
+from orchestrate.stall import heartbeat_s
 
 #: Set at run time by the batch script: the first host and a port derived from the Slurm job id.
 RUNTIME_ENV = ("MASTER_ADDR", "MASTER_PORT")
@@ -70,6 +71,7 @@ class SlurmLayout:
     policy: str  # the restart policy as JSON, for monitor.py decide
     checkpoint_dir: str  # where the trainer checkpoints ("" for a command job)
     expects_progress: str  # "1" when training writes progress markers (the trainer), else "0"
+    watch: str | None = None  # the stall watch's settings as JSON (monitor.py watch), or None
 
     @property
     def world_size(self) -> int:
@@ -157,7 +159,20 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         policy=json.dumps(plan.restart.to_json(), separators=(",", ":")),
         checkpoint_dir=checkpoint_dir(plan) or "",
         expects_progress="1" if plan.train_config is not None else "0",
+        watch=_watch_settings(plan),
     )
+
+
+def _watch_settings(plan: Plan) -> str | None:
+    """What ``monitor.py watch`` needs, unless the job turned the stall watch off."""
+    if plan.stall_s <= 0 or not plan.sidecar:
+        return None
+    return json.dumps({
+        "stall_s": plan.stall_s,
+        "heartbeat_s": heartbeat_s(plan.stall_s),
+        "on_stall": plan.on_stall,
+        "interface": plan.nodes[0].env.get("GLOO_SOCKET_IFNAME"),
+    }, separators=(",", ":"))
 
 
 def _gpu_options(plan: Plan) -> list[Option]:

@@ -64,10 +64,18 @@ def read_heartbeats(run_dir: Path, ranks: Iterable[int]) -> dict[int, dict[str, 
     return out
 
 
-def request_dump(run_dir: Path, *, at: float | None = None) -> str:
-    """Ask every rank's sidecar for its stacks and flight recorder; returns the request id."""
+def new_request_id(at: float | None = None) -> str:
+    """A fresh dump request id (also a folder name in ``diag/``)."""
     at = time.time() if at is None else at
-    request_id = f"{int(at * 1000)}-{os.getpid()}-{next(_sequence)}"
+    return f"{int(at * 1000)}-{os.getpid()}-{next(_sequence)}"
+
+
+def request_dump(run_dir: Path, *, at: float | None = None, request_id: str | None = None
+                 ) -> str:
+    """Ask every rank's sidecar for its stacks and flight recorder; returns the request id
+    (``request_id``: one the caller chose, the same on every host of an SSH job)."""
+    at = time.time() if at is None else at
+    request_id = request_id or new_request_id(at)
     _write_atomic(
         run_dir / DIAG_DIR / DIAG_REQUEST, json.dumps({"id": request_id, "t": at})
     )
@@ -95,7 +103,7 @@ def _answer(folder: Path, rank: int) -> dict[str, Any]:
 
 def collect(
     run_dir: Path, ranks: Iterable[int], timeout_s: float = DEFAULT_COLLECT_S,
-    *, poll_s: float = 0.05,
+    *, poll_s: float = 0.05, request_id: str | None = None,
 ) -> dict[str, Any]:
     """Request dumps and wait up to ``timeout_s`` for each rank's answer.
 
@@ -104,7 +112,7 @@ def collect(
     "done": {...}}``; None marks a rank that did not answer in time (the frozen signal).
     """
     wanted = sorted(set(ranks))
-    request_id = request_dump(run_dir)
+    request_id = request_dump(run_dir, request_id=request_id)
     folder = run_dir / DIAG_DIR / request_id
     started = time.monotonic()
     deadline = started + max(0.0, timeout_s)
@@ -169,3 +177,44 @@ def read_diagnosis(run_dir: Path) -> dict[str, Any] | None:
     """The latest diagnosis (``{kind, ranks, nodes, summary, at, files}``), or None."""
     found = _read_json(run_dir / DIAG_DIR / DIAG_DIAGNOSIS)
     return found if isinstance(found, dict) else None
+
+
+#: The most of one rank's flight-recorder dump an SSH host sends back (the rest stays there).
+FR_SEND_BYTES = 1 << 20
+
+
+def main(argv: list[str]) -> int:
+    """The host side of an SSH job's stall watch (``evidence.py`` in the run directory, run
+    with ``python -S``), one JSON object on stdout:
+
+    - ``heartbeats RUN_DIR RANKS``: ``{"t": host time, "heartbeats": {rank: beat | null}}``;
+    - ``collect RUN_DIR RANKS TIMEOUT_S REQUEST_ID``: ask this host's ranks for dumps and wait
+      (:func:`collect`); ``{"t", "heartbeats", "collected": {..., "ranks": {rank: answer with
+      "fr_text": the flight recorder's text, at most FR_SEND_BYTES}}}``.
+
+    RANKS is comma-separated.
+    """
+    if len(argv) < 3 or argv[0] not in ("heartbeats", "collect"):
+        print("usage: evidence.py heartbeats RUN_DIR RANKS | "
+              "collect RUN_DIR RANKS TIMEOUT_S REQUEST_ID")
+        return 2
+    run_dir = Path(argv[1])
+    ranks = [int(r) for r in argv[2].split(",") if r]
+    out: dict[str, Any] = {"t": time.time()}
+    if argv[0] == "collect" and len(argv) == 5:
+        collected = collect(run_dir, ranks, float(argv[3]), request_id=argv[4])
+        for answer in collected["ranks"].values():
+            if answer is None:
+                continue
+            for name in answer.get("files") or []:
+                if str(name).endswith(".fr.json"):
+                    try:
+                        with open(name, "rb") as f:
+                            answer["fr_text"] = f.read(FR_SEND_BYTES).decode("utf-8", "replace")
+                    except OSError:
+                        pass
+        collected["ranks"] = {str(k): v for k, v in collected["ranks"].items()}
+        out["collected"] = collected
+    out["heartbeats"] = {str(k): v for k, v in read_heartbeats(run_dir, ranks).items()}
+    print(json.dumps(out))
+    return 0

@@ -115,6 +115,23 @@ class Distributed(Spec):
     master_port: int | Literal["auto"] = "auto"
     timeout_s: float = Field(default=600.0, gt=0, le=86400)
     omp_num_threads: int | None = Field(default=None, ge=1)
+    #: A job is stalled when no rank made progress (a step, a collective, a phase) for this
+    #: long, or a live rank's heartbeat stopped; then every rank's stacks and collectives are
+    #: collected and the stuck rank named (docs/hangs.md). 0 turns the watch off.
+    stall_s: float = Field(default=120.0, ge=0, le=86400)
+    #: What a stall does: ``report`` (name the rank, keep running: the process-group timeout
+    #: still ends it) or ``kill`` (stop the job, an ending that ``restart.on: [stall]`` restarts).
+    on_stall: Literal["report", "kill"] = "report"
+    #: The per-rank sidecar (heartbeats, stacks on request) in every Python rank.
+    sidecar: bool = True
+
+    @field_validator("stall_s")
+    @classmethod
+    def _stall(cls, value: float) -> float:
+        if 0 < value < 10:
+            raise ValueError("at least 10 seconds (heartbeats come every few seconds), or 0 "
+                             "to turn the stall watch off")
+        return value
 
     @field_validator("master_port")
     @classmethod

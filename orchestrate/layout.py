@@ -14,6 +14,12 @@ PLAN_FILE = "plan.json"
 #: plans again from, so a job file edited since then changes nothing.
 LOADED_FILE = "loaded.json"
 TRAIN_CONFIG = "train.json"
+#: The rank sidecar (orchestrate/sidecar.py, verbatim) as ``sidecar/sitecustomize.py``: the
+#: launch scripts put the folder first on PYTHONPATH, so every Python rank loads it.
+SIDECAR_DIR = "sidecar"
+SIDECAR_FILE = "sidecar/sitecustomize.py"
+#: SSH jobs: the program each host runs to read its ranks' heartbeats and dumps (stdlib only).
+EVIDENCE_PROGRAM = "evidence.py"
 SBATCH_SCRIPT = "job.sbatch"
 MERGED_LOG = "output.log"
 LOG_DIR = "logs"

@@ -139,6 +139,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     time_limit: str | None = None
     master_addr_fixed: bool = False  # MASTER_ADDR set by the job's env (else the first node)
+    stall_s: float = 120.0  # distributed.stall_s: 0 = no stall watch
+    on_stall: str = "report"  # distributed.on_stall: report | kill
+    sidecar: bool = True  # distributed.sidecar
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -199,6 +202,9 @@ class Plan:
             "slurm": {**asdict(self.slurm), "extra_args": list(self.slurm.extra_args)},
             "ssh": asdict(self.ssh),
             "restart": self.restart.to_json(),
+            "stall_s": self.stall_s,
+            "on_stall": self.on_stall,
+            "sidecar": self.sidecar,
         }
 
     @classmethod
@@ -252,6 +258,9 @@ class Plan:
             warnings=tuple(data.get("warnings", ())),
             notes=tuple(data.get("notes", ())),
             time_limit=data.get("time_limit"),
+            stall_s=float(data.get("stall_s", 120.0)),
+            on_stall=str(data.get("on_stall", "report")),
+            sidecar=bool(data.get("sidecar", True)),
         )
 
 
@@ -365,6 +374,9 @@ def make_plan(
         warnings=tuple(warnings),
         notes=tuple(notes),
         time_limit=job.resources.time,
+        stall_s=job.distributed.stall_s,
+        on_stall=job.distributed.on_stall,
+        sidecar=job.distributed.sidecar,
     )
 
 

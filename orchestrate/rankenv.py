@@ -14,6 +14,7 @@ from orchestrate import frameworks
 from orchestrate.errors import UserError
 from orchestrate.job import JobSpec
 from orchestrate.placement import Choice
+from orchestrate.stall import heartbeat_s
 
 #: The attempt a rank belongs to (1, then 2 after a restart or a resume), set by the launcher
 #: at start time (not in the scripts, which stay the same for every attempt): a ``command:``
@@ -69,6 +70,11 @@ def common_env(
         "PYTHONUNBUFFERED": "1",
     }
     env.update(frameworks.common_env(job.backend, job_id, any_gpu))
+    if job.distributed.sidecar:
+        # The rank sidecar's heartbeat: a few beats within the stall bound (docs/hangs.md).
+        env["ORCHESTRATE_HEARTBEAT_S"] = number(heartbeat_s(job.distributed.stall_s))
+    else:
+        env["ORCHESTRATE_SIDECAR"] = "0"
     if any_gpu:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if backend == "nccl":

@@ -22,9 +22,13 @@ from orchestrate import __version__
 from orchestrate.allocation import slurm_layout
 from orchestrate.errors import UserError
 from orchestrate.layout import (
+    EVIDENCE_PROGRAM,
+    HEARTBEAT_DIR,
     LOG_DIR,
     MERGED_LOG,
     SBATCH_SCRIPT,
+    SIDECAR_DIR,
+    SIDECAR_FILE,
     SLURM_BATCH_LOG,
     SLURM_EVENTS,
     SLURM_EXITS,
@@ -37,10 +41,14 @@ from orchestrate.layout import (
 )
 from orchestrate.plan import Plan
 from orchestrate.ports import PORT_BASE, PORT_SPAN
-from orchestrate.shipping import program
+from orchestrate.shipping import module_source, program
 
-#: The modules of the Slurm batch job's monitor program (monitor.py in the run directory).
+#: What reads the ranks' heartbeats and dumps and names a stuck rank (stdlib only).
+EVIDENCE_MODULES = ("orchestrate.layout", "orchestrate.stall", "orchestrate.evidence")
+#: The modules of the Slurm batch job's monitor program (monitor.py in the run directory): it
+#: also runs the stall watch beside the ranks.
 MONITOR_MODULES = ("orchestrate.exits", "orchestrate.outcome", "orchestrate.restart",
+                   *EVIDENCE_MODULES, "orchestrate.hangwatch",
                    "orchestrate.backends.slurmmonitor")
 
 
@@ -48,6 +56,12 @@ def monitor_program() -> str:
     """``monitor.py``: the Slurm batch job's monitor, shipped beside job.sbatch."""
     return program(MONITOR_MODULES, "from orchestrate.backends.slurmmonitor import main\n"
                                     "sys.exit(main(sys.argv[1:]))")
+
+
+def evidence_program() -> str:
+    """``evidence.py``: what an SSH host runs to read its ranks' heartbeats and dumps."""
+    return program(EVIDENCE_MODULES, "from orchestrate.evidence import main\n"
+                                     "sys.exit(main(sys.argv[1:]))")
 
 
 def quote(value: object) -> str:
@@ -124,6 +138,8 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
         "version": __version__,
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
+        "sidecar_dir": SIDECAR_DIR,
+        "heartbeat_dir": HEARTBEAT_DIR,
     }
     if plan.backend == "slurm" and not (plan.run_dir.isprintable() and "\\" not in plan.run_dir):
         # The run directory is part of an #SBATCH line (--output), which sbatch reads alone.
@@ -151,6 +167,9 @@ def render(plan: Plan, templates_dir: Path | None = None) -> dict[str, str]:
             source=str(templates_dir or builtin_templates()),
             hint="check templates_dir: a job's own templates get the same variables",
         ) from None
+    files[SIDECAR_FILE] = module_source("orchestrate.sidecar")
+    if plan.backend == "ssh":
+        files[EVIDENCE_PROGRAM] = evidence_program()
     if plan.train_config is not None:
         files[TRAIN_CONFIG] = json.dumps(plan.train_config, indent=2, sort_keys=True) + "\n"
     return files

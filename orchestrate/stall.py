@@ -59,6 +59,15 @@ _OURS = re.compile(r"[/\\]orchestrate[/\\](train[/\\])?\w+\.py$")
 # --- the stall rule ----------------------------------------------------------------------------
 
 
+def heartbeat_s(stall_s: float) -> float:
+    """The sidecar's heartbeat interval for a stall bound: at most 2.5 s (a beat costs 0.1 ms),
+    and at least a dozen beats within the bound, so a silent rank is told from a slow beat."""
+    if stall_s <= 0:
+        return 2.5
+    return round(min(2.5, max(0.5, stall_s / 12.0)), 2)
+
+
+
 @dataclass(frozen=True)
 class Stall:
     """A stall declared by :class:`StallWatch` (launcher clock)."""

@@ -13,7 +13,11 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
   they are still running ``distributed.timeout_s`` + :data:`LINGER_SLACK_S` later (no collective
   can still be waiting for rank 0 by then), they are stopped (FAILED);
 - the run directory cannot take the ranks' output (its file system is full): the ranks are
-  stopped rather than left blocked on a full pipe (FAILED, "cannot write logs").
+  stopped rather than left blocked on a full pipe (FAILED, "cannot write logs");
+- no rank made progress for ``distributed.stall_s`` (the stall watch,
+  :mod:`orchestrate.hangwatch`, in a thread beside this loop): the stuck rank is named in the
+  log, the store (``status``' diagnosis) and ``diag/diagnosis.json``; with ``on_stall: kill``
+  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts).
 
 Ranks the job stops itself are recorded as STOPPED, with their exit, never as FAILED: only the
 first failure failed. Local and SSH jobs share this loop; only the handles differ.
@@ -22,19 +26,23 @@ first failure failed. Local and SSH jobs share this loop; only the handles diffe
 from __future__ import annotations
 
 import json
+import queue
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from orchestrate.hangwatch import Evidence, HangWatch
 from orchestrate.job import time_limit_seconds
 from orchestrate.layout import MERGED_LOG, METRICS, rank_log
 from orchestrate.logsink import LogSink, last_lines
 from orchestrate.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.plan import Plan
 from orchestrate.restart import Ending, decide, ending_of, progressed
+from orchestrate.stall import Diagnosis, heartbeat_s
 from orchestrate.store import RESTARTING, STOPPED, Store
 
 POLL_S = 0.05
@@ -231,6 +239,76 @@ class _Run:
         return outcome
 
 
+class _Watcher:
+    """The stall watch in a thread of its own: a look can take seconds (a dump request waits
+    for the ranks; an SSH job's evidence comes over the network) while the supervisor's loop
+    must keep noticing exits every :data:`POLL_S`. Diagnoses come back through a queue."""
+
+    def __init__(self, watch: HangWatch, sink: LogSink) -> None:
+        self.watch = watch
+        self.sink = sink
+        self.alive: frozenset[int] = frozenset()  # replaced (never mutated) by the loop
+        self.found: queue.Queue[Diagnosis] = queue.Queue()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self.stopped.wait(self.watch.interval_s):
+            try:
+                alive = self.alive
+                diagnosis = self.watch.look({rank: True for rank in alive})
+                failures = 0
+            except Exception as exc:  # the watch must never take the job down
+                failures += 1
+                if failures == 3:
+                    self.sink.note(f"stall watch: cannot read the ranks' heartbeats "
+                                   f"({type(exc).__name__}: {exc}); still trying")
+                continue
+            if diagnosis is not None and not self.stopped.is_set():
+                self.found.put(diagnosis)
+
+    def take(self) -> Diagnosis | None:
+        try:
+            return self.found.get_nowait()
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
+           ) -> _Watcher | None:
+    """The attempt's stall watch, unless the job turned it off or the backend has no evidence."""
+    if evidence is None or plan.stall_s <= 0 or not plan.sidecar:
+        return None
+    nodes = {r.rank: r.node for r in plan.ranks}
+    interface = plan.nodes[0].env.get("GLOO_SOCKET_IFNAME") if plan.nodes else None
+    watch = HangWatch(run_dir, evidence, nodes, f"{plan.master_addr}:{plan.master_port}",
+                      stall_s=plan.stall_s, heartbeat_s=heartbeat_s(plan.stall_s),
+                      interface=interface)
+    return _Watcher(watch, sink)
+
+
+def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
+    """A stall was named: say so everywhere; with ``on_stall: kill`` stop the job."""
+    run.store.update(run.job_id, diagnosis=diagnosis.as_dict())
+    if run.ending is not None:
+        return
+    if plan.on_stall == "kill":
+        reason = f"stalled: {diagnosis.summary}"
+        run.stop_all(Outcome("FAILED", reason, None, stalled=True),
+                     f"{reason}; stopping every rank (distributed.on_stall: kill)")
+        return
+    run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job goes "
+                  f"on; `orchestrate diagnose {run.job_id}` shows every rank)")
+    run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
+
+
 def supervise(
     job_id: str,
     run_dir: Path,
@@ -241,29 +319,42 @@ def supervise(
     plan: Plan,
     cleanup: Callable[[], None] | None = None,
     sink: LogSink | None = None,
+    evidence: Evidence | None = None,
 ) -> Outcome:
     """Run one attempt's ranks to the end and return how it ended (recording each rank, not
     the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
-    (made here unless the caller made it to write notes of its own); it is closed at the end."""
+    (made here unless the caller made it to write notes of its own); it is closed at the end.
+    ``evidence`` is where the stall watch reads the ranks' heartbeats (None: no watch)."""
     sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles})
     run = _Run(job_id, run_dir, store, plan, handles, sink, grace_s)
     metrics = run_dir / METRICS
     current = store.get(job_id)
     first_step_seen = current is not None and current.first_step_at is not None
+    watcher = _watch(plan, run_dir, evidence, sink)
     try:
         for handle in handles:
             pid = handle.start(_emitter(sink, handle.rank))
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
         store.update(job_id, state="RUNNING", started_at=time.time())
+        if watcher is not None:
+            watcher.alive = frozenset(run.running)
+            watcher.start()
         while run.running:
             run.collect()
             run.check_rules(stop.reason)
             run.enforce()
+            if watcher is not None:
+                watcher.alive = frozenset(run.running)
+                diagnosis = watcher.take()
+                if diagnosis is not None:
+                    _stalled(run, plan, diagnosis)
             if not first_step_seen and metrics.exists():
                 first_step_seen = _record_first_step(store, job_id, metrics)
             time.sleep(POLL_S)
     finally:
+        if watcher is not None:
+            watcher.stop()
         if cleanup is not None:
             cleanup()
         if not first_step_seen and metrics.exists():
@@ -281,6 +372,7 @@ class Launched:
     handles: Sequence[RankHandle]
     cleanup: Callable[[], None] | None = None
     sink: LogSink | None = None
+    evidence: Evidence | None = None  # where the stall watch reads heartbeats
 
 
 def run_with_restarts(
@@ -318,7 +410,7 @@ def run_with_restarts(
             final_report(store, job_id)
             return Outcome("FAILED", why, None)
         outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
-                            launched.cleanup, launched.sink)
+                            launched.cleanup, launched.sink, launched.evidence)
         after = progress(plan)
         if stop.reason and outcome.state != "CANCELLED":
             outcome = Outcome("CANCELLED", stop.reason, None)

@@ -23,6 +23,7 @@ from typing import IO
 from orchestrate import host
 from orchestrate.backends.base import STOP_GRACE_S
 from orchestrate.backends.detached import start_watchdog
+from orchestrate.hangwatch import RunDirEvidence
 from orchestrate.layout import node_script_name
 from orchestrate.outcome import Exit
 from orchestrate.plan import Plan, checkpoint_dir
@@ -119,7 +120,8 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
         # One node, this machine, the same leased GPUs, slots and port for every attempt.
         handles = [LocalRank(r.rank, r.node, r.local_rank, script, secrets, attempt)
                    for r in plan.ranks]
-        return plan, Launched(handles, lambda: _reap(job_id))
+        evidence = RunDirEvidence(run_dir, [r.rank for r in plan.ranks])
+        return plan, Launched(handles, lambda: _reap(job_id), evidence=evidence)
 
     def progress(current: Plan) -> dict[str, int | None]:
         return progress_marker(str(run_dir), checkpoint_dir(current))

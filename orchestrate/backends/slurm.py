@@ -39,6 +39,7 @@ from orchestrate.backends.slurmrecord import (
     read_runs,
 )
 from orchestrate.errors import UserError
+from orchestrate.evidence import read_diagnosis
 from orchestrate.layout import METRICS, SBATCH_SCRIPT
 from orchestrate.outcome import Attempt, Failure
 from orchestrate.store import STOPPED, JobRecord, Store
@@ -383,6 +384,10 @@ def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobReco
     attempts = attempts_of(run_dir, runs, job)
     if attempts and attempts != job.attempts:
         fields["attempts"] = attempts
+    diagnosis = read_diagnosis(run_dir)  # the stall watch in the batch job keeps it there
+    if diagnosis is not None and diagnosis != job.diagnosis and \
+            float(diagnosis.get("at") or 0) >= job.submitted_at:
+        fields["diagnosis"] = diagnosis
     changed = view.state != job.state or view.reason != job.reason
     if changed or view.final:
         _update_ranks(job, store, runs, view)

@@ -2,7 +2,7 @@
 
 ``render`` writes it into the run directory (this module's text bundled with the stdlib-only
 modules it uses, :mod:`orchestrate.shipping`), and job.sbatch runs it with the first node's
-python, so nothing of orchestrate need be installed on the batch host. Two modes:
+python, so nothing of orchestrate need be installed on the batch host. Its modes:
 
 ``merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]``
     Merge the per-rank log files into one log with ``[host:rank]`` prefixes while the ranks run.
@@ -19,7 +19,16 @@ python, so nothing of orchestrate need be installed on the batch host. Two modes
     Before the step: record how far training got (:func:`orchestrate.restart.progress_marker`),
     so that ``decide`` can tell whether this run moved it on.
 
-``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS``
+``watch RUN_DIR HOSTFILE STALLED MERGED SETTINGS``
+    While the step runs: the stall watch (:mod:`orchestrate.hangwatch`) over the run directory,
+    which every node shares, with the ranks named by their hosts (HOSTFILE, one line per rank).
+    SETTINGS is JSON: ``stall_s``, ``heartbeat_s``, ``on_stall``, ``interface``; the master is
+    MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged log and kept in
+    ``diag/diagnosis.json``; with ``on_stall: kill`` the diagnosis is also written to STALLED
+    and the step is cancelled (``scancel JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's
+    KillWait), so ``decide`` ends the run as a stall. SIGTERM ends the watch.
+
+``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
     microseconds, host, written by each rank's shell), name the first failure in the merged log
     with the same rule every backend uses (:func:`orchestrate.outcome.first_failure`), apply the
@@ -36,10 +45,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 from orchestrate.exits import EXIT_FAILED
+from orchestrate.hangwatch import HangWatch, RunDirEvidence
 from orchestrate.outcome import Exit, RankEnd, first_failure
 from orchestrate.restart import Policy, decide, ending_of, progress_marker, progressed
 
@@ -190,17 +202,27 @@ def mark(run_dir: str, checkpoint_dir: str, marker: str) -> None:
 
 
 def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: str,
-               marker: str, checkpoint_dir: str, expects_markers: bool) -> Verdict:
-    """The verdict on one run of the step (see the module docstring), noted in the log."""
+               marker: str, checkpoint_dir: str, expects_markers: bool, stalled: str = ""
+               ) -> Verdict:
+    """The verdict on one run of the step (see the module docstring), noted in the log.
+    ``stalled`` is the file the stall watch wrote if it stopped the step."""
     ends = rank_ends(exit_dir)
-    if not ends:
+    stall = _read_stall(stalled) if stalled else None
+    if not ends and stall is None:
         return Verdict("NONE", 0)
     first = first_failure(ends)
-    if first is None:
+    if first is None and stall is None:
         return Verdict("COMPLETED", 0)
-    sentence = f"rank {first.rank} on {first.node} failed with {first.exit.describe()}"
     failed = [end.exit for end in ends if not end.exit.ok]
-    ending = ending_of(failed, first.exit, first.node, sentence)
+    if stall is not None:
+        nodes = stall.get("nodes") or []
+        sentence = f"stalled: {stall.get('summary')}"
+        ending = ending_of(failed, first.exit if first else None,
+                           nodes[0] if len(nodes) == 1 else None, sentence, stalled=True)
+    else:
+        assert first is not None
+        sentence = f"rank {first.rank} on {first.node} failed with {first.exit.describe()}"
+        ending = ending_of(failed, first.exit, first.node, sentence)
     try:
         with open(marker, encoding="utf-8") as f:
             before = json.load(f)
@@ -208,17 +230,81 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
         before = {}
     after = progress_marker(run_dir, checkpoint_dir or None)
     decision = decide(policy, ending, requeues, progressed(before, after, expects_markers))
-    if ending.kind == "requeue":
+    if ending.kind == "requeue" and first is not None:
         sentence = (f"rank {first.rank} on {first.node} checkpointed and asks to resume "
                     f"(exit {first.exit.code})")
     reason = f"{sentence}: requeuing, {decision.why}" if decision.restart else \
         f"{sentence}; {decision.why}"
-    _note(merged, reason if decision.restart else
+    _note(merged, reason if decision.restart or stall is not None else
           f"{reason}; the other ranks were stopped")
     _write(os.path.join(exit_dir, "REASON"), reason)
+    status = (first.exit.status if first is not None else 0) or EXIT_FAILED
     if decision.restart:
-        return Verdict("REQUEUE", first.exit.status, reason, decision.wait_s, decision.exclude)
-    return Verdict("FAILED", first.exit.status or EXIT_FAILED, reason)
+        return Verdict("REQUEUE", status, reason, decision.wait_s, decision.exclude)
+    return Verdict("FAILED", status, reason)
+
+
+def _read_stall(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# ------------------------------------------------------------------------------ watch
+
+
+def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict[str, Any]
+          ) -> int:
+    """The stall watch beside the step (see the module docstring)."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    with open(hostfile, encoding="utf-8") as f:
+        hosts = [line.strip() for line in f if line.strip()]
+    nodes = dict(enumerate(hosts))
+    master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    hang = HangWatch(Path(run_dir), RunDirEvidence(Path(run_dir), sorted(nodes)), nodes, master,
+                     stall_s=float(settings["stall_s"]),
+                     heartbeat_s=float(settings["heartbeat_s"]),
+                     interface=settings.get("interface"))
+    while not stop:
+        due = time.monotonic() + hang.interval_s
+        while not stop and time.monotonic() < due:  # a handled SIGTERM does not cut a sleep
+            time.sleep(0.1)
+        if stop:
+            break
+        try:
+            diagnosis = hang.look()
+        except Exception as exc:  # never the job's end: say it, keep watching
+            _note(merged, f"stall watch: {type(exc).__name__}: {exc}")
+            continue
+        if diagnosis is None:
+            continue
+        if settings.get("on_stall") != "kill":
+            _note(merged, f"stalled: {diagnosis.summary} (distributed.on_stall: report: the "
+                          "job goes on)")
+            continue
+        _write(stalled, json.dumps(diagnosis.as_dict()))
+        _note(merged, f"stalled: {diagnosis.summary}; stopping every rank "
+                      "(distributed.on_stall: kill)")
+        _cancel_step()
+        return 0
+    return 0
+
+
+def _cancel_step() -> None:
+    """Cancel this job's running step(s), not the batch script: it judges the run after."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    try:
+        listed = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"],
+                                capture_output=True, text=True, timeout=30).stdout.split()
+        steps = [s for s in listed if s.partition(".")[2].isdigit()]
+        if steps:
+            subprocess.run(["scancel", *steps], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def _note(merged: str, text: str) -> None:
@@ -240,16 +326,19 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["mark"] and len(argv) == 4:
         mark(argv[1], argv[2], argv[3])
         return 0
-    if argv[:1] == ["decide"] and len(argv) == 9:
+    if argv[:1] == ["decide"] and len(argv) in (9, 10):
         policy = Policy.from_json(json.loads(argv[4]))
         verdict = verdict_of(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6],
-                             argv[7], argv[8] == "1")
+                             argv[7], argv[8] == "1", argv[9] if len(argv) == 10 else "")
         print(verdict.line())
         return 0
+    if argv[:1] == ["watch"] and len(argv) == 6:
+        return watch(argv[1], argv[2], argv[3], argv[4], json.loads(argv[5]))
     print("usage: monitor.py merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]\n"
           "       monitor.py mark RUN_DIR CHECKPOINT_DIR MARKER\n"
           "       monitor.py decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER "
-          "CHECKPOINT_DIR EXPECTS", file=sys.stderr)
+          "CHECKPOINT_DIR EXPECTS [STALLED]\n"
+          "       monitor.py watch RUN_DIR HOSTFILE STALLED MERGED SETTINGS", file=sys.stderr)
     return 2
 
 

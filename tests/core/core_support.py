@@ -132,8 +132,20 @@ def normalise(text: str) -> str:
     """Machine-dependent values (this interpreter's path) as placeholders, for goldens; a
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
     line naming its modules, since its own tests cover its text."""
-    from orchestrate.render import MONITOR_MODULES, monitor_program
+    from orchestrate.render import (
+        EVIDENCE_MODULES,
+        MONITOR_MODULES,
+        evidence_program,
+        monitor_program,
+    )
+    from orchestrate.shipping import module_source
 
-    program = monitor_program()
-    shown = f"<orchestrate.shipping.program{MONITOR_MODULES}>\n"
-    return text.replace(sys.executable, "$PYTHON").replace(program, shown)
+    shipped = {
+        monitor_program(): f"<orchestrate.shipping.program{MONITOR_MODULES}>\n",
+        evidence_program(): f"<orchestrate.shipping.program{EVIDENCE_MODULES}>\n",
+        module_source("orchestrate.sidecar"): "<the source of orchestrate/sidecar.py>\n",
+    }
+    text = text.replace(sys.executable, "$PYTHON")
+    for program, shown in shipped.items():
+        text = text.replace(program, shown)
+    return text

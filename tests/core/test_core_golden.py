@@ -22,7 +22,7 @@ JOBS = sorted((CORE / "jobs").glob("*.yaml"))
 def _render_dir(job: Path, out: Path) -> list[Path]:
     result = cli("render", job, "-o", out)
     assert result.code == 0, result.err
-    return sorted(out.iterdir())
+    return sorted(p for p in out.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("job", JOBS, ids=[j.stem for j in JOBS])
@@ -57,7 +57,8 @@ def test_render_output_is_what_render_writes(tmp_path: Path) -> None:
         assert printed.startswith("==> ")
         sections = [chunk.split(" <==\n", 1) for chunk in printed[4:].split("\n==> ")]
         files = _render_dir(job, tmp_path / job.stem)
-        assert {name: text for name, text in sections} == {f.name: f.read_text() for f in files}
+        assert {name: text for name, text in sections} == {
+            str(f.relative_to(tmp_path / job.stem)): f.read_text() for f in files}
 
 
 def test_goldens_show_what_the_issue_asks() -> None:

@@ -82,6 +82,7 @@ def written(prepared: Prepared, folder: Path) -> dict[str, Path]:
     paths = {}
     for name, text in prepared.files.items():
         path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         paths[name] = path
     return paths
@@ -136,7 +137,7 @@ def test_hostile_values_reach_the_program_literally(tmp_path: Path, backend: str
     job, workdir, root = _hostile_job(tmp_path, backend)
     prepared = prepare(job)
     files = written(prepared, root / "scripts")
-    shellcheck(*files.values())
+    shellcheck(*(path for name, path in files.items() if name.endswith(".sh")))
     secret = "s3cr3t 'with' $(touch pwned-secret) \"quotes\""
     for node in prepared.plan.nodes:
         for rank in node.ranks:
@@ -158,9 +159,10 @@ def test_hostile_values_reach_the_program_literally(tmp_path: Path, backend: str
 def test_a_secret_is_never_written_into_a_script(hostile_job: tuple[Path, Path, Path]) -> None:
     job, _, _ = hostile_job
     prepared = prepare(job)
-    for text in prepared.files.values():
-        assert "API_TOKEN" in text  # named, read from stdin ...
-        assert "s3cr3t" not in text  # ... never its value
+    for name, text in prepared.files.items():
+        if name.endswith(".sh"):
+            assert "API_TOKEN" in text  # named, read from stdin ...
+        assert "s3cr3t" not in text  # ... never its value, in any file
 
 
 def test_a_missing_secret_stops_the_rank(hostile_job: tuple[Path, Path, Path]) -> None:
@@ -226,12 +228,16 @@ def test_every_rank_gets_exactly_the_plans_env(tmp_path: Path, case: str) -> Non
     prepared = prepare(job)
     plan = prepared.plan
     files = written(prepared, tmp_path / "scripts")
-    assert set(files) == {f"launch-{n.name}.sh" for n in plan.nodes}
+    assert {n for n in files if n.endswith(".sh")} == {f"launch-{n.name}.sh" for n in plan.nodes}
+    # Beyond the plan's env, the script puts the rank sidecar first on the inherited PYTHONPATH
+    # (there is none here).
+    sidecar = {"PYTHONPATH": f"{plan.run_dir}/sidecar"}
     seen_ranks = []
     for node in plan.nodes:
         for rank in node.ranks:
             seen = run_script(files[f"launch-{node.name}.sh"], rank.local_rank, tmp_path)
-            assert script_env(seen["env"]) == node.rank_env(rank, plan.env), (node.name, rank)
+            assert script_env(seen["env"]) == node.rank_env(rank, plan.env) | sidecar, \
+                (node.name, rank)
             assert seen["argv"] == ["train.py", "--flag"]
             assert seen["cwd"] == str(tmp_path / "work")
             seen_ranks.append(int(seen["env"]["RANK"]))

@@ -74,6 +74,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     for host in handshake.get("hosts", []):
         pool.open(Target.from_json(host["target"]), int(host["nproc"]))
 
+    from orchestrate.backends.sshkit.evidence import RemoteEvidence
     from orchestrate.backends.sshkit.launcher import Cancelled, Launcher, PreflightFailed
     from orchestrate.backends.sshkit.reaping import HostStopper, progress_on
     from orchestrate.logsink import LogSink
@@ -195,7 +196,9 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
             stopper.sweep(launcher.fanout, skip=clean)
             pool_now.close(abort_all=False)
 
-        return plan, Launched(handles, cleanup, sink)
+        evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links,
+                                  launcher.fanout, run_dir)
+        return plan, Launched(handles, cleanup, sink, evidence)
 
     def progress(plan: Plan) -> dict[str, int | None]:
         return progress_on(plan, launcher.targets(plan))
