@@ -88,8 +88,12 @@ def test_the_script_render_prints_is_what_runs(cli: Cli) -> None:
     rendered = cli.run("render", str(job), "--job-id", job_id, check=True).stdout
     cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True)
     status = _wait_state(cli, job_id, {"COMPLETED", "FAILED"}, 60)
-    script = Path(str(status["run_dir"])) / "launch-localhost.sh"
-    assert rendered == f"==> launch-localhost.sh <==\n{script.read_text()}"
+    run_dir = Path(str(status["run_dir"]))
+    shown = {name: text for name, text in (
+        chunk.split(" <==\n", 1) for chunk in rendered[4:].split("\n==> "))}
+    assert list(shown) == ["launch-localhost.sh", "sidecar/sitecustomize.py"]
+    for name, text in shown.items():  # byte for byte, the rank sidecar included
+        assert text.rstrip("\n") == (run_dir / name).read_text().rstrip("\n"), name
 
 
 @pytest.mark.timeout(120)
