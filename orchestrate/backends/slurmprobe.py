@@ -114,7 +114,9 @@ def blocker(node: SlurmNode) -> str | None:
     base = words[0].rstrip("*~#!%$@^-")
     flags = words[1:] + (["NOT_RESPONDING"] if words[0].endswith("*") else [])
     why = [_NOT_RUNNING[base]] if base in _NOT_RUNNING else []
-    why += [_FLAGS[f] for f in flags if f in _FLAGS and _FLAGS[f] not in why]
+    busy = base in ("ALLOCATED", "MIXED", "COMPLETING")
+    why += [("draining" if busy and f == "DRAIN" else _FLAGS[f]) for f in flags
+            if f in _FLAGS and _FLAGS[f] not in why]
     if not why and base == "ALLOCATED":
         why.append("busy (every CPU allocated)")
     if not why:

@@ -169,16 +169,17 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
                              ("--slurm", use_slurm)) if on]
     if len(modes) != 1:
         raise UserError.single(
-            "say which machines to probe" if not modes else "probe one kind of machine at once",
-            source="command line", got=" and ".join(modes) or None,
+            "say which machines to probe" if not modes
+            else f"probe one kind of machine at once, not {' and '.join(modes)}",
+            source="command line",
             hint="HOST... (or --from FILE) over SSH, --slurm for a Slurm cluster's nodes, "
                  "--local for this machine",
         )
     ssh_flags = [f"--{k.replace('_', '-')}" for k in _SSH_FLAGS
                  if context.get_parameter_source(k) is ParameterSource.COMMANDLINE]
     if ssh_flags and not ssh_mode:
-        raise UserError.single("SSH settings apply to probing over SSH only",
-                               source="command line", got=" ".join(ssh_flags),
+        raise UserError.single(f"SSH settings apply to probing over SSH only: "
+                               f"{' '.join(ssh_flags)}", source="command line",
                                hint="give HOST... (or --from FILE) to probe over SSH")
     if (partition or node_list) and not use_slurm:
         raise UserError.single("--partition and --nodes choose Slurm nodes",
