@@ -49,6 +49,8 @@ sys.exit(main(args))
 
 #: The exit status of a node that ran out of its bound.
 EXIT_EXPIRED = 124
+#: How many other nodes each node asks its route to (see :func:`peers_of`).
+MAX_PEERS = 8
 #: How many of the last lines a failing node printed go into its report.
 TAIL_LINES = 4
 
@@ -62,6 +64,21 @@ class Unreachable:
 
 #: What a transport returns per node: the facts dict of ``hostfacts.gather``, or why not.
 Gathered = Mapping[str, Any] | Unreachable
+
+
+def peers_of(addresses: Sequence[str], own: int | None) -> list[str]:
+    """The peers node ``own`` (an index into ``addresses``, or None) asks its route to: the
+    next :data:`MAX_PEERS` addresses after its own, round the ring. Each route costs the node a
+    process (``ip route get``), and a few routes name the interface as well as all of them
+    would: so a node's work stays the same at 1000 nodes, and every node is still some
+    node's peer. A lone node asks about its own address: the interface holding it."""
+    unique = list(dict.fromkeys(addresses))
+    if own is None:
+        return unique[:MAX_PEERS]
+    mine = addresses[own]
+    at = unique.index(mine)
+    ring = unique[at + 1:] + unique[:at]
+    return ring[:MAX_PEERS] or [mine]
 
 
 def facts_program() -> str:

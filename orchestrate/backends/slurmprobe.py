@@ -36,6 +36,7 @@ from orchestrate.gathering import (
     Unreachable,
     facts_argv,
     failure,
+    peers_of,
     read_split_facts,
 )
 
@@ -191,7 +192,7 @@ def srun_argv(group: Group, program_argv: Sequence[str], bound_s: float, queue_s
 
 def _run_group(group: Group, bound_s: float, torch: bool, import_torch: bool, queue_s: float,
                env: Mapping[str, str] | None) -> dict[str, Gathered]:
-    peers = list(dict.fromkeys(node.address for node in group.nodes))
+    peers = peers_of([node.address for node in group.nodes], None)  # one argv for all tasks
     program = facts_argv(group.python, peers, bound_s=bound_s, torch=torch,
                          import_torch=import_torch)
     argv = srun_argv(group, program, bound_s, queue_s, import_torch)

@@ -18,9 +18,11 @@ from orchestrate.backends.slurmctl import parse_show_node
 from orchestrate.backends.slurmprobe import Group, SlurmNode, blocker, read_tasks, srun_argv
 from orchestrate.gathering import (
     EXIT_EXPIRED,
+    MAX_PEERS,
     Unreachable,
     facts_argv,
     failure,
+    peers_of,
     read_facts,
     shell_command,
 )
@@ -66,6 +68,17 @@ def test_what_a_node_printed_around_its_facts_is_ignored_and_failures_are_named(
         "python9 not found on the host: bash: line 1: python9: command not found")
     assert failure("python3", 1, "SyntaxError: invalid syntax\n", 60) == (
         "python3 -S failed (exit status 1): SyntaxError: invalid syntax")
+
+
+def test_each_node_asks_a_few_routes_and_every_node_is_asked_about() -> None:
+    addresses = [f"10.0.0.{i}" for i in range(1, 21)]
+    asked = [peers_of(addresses, i) for i in range(len(addresses))]
+    assert asked[0] == addresses[1:1 + MAX_PEERS]
+    assert asked[19] == addresses[:MAX_PEERS]  # round the ring
+    assert all(len(p) == MAX_PEERS and addresses[i] not in p for i, p in enumerate(asked))
+    assert {a for p in asked for a in p} == set(addresses)
+    assert peers_of(["10.0.0.1"], 0) == ["10.0.0.1"]  # alone: the interface holding its address
+    assert peers_of(addresses, None) == addresses[:MAX_PEERS]
 
 
 # ------------------------------------------------------------------------------------- Slurm

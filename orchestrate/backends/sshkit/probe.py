@@ -8,10 +8,11 @@ steps over all hosts at once (at most ``fanout`` at a time, like pdsh):
 1. log in everywhere (bounded by each host's connect timeout). A host that cannot be reached
    or logged into is :class:`~orchestrate.gathering.Unreachable` with the connection layer's
    reason; the others go on;
-2. run the facts program (:mod:`orchestrate.gathering`) on every host that answered, with the
-   addresses the other hosts were reached at as its peers, so each host names the interface
-   its route to them leaves by. A lone host is given its own address: the interface holding
-   the address it was reached at.
+2. run the facts program (:mod:`orchestrate.gathering`) on every host that answered, with
+   addresses some other hosts were reached at as its peers
+   (:func:`~orchestrate.gathering.peers_of`), so each host names the interface its route to
+   them leaves by. A lone host is given its own address: the interface holding the address it
+   was reached at.
 
 A host costs its connect timeout plus its run bound at most, and hosts do not wait for each
 other, so 16 hosts take about as long as one.
@@ -28,6 +29,7 @@ from orchestrate.gathering import (
     Unreachable,
     facts_argv,
     failure,
+    peers_of,
     read_facts,
     shell_command,
 )
@@ -57,14 +59,11 @@ def gather_over_ssh(
                 reached.append(t)
             else:
                 gathered[t.name] = Unreachable(_reason(result.error))
-        seen_at = {t.name: links.get(t).peer_ip() or t.address for t in reached}
-
-        def peers(t: Target) -> list[str]:
-            others = [address for name, address in seen_at.items() if name != t.name]
-            return list(dict.fromkeys(others)) or [seen_at[t.name]]
-
-        answers = fan_out(reached, lambda t: _gather(links.get(t), peers(t), bound_s, torch,
-                                                     import_torch), fanout)
+        seen_at = [links.get(t).peer_ip() or t.address for t in reached]
+        index = {t.name: i for i, t in enumerate(reached)}
+        answers = fan_out(reached, lambda t: _gather(
+            links.get(t), peers_of(seen_at, index[t.name]), bound_s, torch, import_torch),
+            fanout)
         for t in reached:
             answer = answers[t.name]
             gathered[t.name] = (answer.value if answer.ok and answer.value is not None
