@@ -101,7 +101,8 @@ def run_pdsh(names: list[str], addresses: list[str], torch: bool) -> float:
                            shell_command(argv)], env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300, check=False)
     took = time.perf_counter() - start
-    if proc.returncode != 0 or proc.stdout.count('"version"') != len(names):
+    answered = [line for line in proc.stdout.splitlines() if '"hostname": ' in line]
+    if proc.returncode != 0 or len(answered) != len(names):
         raise SystemExit(f"pdsh on {len(names)} host(s) failed: {proc.stderr[-2000:]}")
     return took
 

@@ -239,7 +239,11 @@ class Link:
         if t.identity_file and not os.path.isfile(os.path.expanduser(t.identity_file)):
             raise ConnectError("login", f"identity file {t.identity_file} not found "
                                         "(inventory ssh.identity_file)")
-        config = _config(t.config_file)
+        # A Connection writes into its Config (fabric sets ``inline_ssh_env`` through it, and
+        # each write re-merges the whole Config): a Config shared by connections opened in
+        # parallel is read half-merged by the others ("No attribute or config key found for
+        # 'port'"). Each gets its own copy of the parsed ssh_config's Config.
+        config = _config(t.config_file).clone()
         kwargs: dict[str, Any] = {
             "banner_timeout": timeout,
             "auth_timeout": timeout,
