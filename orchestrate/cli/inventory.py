@@ -112,7 +112,7 @@ _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 
 
 @inventory.command("probe")
-@click.argument("hosts", nargs=-1)
+@click.argument("hosts", nargs=-1, metavar="[HOST]...")
 @click.option("--local", "local", is_flag=True, help="probe this machine")
 @click.option("--slurm", "use_slurm", is_flag=True,
               help="probe the Slurm cluster's nodes (scontrol, then one srun task per node)")
@@ -142,7 +142,8 @@ _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 @click.option("--python", "python", default=None,
               help=f"the interpreter on the nodes (default {DEFAULT_PYTHON}, or --from's)")
 @click.option("--timeout", "bound_s", type=click.FloatRange(min=1), default=DEFAULT_BOUND_S,
-              help="seconds a node may take to answer once logged in (or its task started)")
+              help="seconds a node may take to answer once logged in (or its task started; "
+                   f"default {DEFAULT_BOUND_S:g})")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="write (or update) this inventory file instead of printing it")
 @click.option("--yes", is_flag=True, help="overwrite without asking (the diff is still shown)")

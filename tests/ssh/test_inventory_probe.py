@@ -135,6 +135,12 @@ def test_from_an_inventory_reuses_its_settings_and_a_gpu_host_gets_its_groups(
     result = ssh_cli.run("inventory", "check", "--no-torch", str(path), "--json", timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is True
+    # Probing again with the written file's own settings changes nothing in it.
+    before = path.read_text()
+    result = probe(ssh_cli, "--from", str(path), "--no-torch", "-o", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{path} is up to date" in result.stdout
+    assert path.read_text() == before
     edit(path, "indices: [2, 3, 4, 5, 6, 7]}", "indices: [2, 3, 4, 5, 6, 7, 8]}")
     result = ssh_cli.run("inventory", "check", "--no-torch", str(path), timeout=90)
     assert result.returncode == 1, result.stderr
