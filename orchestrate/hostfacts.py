@@ -14,6 +14,7 @@ mismatch) is reported with its message, and the other facts still come back.
 
     version        1
     hostname       socket.gethostname()
+    slurm_node     the Slurm node name when run as a Slurm task (SLURMD_NODENAME), else None
     time           time.time() when gathering started (the controller derives clock offset)
     gather_s       seconds gathering took
     nvidia_smi     {"status": "ok" | "missing" | "failed",
@@ -396,6 +397,7 @@ def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
     facts: dict[str, Any] = {
         "version": FACTS_VERSION,
         "hostname": socket.gethostname(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),
         "time": started,
         "errors": [],
     }

@@ -24,7 +24,7 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -173,11 +173,13 @@ def _comment_block(text_lines: list[str], index: int) -> list[str]:
 @dataclass(frozen=True)
 class ProbedNode:
     """A node to write: its name (as the user calls it), an address when it is not the name,
-    and its parsed facts."""
+    its parsed facts, and the user fields the transport knows for it (``ssh``, ``python``,
+    ``slurm``: how it was reached), written when the node is new to the file."""
 
     name: str
     facts: HostFacts
     address: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def probed_fields(facts: HostFacts) -> dict[str, Any]:
@@ -217,7 +219,7 @@ def _fold(nodes: Iterable[ProbedNode]) -> list[tuple[str, ProbedNode, Provenance
     hostlist entry; the result keeps first-appearance order."""
     groups: dict[str, list[tuple[ProbedNode, Provenance, dict[str, Any]]]] = {}
     for node in nodes:
-        fields = probed_fields(node.facts)
+        fields = {**probed_fields(node.facts), **node.extra}
         prov = provenance(node.facts)
         key = json.dumps([fields, prov.key()], sort_keys=True)
         if node.address is not None:
@@ -286,9 +288,15 @@ def _ordered(entry: Mapping[str, Any]) -> dict[str, Any]:
     return dict(sorted(entry.items(), key=lambda kv: rank.get(kv[0], len(rank))))
 
 
-def render_inventory(name: str, nodes: Iterable[ProbedNode]) -> str:
-    """A new inventory file for the probed nodes."""
-    out = [HEADER.rstrip("\n"), f"name: {scalar(name)}", "nodes:"]
+def render_inventory(name: str, nodes: Iterable[ProbedNode],
+                     defaults: Mapping[str, Any] | None = None) -> str:
+    """A new inventory file for the probed nodes; ``defaults`` (``ssh``, ``python``, ``slurm``:
+    how every node was reached) become its ``defaults:`` block."""
+    out = [HEADER.rstrip("\n"), f"name: {scalar(name)}"]
+    if defaults:
+        out.append("defaults:")
+        out.extend(f"  {scalar(k)}: {flow(v)}" for k, v in _ordered(defaults).items())
+    out.append("nodes:")
     for entry_name, node, prov, fields in _fold(nodes):
         entry: dict[str, Any] = {"name": entry_name}
         if node.address is not None:
@@ -435,6 +443,8 @@ def merge_inventory(old_text: str, source: str, probed: Mapping[str, ProbedNode]
         if node.address is not None:
             fresh["address"] = node.address
         fresh.update(apply_probed({}, fields, defaults))
+        fresh.update({k: v for k, v in node.extra.items()
+                      if k not in fresh and not _same(v, defaults.get(k))})
         entries.append(_Entry([" " * indent + c for c in prov.comment()], None,
                               _ordered(fresh), indent))
 

@@ -63,10 +63,21 @@ def parse_show_job(text: str) -> list[dict[str, str]]:
     may contain spaces (``Reason=...``, ``Command=/a b/c``): a value runs until the next
     `` Key=``.
     """
+    return _records(text, "JobId")
+
+
+def parse_show_node(text: str) -> list[dict[str, str]]:
+    """``scontrol show node [--oneliner]`` output as one dict per node record (``NodeName``,
+    ``NodeAddr``, ``CPUTot``, ``RealMemory``, ``Gres``, ``State``, ``Partitions``, ``Reason``...;
+    values with spaces, such as ``OS=Linux 6.1.0 #1 SMP`` or a ``Reason``, are kept whole)."""
+    return _records(text, "NodeName")
+
+
+def _records(text: str, first: str) -> list[dict[str, str]]:
     records: list[dict[str, str]] = []
-    for block in re.split(r"(?=(?:^|\s)JobId=)", text.strip()):
+    for block in re.split(rf"(?=(?:^|\s){first}=)", text.strip()):
         block = " ".join(block.split())
-        if not block.startswith("JobId="):
+        if not block.startswith(f"{first}="):
             continue
         matches = list(_KEY.finditer(block))
         record: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -144,12 +145,23 @@ def test_a_pcie_link_below_its_width_or_generation(tmp_path: Path, lab: Path) ->
     ]  # GPU 4 idles at Gen1: power saving, not a fault
 
 
-def test_check_refuses_nodes_it_cannot_reach_from_here(tmp_path: Path) -> None:
+def test_check_reaches_other_nodes_over_ssh_and_names_one_it_cannot_reach(
+    tmp_path: Path,
+) -> None:
+    # gpu01 is another machine: check logs into it over SSH with the file's settings. Its
+    # ssh_config sends it to a loopback port nobody listens on (no traffic leaves this host).
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gpu01\n    HostName 127.0.0.1\n    Port {port}\n")
     path = tmp_path / "remote.yaml"
-    path.write_text("name: remote\nnodes:\n  - name: gpu01\n    slots: 2\n")
+    path.write_text(f"name: remote\ndefaults:\n  ssh: {{config_file: {config}, "
+                    "connect_timeout_s: 5}\nnodes:\n  - name: gpu01\n    slots: 2\n")
     result = cli(*CHECK, path)
-    assert result.code == 2
-    assert "only nodes on this machine" in result.err and "gpu01" in result.err
+    assert result.code == 1, result.err
+    assert result.out.startswith(f"gpu01: could not be probed: unreachable: 127.0.0.1:{port}: ")
+    assert "refused" in result.out.lower()
 
 
 def test_a_broken_file_is_a_user_error(tmp_path: Path) -> None:

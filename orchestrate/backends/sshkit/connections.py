@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
-    from orchestrate.inventory import Inventory
+    from orchestrate.inventory import Inventory, SSHSpec
     from orchestrate.plan import Plan
 
 T = TypeVar("T")
@@ -72,25 +72,32 @@ class Target:
         return cls(**data)
 
 
+def target(name: str, address: str, python: str, ssh: SSHSpec | None,
+           connect_timeout_s: float) -> Target:
+    """How to reach one host from its ssh settings (an inventory node's, or the command line's
+    for ``inventory probe HOST``): the settings' connect timeout over ``connect_timeout_s``."""
+    return Target(
+        name=name,
+        address=address,
+        python=python,
+        user=ssh.user if ssh else None,
+        port=ssh.port if ssh else None,
+        identity_file=ssh.identity_file if ssh else None,
+        config_file=ssh.config_file if ssh else None,
+        known_hosts_file=ssh.known_hosts_file if ssh else None,
+        accept_unknown_host_keys=bool(ssh and ssh.accept_unknown_host_keys),
+        connect_timeout_s=(ssh.connect_timeout_s if ssh and ssh.connect_timeout_s
+                           else connect_timeout_s),
+    )
+
+
 def targets_for(plan: Plan, inventory: Inventory, connect_timeout_s: float) -> dict[str, Target]:
     """How to reach each node of the plan (inventory ssh settings over the job's defaults)."""
     targets = {}
     for node in plan.nodes:
         spec = inventory.node(node.name)
-        ssh = spec.ssh if spec is not None else None
-        targets[node.name] = Target(
-            name=node.name,
-            address=node.address,
-            python=node.python,
-            user=ssh.user if ssh else None,
-            port=ssh.port if ssh else None,
-            identity_file=ssh.identity_file if ssh else None,
-            config_file=ssh.config_file if ssh else None,
-            known_hosts_file=ssh.known_hosts_file if ssh else None,
-            accept_unknown_host_keys=bool(ssh and ssh.accept_unknown_host_keys),
-            connect_timeout_s=(ssh.connect_timeout_s if ssh and ssh.connect_timeout_s
-                               else connect_timeout_s),
-        )
+        targets[node.name] = target(node.name, node.address, node.python,
+                                    spec.ssh if spec is not None else None, connect_timeout_s)
     return targets
 
 
@@ -232,7 +239,11 @@ class Link:
         if t.identity_file and not os.path.isfile(os.path.expanduser(t.identity_file)):
             raise ConnectError("login", f"identity file {t.identity_file} not found "
                                         "(inventory ssh.identity_file)")
-        config = _config(t.config_file)
+        # A Connection writes into its Config (fabric sets ``inline_ssh_env`` through it, and
+        # each write re-merges the whole Config): a Config shared by connections opened in
+        # parallel is read half-merged by the others ("No attribute or config key found for
+        # 'port'"). Each gets its own copy of the parsed ssh_config's Config.
+        config = _config(t.config_file).clone()
         kwargs: dict[str, Any] = {
             "banner_timeout": timeout,
             "auth_timeout": timeout,
@@ -309,6 +320,21 @@ class Link:
             _bound_dead_peer(transport.sock)
         return conn
 
+    def peer_ip(self) -> str | None:
+        """The IP address the first connection reached (ssh_config's HostName resolved), or None
+        before one is open or when it goes through a proxy (no socket of its own)."""
+        with self._lock:
+            if not self._connections:
+                return None
+            transport = self._connections[0][0].client.get_transport()
+        sock = getattr(transport, "sock", None)
+        if not isinstance(sock, socket.socket):
+            return None
+        try:
+            return str(sock.getpeername()[0])
+        except OSError:
+            return None
+
     @property
     def lost(self) -> str | None:
         """Why and when the host was lost (a connection to it died), if it was."""
@@ -369,6 +395,9 @@ class Link:
                 if not data:
                     break
                 chunks.append(data)
+            # The exit status is a message of its own and may trail the end of the output.
+            while not channel.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.005)
             code = channel.recv_exit_status() if channel.exit_status_ready() else -1
             return RunResult(code, b"".join(chunks).decode("utf-8", errors="replace"))
         finally:
