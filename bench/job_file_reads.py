@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("ORCHESTRATE_SSH_DIR", "/tmp/orchestrate-sshhosts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from restart_time import SETUPS  # noqa: E402  (the backends' set-up: hosts, inventories)
 
 AUDIT = """\
 import os, sys
@@ -60,23 +62,6 @@ sys.exit(3 if attempt == 1 and os.environ["RANK"] == "1" else 0)
 """
 
 
-def ssh_inventory(work: Path) -> str:
-    if not (STATE / "hosts.txt").exists():
-        subprocess.run(["bash", str(ROOT / "tests/clusters/sshhosts.sh"), "up", "2"], check=True,
-                       capture_output=True)
-    hosts = [line.split() for line in (STATE / "hosts.txt").read_text().splitlines()][:2]
-    inventory = {
-        "name": "bench",
-        "defaults": {"python": sys.executable,
-                     "ssh": {"config_file": str(STATE / "ssh_config"),
-                             "known_hosts_file": str(STATE / "known_hosts"),
-                             "identity_file": str(STATE / "id_ed25519")}},
-        "nodes": [{"name": name, "address": address, "slots": 1} for name, address in hosts],
-    }
-    (work / "inv.json").write_text(json.dumps(inventory))
-    return "inventory: inv.json\nresources: {nodes: 2, gpus_per_node: 1}\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("local", "ssh"), default="local")
@@ -85,8 +70,7 @@ def main() -> None:
     (work / "audit").mkdir()
     (work / "audit" / "sitecustomize.py").write_text(AUDIT)
     (work / "prog.py").write_text(PROGRAM)
-    where = (ssh_inventory(work) if args.backend == "ssh"
-             else "resources: {nodes: 1, gpus_per_node: 2}\n")
+    where = SETUPS[args.backend](work)[0] + "\n"
     job = work / "job.yaml"
     job.write_text(textwrap.dedent(f"""\
         name: reads

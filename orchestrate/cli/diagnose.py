@@ -101,16 +101,10 @@ def look(job: JobRecord, timeout_s: float) -> dict[str, Any]:
 def diagnose(job_ref: str | None, as_json: bool, timeout_s: float) -> None:
     """Every rank's phase, step, collectives and frame; who a stalled job waits for."""
     from orchestrate.backends import get_backend
-    from orchestrate.errors import UserError
+    from orchestrate.cli.jobs import resolve_or_latest
 
     store = Store()
-    if job_ref is None:
-        latest = store.list(1)
-        if not latest:
-            raise UserError.single("no jobs yet", field="JOB",
-                                   hint="submit one with `orchestrate submit JOB_FILE`")
-        job_ref = latest[0].id
-    job = store.resolve(job_ref)
+    job = resolve_or_latest(store, job_ref)
     job = get_backend(job.backend).refresh(job, store)
     found = look(job, timeout_s)
     if as_json:

@@ -21,6 +21,17 @@ def _store() -> Store:
     return Store()
 
 
+def resolve_or_latest(store: Store, job_ref: str | None) -> JobRecord:
+    """The job a reference names (id, name, unique prefix), or the latest job without one."""
+    if job_ref is None:
+        latest = store.list(1)
+        if not latest:
+            raise UserError.single("no jobs yet", field="JOB",
+                                   hint="submit one with `orchestrate submit JOB_FILE`")
+        job_ref = latest[0].id
+    return store.resolve(job_ref)
+
+
 def _refreshed(store: Store, job: JobRecord) -> JobRecord:
     return get_backend(job.backend).refresh(job, store)
 
@@ -168,13 +179,7 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     from orchestrate.cli import report
 
     store = _store()
-    if job_ref is None:
-        latest = store.list(1)
-        if not latest:
-            raise UserError.single("no jobs yet", field="JOB",
-                                   hint="submit one with `orchestrate submit JOB_FILE`")
-        job_ref = latest[0].id
-    job = _refreshed(store, store.resolve(job_ref))
+    job = _refreshed(store, resolve_or_latest(store, job_ref))
     job = store.get(job.id) or job
     if watch:
         report.watch_job(store, job)
