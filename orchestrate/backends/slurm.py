@@ -40,7 +40,7 @@ from orchestrate.backends.slurmrecord import (
 )
 from orchestrate.errors import UserError
 from orchestrate.evidence import read_diagnosis
-from orchestrate.layout import METRICS, SBATCH_SCRIPT
+from orchestrate.layout import METRICS, SBATCH_SCRIPT, slurm_exit_dir
 from orchestrate.outcome import Attempt, Failure
 from orchestrate.store import STOPPED, JobRecord, Store
 from orchestrate.supervise import final_report
@@ -234,7 +234,7 @@ class SlurmBackend:
             return View("COMPLETED", f"all {len(job.ranks)} rank(s) exited 0 (the controller "
                         "has forgotten the job; decided from its run directory)", None)
         if outcome == "FAILED":
-            return View("FAILED", _failed_reason(failure, end, job), failure)
+            return View("FAILED", _failed_reason(failure, end, job, last), failure)
         return View("FAILED", f"{forgotten}; its last run ended {outcome}", failure)
 
     # ---- cancel --------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def _view(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmCl
     if state == "COMPLETED":
         return View(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
     if state == "FAILED":
-        return View(state, _failed_reason(failure, end, job) + again, failure, restarts)
+        return View(state, _failed_reason(failure, end, job, last) + again, failure, restarts)
     # Cancelled, out of time, a node lost: the ranks were stopped, none of them failed.
     if state == "CANCELLED":
         return View(state, "cancelled" + again, None, restarts)
@@ -353,7 +353,11 @@ def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> 
 
 
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
-                   job: JobRecord) -> str:
+                   job: JobRecord, last: Run | None) -> str:
+    decided = _decided(Path(job.run_dir), last)
+    if decided.startswith("stalled: "):
+        # The stall watch stopped the step: the ranks' ends are its doing, not failures.
+        return decided
     if failure is not None:
         text = failure.sentence()
         if failure.requeue:
@@ -365,6 +369,17 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
         return (f"srun failed with exit code {end.get('srun_exit')} before any rank reported "
                 "(see the slurm-*.out file in the run directory)")
     return "the batch script failed before starting the ranks (see output.log)"
+
+
+def _decided(run_dir: Path, last: Run | None) -> str:
+    """What monitor.py decide said of the last run (its REASON file), or ""."""
+    if last is None:
+        return ""
+    try:
+        return (slurm_exit_dir(run_dir, last.restart) / "REASON").read_text(
+            encoding="utf-8").strip()
+    except OSError:
+        return ""
 
 
 def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobRecord:
