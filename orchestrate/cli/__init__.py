@@ -22,7 +22,13 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (also used by ``python -m orchestrate``)."""
-    from orchestrate.cli import inspect, inventory, jobs, report  # noqa: F401  (registers the commands)
+    from orchestrate.cli import (  # noqa: F401  (registers the commands)
+        doctor,
+        inspect,
+        inventory,
+        jobs,
+        report,
+    )
 
     try:
         # Without standalone mode click returns a command's exit status instead of exiting.
