@@ -142,7 +142,21 @@ def assess(
                 bandwidth = report_bandwidth(bandwidth)
             if result.ok and end.state != "COMPLETED":
                 checks.append(_ended(shape, end, tiers))
-    return checks, bandwidth
+    return _first_causes(checks), bandwidth
+
+
+def _first_causes(checks: list[Check]) -> list[Check]:
+    """A rank that fails to join or initialise is often the *victim* (rank 0 cannot reach a
+    peer that listens on the wrong interface): when the static or connect tier failed on some
+    nodes, the smoke failures point there first."""
+    causes = list(dict.fromkeys(n for c in checks if c.status == "fail"
+                                and c.tier in ("static", "connect") for n in c.nodes))
+    if not causes:
+        return checks
+    first = (f"the static/connect tiers failed on {', '.join(causes)}: fix that first "
+             "(a rank that cannot reach a peer is named here, the peer's fault is named there)")
+    return [replace(c, hint=f"{first}; then {c.hint}" if c.hint else first)
+            if c.status == "fail" and c.tier in ("smoke", "bandwidth") else c for c in checks]
 
 
 def report_bandwidth(section: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,8 @@ connect and static tiers need, which no other channel gives before the store exi
 Protocol: a leader connects (each try bounded by 3 s, retried every 0.5 s until the window
 ends: node 0 may not listen yet), sends one line ``orchestrate-rollcall {json}`` and waits for
 one JSON line ``{"directory": [...], "time": t}``, which node 0 sends to everyone once all
-expected nodes said hello or its window ended. Anything else that connects (a rank's store
+expected nodes said hello or its window ended (so a leader, once connected, waits up to one
+window: node 0's began before the connection). Anything else that connects (a rank's store
 client, early) is closed at once. Node 0 then releases the port, so the smoke tier's store can
 bind it.
 
@@ -165,7 +166,9 @@ def answer(host: str, port: int, hello: dict[str, Any], window_s: float,
                                   "seconds": seconds, "tries": tries, "detail": detail,
                                   "directory": None, "clock_offset_s": None}
         if sock is not None:
-            return _exchange(sock, hello, deadline, result)
+            # Node 0 listened before this connection, so it answers within its window from
+            # now: wait that long, whenever this node's own window began.
+            return _exchange(sock, hello, time.monotonic() + window_s + 2.0, result)
         if time.monotonic() + RETRY_S >= deadline:
             result["detail"] = (f"{detail}; {tries} tr{'y' if tries == 1 else 'ies'} over "
                                 f"{time.monotonic() - began:.1f} s")

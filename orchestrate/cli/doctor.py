@@ -73,11 +73,14 @@ def report(run: Run, stderr: bool = False) -> None:
               help="seconds of timed iterations per size (default 2)")
 @click.option("--timeout-s", type=float, default=20.0, show_default=True,
               help="bound of each step of the checkup")
+@click.option("--connect-window-s", type=float, default=20.0, show_default=True,
+              help="how long the roll call on the master port waits for every node")
 @click.option("--deadline-s", type=float, default=None,
               help="bound of the whole doctor run, launch included (default: computed)")
 def doctor(job_file: Path, tier: str, as_json: bool, overrides: tuple[str, ...],
            job_id: str | None, sizes: str | None, pair_size: str | None,
-           budget_s: float | None, timeout_s: float, deadline_s: float | None) -> None:
+           budget_s: float | None, timeout_s: float, connect_window_s: float,
+           deadline_s: float | None) -> None:
     """Check the planned job's nodes before it runs: versions, GPUs, interface, shm, memlock
     and clocks (static); the master port and node-to-node ports (connect); every rank joining
     and a checked all_reduce (smoke); all_reduce and node-to-node bandwidth against the
@@ -88,7 +91,8 @@ def doctor(job_file: Path, tier: str, as_json: bool, overrides: tuple[str, ...],
 
     prepared = prepare(job_file, overrides, job_id=job_id, render_files=False)
     settings = doctoring.Settings(tier=tier, sizes=sizes, pair_size=pair_size,
-                                  budget_s=budget_s, timeout_s=timeout_s, deadline_s=deadline_s)
+                                  budget_s=budget_s, timeout_s=timeout_s,
+                                  window_s=connect_window_s, deadline_s=deadline_s)
     run = doctoring.run(prepared, settings)
     if as_json:
         click.echo(json.dumps(run.document, indent=2))
