@@ -184,6 +184,7 @@ def run(prepared: Prepared, settings: Settings, *, store: Store | None = None,
     deadline = began + bound
     run_dir = Path(derived.plan.run_dir)
     record: JobRecord | None = None
+    phases: dict[str, float] = {}
     try:
         try:
             record = backend.submit(derived, store)
@@ -191,7 +192,9 @@ def run(prepared: Prepared, settings: Settings, *, store: Store | None = None,
             end = findings.JobEnd("REFUSED", reason=f"{plan.backend} backend",
                                   refused=exc.problems)
         else:
+            phases["launch"] = time.monotonic() - began
             record, end = _wait(backend, store, record, deadline, bound)
+            phases["run"] = time.monotonic() - began - phases["launch"]
     except KeyboardInterrupt:
         if record is not None:
             say(f"doctor: interrupted: cancelling job {record.id}")
@@ -207,12 +210,26 @@ def run(prepared: Prepared, settings: Settings, *, store: Store | None = None,
         "job_id": job_id, "job": plan.job_name, "backend": plan.backend,
         "tiers": list(settings.tiers), "nodes": list(shape.names),
         "world_size": ran.world_size, "seconds": round(seconds, 2), "run_dir": str(run_dir),
-        "ended": end.state,
+        "ended": end.state, "phases_s": {**{k: round(v, 2) for k, v in phases.items()},
+                                         **_checkup_phases(payloads)},
     }
     result = Run(job_id, run_dir, plan.backend, shape, settings.tiers, checks, document,
                  seconds, end)
     result.files = write(result)
     return result
+
+
+def _checkup_phases(payloads: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Where the checkup's time went: the slowest node leader's static and connect tiers, and
+    rank 0's smoke and bandwidth tiers (from its store's start)."""
+    out: dict[str, float] = {}
+    leaders = [float(p.get("seconds") or 0) for p in payloads if p.get("kind") == "node"]
+    if leaders:
+        out["node_tiers"] = round(max(leaders), 2)
+    result = [p for p in payloads if p.get("kind") == "result"]
+    if result:
+        out["rank_tiers"] = round(float(result[-1].get("elapsed_s") or 0), 2)
+    return out
 
 
 def _wait(backend: Backend, store: Store, record: JobRecord, deadline: float, bound: float
