@@ -120,7 +120,12 @@ def derive(loaded: Loaded, plan: Plan, settings: Settings) -> Loaded:
     from orchestrate.job import RestartPolicy
 
     job = loaded.job
-    minutes = max(1, math.ceil(bound_s(plan, settings) / 60))
+    limit = bound_s(plan, settings)
+    if job.backend == "slurm":
+        # Slurm sends the job's stop signal this long before the limit (it would end the
+        # checkup early): the limit leaves room for it.
+        limit += job.slurm.signal_seconds_before
+    minutes = max(1, math.ceil(limit / 60))
     resources: dict[str, Any] = {"time": str(minutes)}
     if job.backend != "slurm":
         resources["node_names"] = [n.name for n in plan.nodes]

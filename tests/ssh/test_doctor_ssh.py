@@ -153,6 +153,23 @@ def test_an_interface_missing_on_one_host_fails_static_naming_it(ssh_cli: SshCli
 
 
 @pytest.mark.timeout(120)
+def test_an_unreachable_host_is_named_and_the_doctor_ends(ssh_cli: SshCli) -> None:
+    ghost = dict(ssh_cli.hosts.hosts)["h1"].rsplit(".", 1)[0] + ".250"  # no sshd there
+    ssh_cli.inventory([{"name": "h1", "slots": 1},
+                       {"name": "ghost", "address": ghost, "slots": 1}])
+    job = _job(ssh_cli, "ghosted", nodes=2)
+    started = time.monotonic()
+    proc, doc = _doctor(ssh_cli, job, "--tier", "smoke")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert time.monotonic() - started < 60
+    failed = [c for c in doc["checks"] if c["status"] == "fail"]
+    assert [(c["tier"], c["name"], c["nodes"]) for c in failed] == [
+        ("static", "launch", ["ghost"])], _brief(doc)
+    assert f"ghost ({ghost}): ssh: unreachable" in failed[0]["detail"]
+    assert doc["doctor"]["ended"] == "REFUSED"
+
+
+@pytest.mark.timeout(120)
 def test_a_master_port_unreachable_from_one_host_fails_connect_naming_it(
         ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": f"h{i}", "slots": 1} for i in (1, 2, 3)])
