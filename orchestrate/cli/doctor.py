@@ -96,6 +96,8 @@ def doctor(job_file: Path, tier: str, as_json: bool, overrides: tuple[str, ...],
     run = doctoring.run(prepared, settings)
     if as_json:
         click.echo(json.dumps(run.document, indent=2))
+        click.echo(f"doctor: {run.verdict} ({len(run.failed())} failed) in {run.seconds:.1f} s",
+                   err=True)
         for path in run.files:
             click.echo(f"wrote {path}", err=True)
     else:
