@@ -15,7 +15,7 @@ raw host-facts gatherer run through the job's backend) turns them into this shap
                     "available": ["eno1", "eno2"]},
       "shm_bytes": 68719476736,              # os.statvfs("/dev/shm"): f_frsize * f_blocks
       "memlock": "unlimited",                # or bytes (/proc/self/limits "Max locked memory")
-      "clock_offset_s": 0.004,               # this node's clock minus the controller's
+      "clock_offset_s": 0.004,               # this node's clock minus the reference's
       "gpus": [{"index": 0, "model": "A100-80GB", "memory_gb": 80, "bus_id": "0000:07:00.0"}],
                                              # or [index, model, memory_gb] triples; null: none
       "error": null                          # why facts could not be gathered (unreachable...)
@@ -23,6 +23,11 @@ raw host-facts gatherer run through the job's backend) turns them into this shap
 
 ``model`` is the inventory's spelling (normalised, e.g. ``NVIDIA A100-SXM4-80GB`` ->
 ``A100-80GB``); GPUs are compared in PCI bus order, the CUDA order the plan's indices use.
+
+:func:`from_host` makes this shape from what the doctor's checkup gathers on a node (the raw
+facts of :func:`orchestrate.hostfacts.gather`, parsed by :func:`orchestrate.probing.parse_facts`)
+and the clock offset its roll call measured against node 0 (the reference the doctor uses,
+:mod:`orchestrate.checkup.rollcall`).
 
 Rules (reference notes §1.5): versions must be identical across nodes (python, torch, CUDA,
 NCCL, driver: any difference fails, naming the odd nodes); planned GPUs present, of the
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrate.grading import Check, JobShape, PlannedNode, Status
+from orchestrate.probing import parse_facts
 
 VERSIONS = ("python", "torch", "cuda", "nccl", "driver")
 GPU_ONLY = frozenset({"cuda", "nccl", "driver"})
@@ -120,6 +126,50 @@ class NodeFacts:
         )
 
 
+def from_host(
+    raw: Mapping[str, Any],
+    *,
+    interface: str | None,
+    master_addr: str,
+    clock_offset_s: float | None = None,
+) -> NodeFacts:
+    """The facts of one node from :func:`orchestrate.hostfacts.gather`'s dict, as the node's
+    ranks saw it: ``interface`` is the GLOO_SOCKET_IFNAME the plan gave them (None: the route's
+    interface is the one that matters), ``master_addr`` the MASTER_ADDR they were given."""
+    parsed = parse_facts(raw)
+    versions = {"python": parsed.python_version, "torch": parsed.torch,
+                "cuda": parsed.torch_cuda, "nccl": parsed.nccl, "driver": parsed.driver}
+    route = (raw.get("routes") or {}).get(master_addr) or {}
+    route_dev = route.get("interface") if isinstance(route, Mapping) else None
+    name = interface.lstrip("=") if interface else route_dev
+    iface = None
+    if name:
+        nic = parsed.nic(name)
+        # operstate "unknown": the driver does not say (loopback, many virtual links): not down.
+        up = None if nic is None or nic.operstate in (None, "unknown") else nic.up
+        iface = InterfaceFact(
+            name=name,
+            exists=nic is not None,
+            up=up,
+            speed_mbps=None if nic is None else nic.speed_mbps,
+            routes_to_master=None if not route_dev else route_dev == name,
+            route_dev=route_dev,
+            available=tuple(n.name for n in parsed.nics if n.kind != "loopback"),
+        )
+    memlock = raw.get("memlock")
+    soft = memlock.get("soft") if isinstance(memlock, Mapping) else None
+    gpus = None if parsed.gpu_status == "missing" and not parsed.gpus else tuple(
+        GpuFact(g.cuda_index, g.model, g.memory_gb, g.bus_id) for g in parsed.gpus)
+    return NodeFacts(
+        versions=versions,
+        interface=iface,
+        shm_bytes=parsed.shm_bytes,
+        memlock=soft if soft == "unlimited" or isinstance(soft, int) else None,
+        clock_offset_s=clock_offset_s,
+        gpus=gpus,
+    )
+
+
 def _gpu(item: Any) -> GpuFact:
     if isinstance(item, Mapping):
         return GpuFact(int(item["index"]), str(item["model"]), float(item["memory_gb"]),
@@ -154,7 +204,7 @@ def judge_static(shape: JobShape, facts: Mapping[str, NodeFacts]) -> list[Check]
         row = _memlock(shape, node, got)
         if row is not None:
             rows.append(row)
-        row = _clock(node, got)
+        row = _clock(node, got, shape.nodes[0].name if shape.nodes else "the reference")
         if row is not None:
             rows.append(row)
     return rows
@@ -370,7 +420,7 @@ def _memlock(shape: JobShape, node: PlannedNode, got: NodeFacts) -> Check | None
     )
 
 
-def _clock(node: PlannedNode, got: NodeFacts) -> Check | None:
+def _clock(node: PlannedNode, got: NodeFacts, reference: str) -> Check | None:
     offset = got.clock_offset_s
     if offset is None:
         return None
@@ -379,7 +429,7 @@ def _clock(node: PlannedNode, got: NodeFacts) -> Check | None:
         "warn" if size > CLOCK_WARN_S else "pass")
     return Check(
         "static", "clock", (node.name,), status,
-        f"{node.name}'s clock is {offset:+.3f} s from the controller's",
+        f"{node.name}'s clock is {offset:+.3f} s from {reference}'s",
         measured=f"{offset:+.3f} s", expected=f"within {CLOCK_WARN_S:g} s",
         hint="" if status == "pass" else
         "run NTP/chrony on the node: merged logs and stall times across nodes need one clock "
@@ -393,4 +443,4 @@ def facts_from_json(data: Mapping[str, Mapping[str, Any]]) -> dict[str, NodeFact
 
 
 __all__: Sequence[str] = ["GpuFact", "InterfaceFact", "NodeFacts", "facts_from_json",
-                          "judge_static"]
+                          "from_host", "judge_static"]

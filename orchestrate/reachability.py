@@ -39,46 +39,59 @@ _READ_HELLO_S = 1.0
 _UNREACHABLE = {errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
 
 
+def open_connection(
+    host: str, port: int, timeout: float = CONNECT_TIMEOUT_S
+) -> tuple[socket.socket | None, str, str]:
+    """One TCP connection within ``timeout``: ``(socket, "ok", "")``, or ``(None, outcome,
+    detail)`` with outcome refused / timeout / unreachable / error. Never raises; the caller
+    owns (and closes) the socket."""
+    began = time.monotonic()
+    try:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return None, "unreachable", f"cannot resolve {host}: {exc}"
+    last: tuple[str, str] = ("error", "no address")
+    for family, kind, proto, _, address in infos:
+        remaining = timeout - (time.monotonic() - began)
+        if remaining <= 0:
+            return None, "timeout", f"no answer within {timeout:g} s"
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(remaining)
+            sock.connect(address)
+            return sock, "ok", ""
+        except ConnectionRefusedError:
+            last = ("refused", "connection refused")
+        except (TimeoutError, socket.timeout):  # socket.timeout: Python < 3.10
+            sock.close()
+            return None, "timeout", f"no answer within {timeout:g} s"
+        except OSError as exc:
+            if exc.errno in _UNREACHABLE:
+                last = ("unreachable", exc.strerror or str(exc))
+            else:
+                last = ("error", str(exc))
+        sock.close()
+    return None, last[0], last[1]
+
+
 def connect(
     host: str, port: int, timeout: float = CONNECT_TIMEOUT_S, hello: str | None = None
 ) -> dict[str, Any]:
     """Try one TCP connection; never raises. ``{"host", "port", "outcome", "seconds",
     "detail"}``."""
     began = time.monotonic()
-
-    def answer(outcome: str, detail: str = "") -> dict[str, Any]:
-        return {"host": host, "port": port, "outcome": outcome,
-                "seconds": round(time.monotonic() - began, 4), "detail": detail}
-
-    try:
-        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        return answer("unreachable", f"cannot resolve {host}: {exc}")
-    last: tuple[str, str] = ("error", "no address")
-    for family, kind, proto, _, address in infos:
-        remaining = timeout - (time.monotonic() - began)
-        if remaining <= 0:
-            return answer("timeout", f"no answer within {timeout:g} s")
-        sock = socket.socket(family, kind, proto)
+    sock, outcome, detail = open_connection(host, port, timeout)
+    if sock is not None:
         try:
-            sock.settimeout(remaining)
-            sock.connect(address)
             if hello is not None:
                 sock.settimeout(max(0.1, timeout - (time.monotonic() - began)))
                 sock.sendall(HELLO + hello.encode("utf-8", "replace") + b"\n")
-            return answer("ok")
-        except ConnectionRefusedError:
-            last = ("refused", "connection refused")
-        except TimeoutError:
-            return answer("timeout", f"no answer within {timeout:g} s")
-        except OSError as exc:
-            if exc.errno in _UNREACHABLE:
-                last = ("unreachable", exc.strerror or str(exc))
-            else:
-                last = ("error", str(exc))
+        except OSError:
+            pass  # connected is what was asked; the listener reports who said hello
         finally:
             sock.close()
-    return answer(*last)
+    return {"host": host, "port": port, "outcome": outcome,
+            "seconds": round(time.monotonic() - began, 4), "detail": detail}
 
 
 def connect_all(
@@ -118,8 +131,11 @@ class Listener:
             raise
         self.port = int(self.sock.getsockname()[1])
 
-    def serve(self, expect: int, seconds: float) -> dict[str, Any]:
-        """Accept until ``expect`` connectors said hello or ``seconds`` passed, then close.
+    def serve(
+        self, expect: int, seconds: float, stop: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """Accept until ``expect`` connectors said hello, ``seconds`` passed or ``stop`` is
+        set, then close.
 
         ``{"port", "heard": [{"name", "address"}], "silent": [addresses that connected but
         said nothing], "seconds"}``.
@@ -131,11 +147,12 @@ class Listener:
         try:
             while len(heard) < expect:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or (stop is not None and stop.is_set()):
                     break
-                ready, _, _ = select.select([self.sock], [], [], remaining)
+                wait = remaining if stop is None else min(remaining, 0.1)
+                ready, _, _ = select.select([self.sock], [], [], wait)
                 if not ready:
-                    break
+                    continue
                 conn, address = self.sock.accept()
                 with conn:
                     name = _read_hello(conn, min(_READ_HELLO_S, max(0.05, remaining)))

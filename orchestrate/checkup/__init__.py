@@ -1,8 +1,9 @@
 """The checkup: the doctor's rank program, run on every planned rank with the plan's environment.
 
-``python -m orchestrate.checkup [--tier smoke|bandwidth|all] [--sizes 32K,1M,...]
+``python -m orchestrate.checkup [--tier static|connect|smoke|bandwidth|all] [--sizes 32K,1M,...]
 [--pair-size 16M] [--warmup 5] [--iters 10] [--min-iters 2] [--budget-s 2]
-[--join-timeout-s 60] [--timeout-s 20] [--deadline-s S] [--out FILE]``
+[--join-timeout-s 60] [--timeout-s 20] [--deadline-s S] [--out FILE] [--node-names a,b,...]
+[--nodes N] [--connect-window-s 20]``
 
 It reads the torchrun contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR, MASTER_PORT, or Slurm's variables), ORCHESTRATE_DIST_BACKEND (nccl on GPUs, gloo
@@ -10,6 +11,12 @@ otherwise), ORCHESTRATE_RUN_DIR (where rank 0 writes), CUDA_VISIBLE_DEVICES (eac
 ``cuda:LOCAL_RANK``) and ORCHESTRATE_NODE_NAMES (node names, comma-separated, in GROUP_RANK
 order; without it a node is called ``node <GROUP_RANK>``). Rank 0 hosts the rendezvous store on
 MASTER_PORT, exactly as the job will.
+
+The static and connect tiers run on each node's leader (local rank 0) before any process
+group: :mod:`~orchestrate.checkup.leader` (the node's facts, node-to-node ports) and
+:mod:`~orchestrate.checkup.rollcall` (every leader says hello on MASTER_PORT); they print what
+they found as marked lines (:mod:`~orchestrate.checkup.transcript`), which the doctor judges.
+Rank 0's result is printed the same way: the output is what comes back on every backend.
 
 Modules: :mod:`~orchestrate.checkup.program` (the steps), :mod:`~orchestrate.checkup.measure`
 (timing), :mod:`~orchestrate.checkup.control` (the store protocol and the watchdog),

@@ -147,6 +147,24 @@ class Control:
                 return str(side.get(_key("stop")).decode())
             return None
 
+    def mark_done(self) -> None:
+        """Rank 0, after a failure: the result is written and printed; the others may go."""
+        with self.side() as side:
+            side.set(_key("done"), "1")
+
+    def wait_done(self, timeout_s: float) -> None:
+        """Until rank 0 marked the result done, its store is gone, or ``timeout_s`` passed
+        (never raises)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with self.side() as side:
+                    if side.check([_key("done")]):
+                        return
+            except Exception:
+                return  # rank 0's store went with rank 0
+            time.sleep(0.1)
+
     def post_result(self, part: dict[str, Any]) -> None:
         self._main().set(_key("result", self.rank), json.dumps(part))
 

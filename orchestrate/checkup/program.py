@@ -3,6 +3,10 @@
 Each step is bounded (see :mod:`orchestrate.checkup.control`) and named, so a failure says
 which rank on which node, in which step:
 
+static, connect
+    run by each node's leader (its local rank 0) before any process group exists
+    (:mod:`orchestrate.checkup.leader`): the node's facts, the roll call on MASTER_PORT and the
+    node-to-node connections; printed as one marked line per node and judged by the doctor.
 smoke
     ``join`` (every rank reaches rank 0's store; who did not is named), ``init`` (the process
     group with the job's backend), ``monitored_barrier`` (gloo, names ranks that did not arrive),
@@ -13,8 +17,13 @@ bandwidth
     per node, every pair in both directions, in rounds where each node is in one pair at a time.
 
 Rank 0 gathers every rank's figures through the store, writes one JSON result (the shape is in
-:mod:`orchestrate.checkup`) and prints a one-line summary. Exit status: 0 when every step
-passed, 1 when one failed, 2 for bad arguments or a bad environment.
+:mod:`orchestrate.checkup`), prints it as a marked line (:mod:`orchestrate.checkup.transcript`)
+and a one-line summary. Exit status: 0 when every step passed (the node tiers are judged by the
+doctor, not here), 1 when one failed, 2 for bad arguments or a bad environment.
+
+A rank other than 0 that fails and could tell rank 0 waits (a few seconds at most) until rank 0
+has written and printed the result before it exits non-zero: launchers stop every rank at the
+first non-zero exit, and rank 0 must not be stopped before it said whom to blame.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate import layout
+from orchestrate.checkup import transcript
 from orchestrate.checkup.blame import Kind, Member, Report, blame, locate, never_joined
 from orchestrate.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
 from orchestrate.checkup.schedule import pair_rounds
@@ -42,7 +52,10 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.train.env import DistEnv, parse_dist_env
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-TIERS = ("smoke", "bandwidth")
+TIERS = ("static", "connect", "smoke", "bandwidth")
+#: Run by node leaders before any process group; the others by every rank.
+NODE_TIERS = ("static", "connect")
+RANK_TIERS = ("smoke", "bandwidth")
 SMOKE_STEPS = frozenset({"join", "init", "monitored_barrier", "barrier", "all_reduce"})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -54,6 +67,11 @@ CPU_PAIR = "16M"
 GPU_PAIR = "256M"
 #: Grace for the other ranks to report after a failure (their watchdogs poll every second).
 GRACE_S = 4.0
+#: How long a failed rank other than 0 waits for rank 0 to print the result before it exits.
+LINGER_S = GRACE_S + 8.0
+#: Beyond the roll call's window, what the node tiers may take before rank 0 hosts the store:
+#: the facts (commands bounded by hostfacts) and the node-to-node connections (3 s tries).
+NODE_TIERS_SLACK_S = 30.0
 
 
 def parse_size(text: str) -> int:
@@ -91,18 +109,37 @@ class Options:
     deadline_s: float  # 0: computed from the others
     out: Path | None
     names: tuple[str, ...]
+    nodes: int | None = None  # how many nodes (node leaders) take part; None: from names
+    window_s: float = 20.0  # the roll call's window (static and connect tiers)
+
+    @property
+    def node_tiers(self) -> bool:
+        """Whether leaders run the static or connect tier first."""
+        return any(t in self.tiers for t in NODE_TIERS)
+
+    @property
+    def rank_tiers(self) -> bool:
+        """Whether every rank joins a process group (smoke, bandwidth)."""
+        return any(t in self.tiers for t in RANK_TIERS)
+
+    @property
+    def join_allowance_s(self) -> float:
+        """How much later than the other ranks rank 0 may host the store: the node tiers come
+        first."""
+        return self.window_s + NODE_TIERS_SLACK_S if self.node_tiers else 0.0
 
 
 def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Options:
     """Arguments and ``ORCHESTRATE_NODE_NAMES``; raises UserError on nonsense."""
     parser = argparse.ArgumentParser(
         prog="python -m orchestrate.checkup",
-        description="Check and measure the job's ranks: smoke (join, barrier, checked "
-        "all_reduce) and bandwidth (all_reduce sweep, node-to-node matrix).",
+        description="Check and measure the job's ranks: static (node facts) and connect "
+        "(roll call, node-to-node ports) on node leaders, smoke (join, barrier, checked "
+        "all_reduce) and bandwidth (all_reduce sweep, node-to-node matrix) on every rank.",
     )
     parser.add_argument("--tier", action="append", default=None,
-                        help="smoke, bandwidth or all (repeatable or comma-separated; "
-                        "bandwidth includes smoke); default smoke")
+                        help="static, connect, smoke, bandwidth or all (repeatable or "
+                        "comma-separated; bandwidth includes smoke); default smoke")
     parser.add_argument("--sizes", help=f"all_reduce sizes (default {CPU_SIZES} on CPUs, "
                         f"{GPU_SIZES} on GPUs)")
     parser.add_argument("--pair-size", help=f"bytes per node-to-node transfer (default "
@@ -120,6 +157,16 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Opt
                         help="hard bound of the whole checkup (default: from the others)")
     parser.add_argument("--out", type=Path, help="result file (default "
                         "$ORCHESTRATE_RUN_DIR/checkup.json)")
+    parser.add_argument("--node-names", default=None,
+                        help="node names in GROUP_RANK order, comma-separated (default "
+                        "$ORCHESTRATE_NODE_NAMES; else Slurm's SLURMD_NODENAME, else "
+                        "'node <GROUP_RANK>')")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="how many nodes take part (default: from the node names, else "
+                        "WORLD_SIZE / LOCAL_WORLD_SIZE)")
+    parser.add_argument("--connect-window-s", type=float, default=20.0,
+                        help="how long the roll call on MASTER_PORT waits for every node "
+                        "(static and connect tiers)")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     problems: list[Problem] = []
@@ -135,7 +182,7 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Opt
             elif tier in TIERS:
                 tiers.append(tier)
             else:
-                bad("--tier", "must be smoke, bandwidth or all", tier)
+                bad("--tier", "must be static, connect, smoke, bandwidth or all", tier)
     if "bandwidth" in tiers:
         tiers.append("smoke")
     sizes: tuple[int, ...] | None = None
@@ -153,11 +200,15 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Opt
     for name in ("warmup", "iters", "min_iters"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             bad("--" + name.replace("_", "-"), "is too small", getattr(args, name))
-    for name in ("join_timeout_s", "timeout_s"):
+    for name in ("join_timeout_s", "timeout_s", "connect_window_s"):
         if not getattr(args, name) > 0:
             bad("--" + name.replace("_", "-"), "must be a positive number of seconds",
                 getattr(args, name))
-    names = tuple(n.strip() for n in environ.get("ORCHESTRATE_NODE_NAMES", "").split(","))
+    given = args.node_names if args.node_names is not None else environ.get(
+        "ORCHESTRATE_NODE_NAMES", "")
+    names = tuple(n.strip() for n in given.split(","))
+    if args.nodes is not None and args.nodes < 1:
+        bad("--nodes", "must be at least 1", args.nodes)
     if problems:
         raise UserError(problems)
     return Options(
@@ -173,17 +224,56 @@ def parse_options(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Opt
         deadline_s=args.deadline_s,
         out=args.out,
         names=names if any(names) else (),
+        nodes=args.nodes,
+        window_s=args.connect_window_s,
     )
 
 
-def node_name(names: Sequence[str], group_rank: int | None) -> str:
-    """This node's name: ``ORCHESTRATE_NODE_NAMES[GROUP_RANK]``, else ``"node <GROUP_RANK>"``
-    (else the host name, when not even GROUP_RANK is known)."""
+def node_name(names: Sequence[str], group_rank: int | None, slurm_node: str | None = None
+              ) -> str:
+    """This node's name: ``names[GROUP_RANK]`` (``--node-names``, ORCHESTRATE_NODE_NAMES),
+    else Slurm's name for the node it runs on (``SLURMD_NODENAME``: where a Slurm job runs is
+    Slurm's choice, not the plan's), else ``"node <GROUP_RANK>"`` (else the host name, when
+    not even GROUP_RANK is known)."""
+    if group_rank is not None and 0 <= group_rank < len(names) and names[group_rank]:
+        return names[group_rank]
+    if slurm_node:
+        return slurm_node
     if group_rank is None:
         return socket.gethostname()
-    if 0 <= group_rank < len(names) and names[group_rank]:
-        return names[group_rank]
     return f"node {group_rank}"
+
+
+def node_count(options: Options, place: DistEnv) -> int:
+    """How many nodes take part: ``--nodes``, else the node names, else WORLD_SIZE /
+    LOCAL_WORLD_SIZE (uneven nodes need ``--nodes``)."""
+    if options.nodes:
+        return options.nodes
+    if options.names:
+        return len(options.names)
+    return max(1, place.world_size // max(1, place.local_world_size))
+
+
+def deadline_s(options: Options, sizes: int, nodes: int) -> float:
+    """The hard bound of one rank's whole checkup (``--deadline-s``, else computed from the
+    other bounds): the node tiers, the join, the smoke steps, and for bandwidth every size
+    twice (all ranks, inside nodes) and every round of node pairs."""
+    o = options
+    if o.deadline_s > 0:
+        return o.deadline_s
+    total = o.join_allowance_s
+    if not o.rank_tiers:
+        return total + 10
+    total += o.join_timeout_s + 10 + 6 * o.timeout_s
+    if "bandwidth" in o.tiers:
+        total += 2 * sizes * (2 * o.budget_s + 2 * o.timeout_s)
+        total += max(2, nodes) * round_bound(o)
+    return total
+
+
+def round_bound(o: Options) -> float:
+    """How long a node-to-node round may take (both directions of one pair)."""
+    return 2 * (1.5 * o.budget_s + (o.min_iters + 2) * o.timeout_s) + o.timeout_s
 
 
 class _Stop(Exception):
@@ -205,7 +295,8 @@ class Checkup:
         self.options = options
         self.place = place
         self.rank = place.rank
-        self.node = node_name(options.names, place.group_rank)
+        self.node = node_name(options.names, place.group_rank,
+                              environ.get("SLURMD_NODENAME") or None)
         self.started = time.monotonic()
         cuda = torch.cuda.is_available() and torch.cuda.device_count() > place.local_rank
         self.device = torch.device("cuda", place.local_rank) if cuda else torch.device("cpu")
@@ -235,20 +326,12 @@ class Checkup:
         return 1.5 * o.budget_s + (o.warmup + o.min_iters + 2) * o.timeout_s
 
     def _round_bound(self) -> float:
-        """How long a node-to-node round may take (both directions of one pair)."""
-        o = self.options
-        return 2 * (1.5 * o.budget_s + (o.min_iters + 2) * o.timeout_s) + o.timeout_s
+        return round_bound(self.options)
 
     def _deadline(self) -> float:
-        o = self.options
-        if o.deadline_s > 0:
-            return o.deadline_s
-        total = o.join_timeout_s + 10 + 6 * o.timeout_s
-        if "bandwidth" in o.tiers:
-            total += 2 * len(self.sizes) * (2 * o.budget_s + 2 * o.timeout_s)
-            nodes = max(2, len(o.names) or self.place.world_size)  # rounds: at most nodes
-            total += nodes * self._round_bound()
-        return total
+        # The node tiers ran before this rank's clock started (rank 0) or ran meanwhile on
+        # its leader (other ranks, which count them in through the join allowance).
+        return deadline_s(self.options, len(self.sizes), node_count(self.options, self.place))
 
     @contextmanager
     def step(self, name: str, bound_s: float) -> Iterator[None]:
@@ -297,6 +380,8 @@ class Checkup:
             self._write(self._result(failure))
             print(f"checkup: FAILED in {failure.step}: {failure.detail}", file=sys.stderr,
                   flush=True)
+            with suppress(Exception):
+                self.control.mark_done()
         else:
             if aborted:
                 print(f"checkup: rank {self.rank} ({self.node}) stopped in {step}: {detail}",
@@ -309,6 +394,8 @@ class Checkup:
                               f"failed in {step}: {report['detail']}", ranks=(self.rank,),
                               nodes=(self.node,), per_rank={self.rank: report["detail"]})
                 self._write(self._result(own), rank_file=self.rank != 0)
+            if told_master and self.rank != 0:
+                self.control.wait_done(LINGER_S)
         return EXIT_FAILED
 
     def _collect(self, tier: str, step: str) -> Failure:
@@ -361,13 +448,18 @@ class Checkup:
         return (Path(run_dir) if run_dir else Path.cwd()) / layout.CHECKUP_RESULT
 
     def _write(self, result: CheckupResult, rank_file: bool = False) -> None:
+        """Write the result file and print it as a marked line (files on an SSH host stay
+        there; the output comes back)."""
+        data = result.to_json()
+        transcript.emit({**data, "kind": "rank" if rank_file else "result",
+                         "rank": self.rank, "node": self.node})
         path = self._out()
         if rank_file:
             path = path.with_name(layout.checkup_rank_result(self.rank))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(result.to_json(), indent=1) + "\n")
+            tmp.write_text(json.dumps(data, indent=1) + "\n")
             os.replace(tmp, path)
         except OSError as exc:
             print(f"checkup: could not write {path}: {exc}", file=sys.stderr, flush=True)
@@ -431,14 +523,16 @@ class Checkup:
     def _join(self) -> None:
         o = self.options
         place = self.place
-        bound = o.join_timeout_s + (5 if self.rank == 0 else 10)
+        # Other ranks start joining while rank 0's node leader is still in the node tiers.
+        wait_s = o.join_timeout_s + (0.0 if self.rank == 0 else o.join_allowance_s)
+        bound = wait_s + (5 if self.rank == 0 else 10)
         self.watchdog.arm("join", bound)
         began = time.monotonic()
         try:
-            self.control.connect(o.join_timeout_s)
+            self.control.connect(wait_s)
         except Exception as exc:
             detail = (f"could not reach rank 0's store at {self.control.master} within "
-                      f"{o.join_timeout_s:g} s: {_one_line(exc)}")
+                      f"{wait_s:g} s: {_one_line(exc)}")
             if self.rank == 0:
                 detail = (f"could not listen on MASTER_PORT {place.master_port} "
                           f"({self.control.master}): {_one_line(exc)}")
@@ -464,19 +558,21 @@ class Checkup:
                 ], o.names)
                 failure = never_joined(missing, {**self.node_of, **where}, place.world_size,
                                        o.join_timeout_s, self.control.master)
-                self.control.publish_roster({"ok": False, "failure": failure.to_json()})
-                self.control.wait_roster_read(len(joined) - 1, GRACE_S)
                 self._failing = True
+                # Written (and printed) before the others are told: they exit at once, and
+                # a launcher stops rank 0 at the first non-zero exit.
                 self._write(self._result(failure))
                 print(f"checkup: FAILED in join: {failure.detail}", file=sys.stderr, flush=True)
+                self.control.publish_roster({"ok": False, "failure": failure.to_json()})
+                self.control.wait_roster_read(len(joined) - 1, GRACE_S)
                 raise _Stop(EXIT_FAILED)
             self.control.publish_roster({"ok": True, "ranks": members})
         else:
             try:
-                roster = self.control.roster(o.join_timeout_s + 5)
+                roster = self.control.roster(wait_s + 5)
             except Exception as exc:
                 raise _Stop(self._fail_alone(
-                    "join", f"rank 0 did not answer within {o.join_timeout_s + 5:g} s: "
+                    "join", f"rank 0 did not answer within {wait_s + 5:g} s: "
                     f"{_one_line(exc)}")) from None
             if not roster.get("ok"):
                 failure = Failure.from_json(roster["failure"])
@@ -696,11 +792,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one line of its own, so keep those out of the ranks' logs (TORCH_CPP_LOG_LEVEL=INFO to
     # see them).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    node = node_name(options.names, place.group_rank, os.environ.get("SLURMD_NODENAME") or None)
+    if options.node_tiers and place.local_rank == 0:
+        from orchestrate.checkup import leader
+
+        leader.run(options.tiers, node=node, group_rank=place.group_rank or 0, rank=place.rank,
+                   nodes=node_count(options, place), master_addr=place.master_addr,
+                   master_port=place.master_port, window_s=options.window_s,
+                   environ=os.environ)
+        print(f"checkup: node tiers ({', '.join(t for t in options.tiers if t in NODE_TIERS)})"
+              f" done on {node}", flush=True)
+    if not options.rank_tiers:
+        return EXIT_OK
     try:
         checkup = Checkup(options, place, os.environ)
     except UserError as exc:
         print(f"checkup: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ImportError as exc:  # no torch for this python: say so where the doctor looks
+        detail = f"rank {place.rank} ({node}) cannot import torch: {_one_line(exc)}"
+        failure = Failure(tier="smoke", step="start", detail=detail, ranks=(place.rank,),
+                          nodes=(node,), per_rank={place.rank: _one_line(exc)})
+        transcript.emit({"kind": "rank", "rank": place.rank, "node": node, "ok": False,
+                         "tiers": [t for t in options.tiers if t in RANK_TIERS],
+                         "world_size": place.world_size, "nodes": [node],
+                         "failure": failure.to_json()})
+        print(f"checkup: {detail}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     status = checkup.run()
     if status != EXIT_OK:
         # Skip the process group's teardown: after a failure it can block on dead peers.

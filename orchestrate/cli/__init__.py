@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (also used by ``python -m orchestrate``)."""
     from orchestrate.cli import (  # noqa: F401  (registers the commands)
         diagnose,
+        doctor,
         inspect,
         inventory,
         jobs,

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,8 +14,12 @@ from orchestrate.backends import get_backend
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.errors import UserError
-from orchestrate.layout import MERGED_LOG, rank_log
+from orchestrate.layout import DOCTOR_FILE, MERGED_LOG, rank_log
 from orchestrate.store import JobRecord, Store
+
+if TYPE_CHECKING:
+    from orchestrate.doctor import Run
+    from orchestrate.prepare import Prepared
 
 
 def _store() -> Store:
@@ -47,9 +52,13 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
 @click.option("--debug", is_flag=True,
               help="NCCL's log per host and process (run dir nccl/) and torch's collective "
               "checks (TORCH_DISTRIBUTED_DEBUG=DETAIL, milliseconds per collective)")
+@click.option("--preflight", is_flag=True,
+              help="run the doctor's static, connect and smoke tiers on the job's nodes "
+              "first; submit only if no check failed")
 def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_run: bool,
-           job_id: str | None, debug: bool) -> None:
-    """Launch a job; exits 0 when a followed job completes, 1 when it fails."""
+           job_id: str | None, debug: bool, preflight: bool) -> None:
+    """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
+    --preflight, when a check failed and nothing was submitted)."""
     from orchestrate.prepare import new_id_suffix, prepare
     from orchestrate.render import merged
 
@@ -69,7 +78,13 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
             hint=f"`orchestrate resume {job_id}` runs it again in its run directory; "
             "or choose another id",
         )
+    checked = _preflight(prepared, store) if preflight else None
     record = backend.submit(prepared, store)
+    if checked is not None:
+        # The report of the job shows the doctor's figures (orchestrate/runfiles.py).
+        import shutil
+
+        shutil.copyfile(checked.run_dir / DOCTOR_FILE, Path(record.run_dir) / DOCTOR_FILE)
     if follow is None:
         follow = sys.stdout.isatty()
     if not follow:
@@ -80,6 +95,20 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     final = _follow(store, record)
     _summary(final)
     raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
+
+
+def _preflight(prepared: Prepared, store: Store) -> Run:
+    """The doctor's static, connect and smoke tiers on the job's nodes, through its backend;
+    refuses (exit 1) when a check failed."""
+    from orchestrate import doctor
+    from orchestrate.cli.doctor import report
+
+    run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
+    report(run, stderr=True)
+    if run.exit_status:
+        click.echo(f"preflight failed: {doctor.names(run.failed())}; job not submitted", err=True)
+        raise click.exceptions.Exit(1)
+    return run
 
 
 def _follow(store: Store, record: JobRecord, path: Path | None = None) -> JobRecord:

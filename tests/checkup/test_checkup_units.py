@@ -59,10 +59,13 @@ def test_options() -> None:
     assert opts.tiers == ("smoke", "bandwidth")
     assert opts.sizes == (32 << 10, 1 << 20)
     assert opts.names == ("gpu01", "gpu02")
-    assert parse_options(["--tier", "all"], {}).tiers == ("smoke", "bandwidth")
+    assert parse_options(["--tier", "all"], {}).tiers == (
+        "static", "connect", "smoke", "bandwidth")
+    assert parse_options(["--node-names", "a,b"], {"ORCHESTRATE_NODE_NAMES": "x"}).names == (
+        "a", "b")
     with pytest.raises(UserError) as err:
-        parse_options(["--tier", "static", "--timeout-s", "0"], {})
-    assert [p.field for p in err.value.problems] == ["--tier", "--timeout-s"]
+        parse_options(["--tier", "nodes", "--timeout-s", "0", "--nodes", "0"], {})
+    assert [p.field for p in err.value.problems] == ["--tier", "--timeout-s", "--nodes"]
 
 
 def test_ranks_text() -> None:
