@@ -37,7 +37,7 @@ from orchestrate.straggler import MATERIAL_GAP_PCT, Pace, pace, series
 
 @dataclass(frozen=True)
 class Stall:
-    """A stall the stall watch diagnosed (``diagnosis.json``)."""
+    """A stall the stall watch diagnosed (``diag/diagnosis.json``)."""
 
     kind: str
     ranks: tuple[int, ...]

@@ -8,7 +8,7 @@ writer that is still appending is skipped. Files and the shapes accepted:
 - ``metrics.jsonl``: rank 0's records (orchestrate/train/metrics.py): kinds start, step, epoch,
   checkpoint, end.
 - ``timing/rank-<R>.jsonl``: each rank's step-timing windows (orchestrate/train/timing.py).
-- ``diagnosis.json``: the stall watch's verdict(s): one object ``{"kind", "ranks", "nodes",
+- ``diag/diagnosis.json``: the stall watch's verdict(s): one object ``{"kind", "ranks", "nodes",
   "summary", "at", ...}``, a list of them, or ``{"diagnoses": [...]}``; a job record's
   ``"diagnosis"`` (``status --json``) is taken too.
 - ``attempts.json``: the runs of a restarted job: a list (or ``{"attempts": [...]}``) of

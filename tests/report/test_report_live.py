@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -67,11 +66,6 @@ def test_watch_shows_pace_straggler_and_loss_in_place(watched: tuple[Cli, Pane])
     job_id = cli.id("live")
     job = pace_job(cli, "live", SLOW_ITEM_S, epochs=8)
     cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True)
-    run_dir = Path(str(cli.status(job_id)["run_dir"]))
-    # The rank sidecar writes heartbeats (another part of orchestrate); play it for rank 0.
-    beat = run_dir / "diag" / "hb" / "rank-0.json"
-    beat.parent.mkdir(parents=True, exist_ok=True)
-    beat.write_text(json.dumps({"rank": 0, "t": time.time()}))
 
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(cli.env.items())
                        if k in ("ORCHESTRATE_HOME", "ORCHESTRATE_RUNS", "PYTHONPATH", "PATH"))
@@ -86,7 +80,8 @@ def test_watch_shows_pace_straggler_and_loss_in_place(watched: tuple[Cli, Pane])
                                                          flags=re.M)}
     assert set(rows) == {"0", "1"}, text
     assert re.search(r"\+\d+%", rows["1"]), rows["1"]  # rank 1's gap
-    assert re.search(r"\d+s ago", rows["0"]) and not re.search(r"s ago", rows["1"]), text
+    # Each rank's sidecar beats every few seconds: both heartbeats are seconds old, not missing.
+    assert re.search(r"\d+s ago", rows["0"]) and re.search(r"\d+s ago", rows["1"]), text
     for column in ("steps/s", "data ms", "compute ms", "sync ms", "heartbeat"):
         assert column in text
 

@@ -299,7 +299,8 @@ def test_reader_tolerates_missing_files_and_a_line_being_written(tmp_path: Path)
     (run / "timing" / "rank-0.jsonl").write_text(json.dumps(window(0, data=0.1, backward=0.1))
                                                  + "\n{")
     (run / "timing" / "rank-x.jsonl").write_text("junk")
-    (run / "diagnosis.json").write_text(json.dumps(
+    (run / "diag").mkdir()
+    (run / "diag" / "diagnosis.json").write_text(json.dumps(
         {"kind": "frozen", "ranks": [3], "nodes": ["b"], "summary": "s", "at": 4.0}))
     (run / "attempts.json").write_text("[not json")
     assert read_jsonl(run / "metrics.jsonl") == [{"kind": "start", "step": 1}]
