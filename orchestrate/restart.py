@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 #: Endings that blame a node, and so may exclude it from the next attempt.
 NODE_ENDINGS = ("failure", "node_lost", "stall")
+#: Signals a launcher stops the other ranks with once one has ended (srun's kill-on-bad-exit,
+#: the supervisors' stop): such an end is a consequence, not a failure of its own.
+_STOPPED_BY_LAUNCHER = (2, 9, 15)  # SIGINT, SIGKILL, SIGTERM
 _CHECKPOINT = re.compile(r"step-(\d+)\.pt")
 
 
@@ -93,12 +96,17 @@ class Decision:
 def ending_of(failed: list[Exit], first: Exit | None, node: str | None, reason: str,
               stalled: bool = False, lost: bool = False) -> Ending:
     """The kind of a failed attempt's ending: ``failed`` are the non-zero exits of its ranks,
-    ``first`` the first failure's exit (None: no rank failed on its own)."""
+    ``first`` the first failure's exit (None: no rank failed on its own). A requeue is a first
+    exit of 75 with no rank failing otherwise than asking the same or being stopped by signal;
+    a rank that crashed (any other code) makes it a failure."""
     if lost:
         return Ending("node_lost", reason, first, node)
     if stalled:
         return Ending("stall", reason, first, node)
-    if failed and all(e.code == EXIT_REQUEUE for e in failed):
+    if first is not None and first.code == EXIT_REQUEUE and all(
+            e.code == EXIT_REQUEUE or e.signal in _STOPPED_BY_LAUNCHER for e in failed):
+        # Every rank that ended on its own asked to resume; the rest were stopped after the
+        # first did (a rank still finishing its exit when srun killed the step).
         return Ending("requeue", reason, first, node)
     if first is not None and first.code == EXIT_USER_ERROR:
         return Ending("user_error", reason, first, node)

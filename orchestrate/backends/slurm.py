@@ -359,6 +359,8 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
         # The stall watch stopped the step: the ranks' ends are its doing, not failures.
         return decided
     if failure is not None:
+        if failure.requeue and decided:
+            return decided  # why the batch job did not requeue it, in its own words
         text = failure.sentence()
         if failure.requeue:
             limit = job.plan.restart.max

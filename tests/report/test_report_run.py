@@ -48,7 +48,9 @@ def test_every_rank_times_every_step_once(pace_runs: Runs) -> None:
     for run in (pace_runs.slow, pace_runs.even):
         for rank in (0, 1):
             windows = _windows(run, rank)
-            assert len(windows) >= 2, windows
+            # The slow run lasts several 0.5 s windows; the even one may fit in one on a quiet
+            # machine. Either way the windows tile the steps.
+            assert len(windows) >= (2 if run is pace_runs.slow else 1), windows
             assert [w["first_step"] for w in windows] == [1] + [
                 w["last_step"] + 1 for w in windows[:-1]]
             assert windows[-1]["last_step"] == steps
