@@ -32,34 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "clusters" / "sshhosts.sh"
-STATE = Path(os.environ.get("ORCHESTRATE_SSH_DIR", "/tmp/orchestrate-sshhosts"))
-
-
-def hosts_up(count: int) -> bool:
-    """Bring up at least ``count`` hosts; True if this call started them."""
-    listed = STATE / "hosts.txt"
-    running = listed.read_text().split("\n") if listed.exists() else []
-    if len([line for line in running if line.strip()]) >= count:
-        return False
-    subprocess.run(["bash", str(SCRIPT), "up", str(count)], check=True, capture_output=True)
-    return True
+# bench/ (this script's folder) is on sys.path
+from testbeds import ROOT, ssh_hosts_down, ssh_hosts_up, ssh_inventory
 
 
 def write_job(work: Path, count: int) -> Path:
-    hosts = [line.split() for line in (STATE / "hosts.txt").read_text().splitlines()][:count]
-    inventory = {
-        "name": "bench",
-        "defaults": {
-            "python": sys.executable,
-            "ssh": {"config_file": str(STATE / "ssh_config"),
-                    "known_hosts_file": str(STATE / "known_hosts"),
-                    "identity_file": str(STATE / "id_ed25519")},
-        },
-        "nodes": [{"name": name, "address": address, "slots": 1} for name, address in hosts],
-    }
-    (work / f"inv{count}.json").write_text(json.dumps(inventory))
+    (work / f"inv{count}.json").write_text(json.dumps(ssh_inventory(count)))
     job = work / f"job{count}.yaml"
     job.write_text(f"name: doc{count}\nbackend: ssh\ninventory: inv{count}.json\n"
                    f"resources: {{nodes: {count}, gpus_per_node: 1}}\n"
@@ -100,7 +78,7 @@ def main() -> None:
     parser.add_argument("--keep-hosts", action="store_true", help="leave the hosts running")
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
     args = parser.parse_args()
-    started_hosts = hosts_up(max(args.hosts))
+    started_hosts = ssh_hosts_up(max(args.hosts))
     work = Path(tempfile.mkdtemp(prefix="bench-doctor-"))
     env = dict(os.environ, ORCHESTRATE_HOME=str(work / "home"),
                ORCHESTRATE_RUNS=str(work / "runs"),
@@ -121,7 +99,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if started_hosts and not args.keep_hosts:
-            subprocess.run(["bash", str(SCRIPT), "down"], check=False, capture_output=True)
+            ssh_hosts_down()
     print(f"| hosts | doctor --tier smoke, wall | launch (backend submit) | static+connect "
           f"(slowest leader) | smoke (rank 0) | join (rank 0 waits for all) | all_reduce |"
           f"   ({args.runs} runs, medians (min-max))")

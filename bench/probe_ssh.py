@@ -31,30 +31,20 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# bench/ (this script's folder) is on sys.path
+from testbeds import ROOT, ssh_hosts, ssh_hosts_down, ssh_hosts_up, ssh_settings
+from testbeds import SSH_STATE as STATE
+
 sys.path.insert(0, str(ROOT))
 
-from orchestrate.backends.sshkit.connections import Target, preload  # noqa: E402
-from orchestrate.backends.sshkit.probe import gather_over_ssh  # noqa: E402
-from orchestrate.gathering import (  # noqa: E402
+from orchestrate.backends.sshkit.connections import Target, preload
+from orchestrate.backends.sshkit.probe import gather_over_ssh
+from orchestrate.gathering import (
     Unreachable,
     facts_argv,
     peers_of,
     shell_command,
 )
-
-SCRIPT = ROOT / "tests" / "clusters" / "sshhosts.sh"
-STATE = Path(os.environ.get("ORCHESTRATE_SSH_DIR", "/tmp/orchestrate-sshhosts"))
-
-
-def hosts_up(count: int) -> bool:
-    """Bring up at least ``count`` hosts; True if this call started them."""
-    listed = STATE / "hosts.txt"
-    running = listed.read_text().split("\n") if listed.exists() else []
-    if len([line for line in running if line.strip()]) >= count:
-        return False
-    subprocess.run(["bash", str(SCRIPT), "up", str(count)], check=True, capture_output=True)
-    return True
 
 
 def ssh_flags() -> list[str]:
@@ -78,10 +68,8 @@ def run_cli(names: list[str], torch: bool) -> float:
 
 
 def run_gather(names: list[str], torch: bool) -> float:
-    targets = [Target(name=n, address=n, python=sys.executable,
-                      config_file=str(STATE / "ssh_config"),
-                      known_hosts_file=str(STATE / "known_hosts"),
-                      identity_file=str(STATE / "id_ed25519")) for n in names]
+    targets = [Target(name=n, address=n, python=sys.executable, **ssh_settings())
+               for n in names]
     start = time.perf_counter()
     found = gather_over_ssh(targets, bound_s=120, torch=torch)
     took = time.perf_counter() - start
@@ -120,8 +108,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures here")
     args = parser.parse_args()
     torch = not args.no_torch
-    started_hosts = hosts_up(max(args.hosts))
-    hosts = [line.split() for line in (STATE / "hosts.txt").read_text().splitlines()]
+    started_hosts = ssh_hosts_up(max(args.hosts))
+    hosts = ssh_hosts()
     names = [name for name, _ in hosts]
     addresses = [address for _, address in hosts]
     kinds = ("cli", "gather", "pdsh")
@@ -142,7 +130,7 @@ def main() -> None:
             print(f"round {rep + 1}/{args.runs} done", file=sys.stderr)
     finally:
         if started_hosts and not args.keep_hosts:
-            subprocess.run(["bash", str(SCRIPT), "down"], check=False, capture_output=True)
+            ssh_hosts_down()
     print(f"| hosts | inventory probe (CLI) | gathering only | pdsh, same program |   "
           f"({args.runs} runs, medians (min–max), torch {'looked up' if torch else 'skipped'}, "
           f"{os.cpu_count()} CPUs, load average {load:.1f} -> {os.getloadavg()[0]:.1f})")

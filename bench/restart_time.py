@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -34,9 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SSH_STATE = Path(os.environ.get("ORCHESTRATE_SSH_DIR", "/tmp/orchestrate-sshhosts"))
-SLURM_STATE = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
+# bench/ (this script's folder) is on sys.path
+from testbeds import ROOT, slurm_env, slurm_up, ssh_hosts_up, ssh_inventory
 
 PROGRAM = """\
 import os, sys, time
@@ -51,34 +49,14 @@ STAMP = re.compile(r"bench-(start|death) (\d+\.\d+)")
 
 
 def ssh_setup(work: Path) -> tuple[str, dict[str, str]]:
-    if not (SSH_STATE / "hosts.txt").exists():
-        subprocess.run(["bash", str(ROOT / "tests/clusters/sshhosts.sh"), "up", "2"],
-                       check=True, capture_output=True)
-    hosts = [line.split() for line in (SSH_STATE / "hosts.txt").read_text().splitlines()][:2]
-    inventory = {
-        "name": "bench",
-        "defaults": {"python": sys.executable,
-                     "ssh": {"config_file": str(SSH_STATE / "ssh_config"),
-                             "known_hosts_file": str(SSH_STATE / "known_hosts"),
-                             "identity_file": str(SSH_STATE / "id_ed25519")}},
-        "nodes": [{"name": name, "address": address, "slots": 1} for name, address in hosts],
-    }
-    (work / "inv-ssh.json").write_text(json.dumps(inventory))
+    ssh_hosts_up(2)
+    (work / "inv-ssh.json").write_text(json.dumps(ssh_inventory(2)))
     return "inventory: inv-ssh.json\nresources: {nodes: 2, gpus_per_node: 1}", {}
 
 
 def slurm_setup(work: Path) -> tuple[str, dict[str, str]]:
-    up = subprocess.run(["bash", str(ROOT / "tests/clusters/slurm.sh"), "status"],
-                        capture_output=True, check=False).returncode == 0
-    if not up:
-        subprocess.run(["bash", str(ROOT / "tests/clusters/slurm.sh"), "up"], check=True,
-                       capture_output=True)
-    env: dict[str, str] = {}
-    for line in (SLURM_STATE / "env.sh").read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export":
-            name, _, value = words[1].partition("=")
-            env[name] = value
+    slurm_up()
+    env = slurm_env()
     (work / "inv-slurm.yaml").write_text(
         f"name: bench\ndefaults: {{python: {sys.executable}, slurm: {{partition: debug}}}}\n"
         "nodes:\n  - {name: n1, slots: 4}\n  - {name: n2, slots: 4}\n")

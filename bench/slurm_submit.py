@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -30,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SLURM_SH = REPO / "tests" / "clusters" / "slurm.sh"
-STATE_DIR = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
+# bench/ (this script's folder) is on sys.path
+from testbeds import SLURM_SCRIPT, slurm_env
 
 JOB = """\
 name: bench
@@ -53,13 +51,7 @@ nodes:
 
 
 def cluster_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for line in (STATE_DIR / "env.sh").read_text().splitlines():
-        words = shlex.split(line, comments=True)
-        if len(words) == 2 and words[0] == "export":
-            name, _, value = words[1].partition("=")
-            env[name] = value
-    return env
+    return dict(os.environ, **slurm_env())
 
 
 def events(run_dir: Path, timeout: float = 60) -> tuple[float, float]:
@@ -115,10 +107,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
-    was_up = subprocess.run([str(SLURM_SH), "status"], capture_output=True,
+    was_up = subprocess.run([str(SLURM_SCRIPT), "status"], capture_output=True,
                             check=False).returncode == 0
     if not was_up:
-        subprocess.run([str(SLURM_SH), "up"], check=True, capture_output=True)
+        subprocess.run([str(SLURM_SCRIPT), "up"], check=True, capture_output=True)
     try:
         work = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
         (work / "inventory.yaml").write_text(INVENTORY.format(python=sys.executable))
@@ -141,7 +133,7 @@ def main() -> None:
         print("B to start, each run: " + " ".join(f"{s[1]:.2f}" for s in b))
     finally:
         if not was_up:
-            subprocess.run([str(SLURM_SH), "down"], check=False, capture_output=True)
+            subprocess.run([str(SLURM_SCRIPT), "down"], check=False, capture_output=True)
 
 
 if __name__ == "__main__":
