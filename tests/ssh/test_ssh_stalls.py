@@ -26,7 +26,7 @@ STALL_S = 10
 
 
 def _job(cli: SshCli, name: str, scenario: str, on_stall: str) -> Path:
-    cli.inventory([{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1}])
+    cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])  # room for two jobs
     marks = cli.work / f"marks-{name}"
     marks.mkdir()
     return cli.write(f"{name}.yaml", f"""
@@ -107,3 +107,22 @@ def test_a_frozen_rank_on_another_host_and_diagnose(ssh_cli: SshCli) -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
         ssh_cli.run("cancel", job, timeout=60)
+
+
+def test_mismatch_and_rendezvous_on_two_hosts_side_by_side(ssh_cli: SshCli) -> None:
+    """The rest of the matrix, two jobs at once on the same two hosts."""
+    jobs = {"mismatch": "mis-ssh-" + os.urandom(3).hex(),
+            "rendezvous": "rdv-ssh-" + os.urandom(3).hex()}
+    for kind, job in jobs.items():
+        ssh_cli.run("submit", str(_job(ssh_cli, kind[:3], kind, "kill")), "--detach",
+                    "--job-id", job, check=True, timeout=120)
+    for kind, job in jobs.items():
+        status = _until(ssh_cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+        diagnosis = status["diagnosis"]
+        assert status["state"] == "FAILED" and diagnosis is not None, (kind, status)
+        assert diagnosis["kind"] == kind and diagnosis["ranks"] == [1], diagnosis
+        assert diagnosis["nodes"] == ["h2"], diagnosis
+        assert not [r for r in status["ranks"] if r["state"] == "RUNNING"], status["ranks"]
+    summaries = {kind: ssh_cli.status(job)["diagnosis"]["summary"] for kind, job in jobs.items()}
+    assert summaries["mismatch"].startswith("rank 1 (node h2) is in barrier #"), summaries
+    assert "never reached init_process_group" in summaries["rendezvous"], summaries

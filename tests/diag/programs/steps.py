@@ -1,9 +1,9 @@
 """A user's plain DDP-style program (no orchestrate import): steps of one all_reduce each.
 
-The scenario comes from the environment, as a test sets it:
-``SCENARIO`` = healthy | mismatch | laggard | frozen | rendezvous, ``BAD_RANK``, ``TRIGGER_STEP``,
-``STEPS`` (healthy: how many steps before exiting 0), ``PAUSE_S`` (healthy: rank 0's pause, a
-stand-in for a long rank-0-only checkpoint). At the trigger, the bad rank writes
+The scenario comes from the environment, as a test sets it: ``SCENARIO`` = healthy | mismatch |
+laggard | frozen | rendezvous, ``BAD_RANK``, ``TRIGGER_STEP``, ``STEPS`` (healthy: how many
+steps before exiting 0), ``PAUSE_S`` (healthy: rank 0's pause, a stand-in for a long rank-0-only
+checkpoint), ``SELF_STOP`` (frozen: the rank stops itself). At the trigger, the bad rank writes
 ``$MARKS/trigger`` so the test knows when the trouble began.
 """
 
@@ -71,6 +71,8 @@ def train():
         dist.all_reduce(batch)
         if SCENARIO == "frozen" and RANK == BAD and step == TRIGGER:
             mark("ready")  # the test stops this process now
+            if os.environ.get("SELF_STOP"):  # or, where the test cannot reach the process:
+                os.kill(os.getpid(), 19)  # SIGSTOP, the whole process (its sidecar too)
         if SCENARIO == "healthy" and RANK == 0 and step == TRIGGER:
             save_checkpoint()
         time.sleep(0.05)
