@@ -7,30 +7,16 @@ when the model and link are known.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from checkup_harness import Starter
 
 from orchestrate.checkup.result import CheckupResult
+from tests.gpus import GPUS, needs_gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(300)]
 
 
-def _gpus() -> int:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
-         "if torch.cuda.is_available() else 0)"], capture_output=True, text=True, timeout=120)
-    return int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
-
-
-GPUS = _gpus()
-needs_gpu = pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU (torch.cuda.is_available() is "
-                               "False): the nccl checkup needs one")
-
-
-@needs_gpu
+@needs_gpu("the nccl checkup needs one")
 def test_nccl_smoke_and_bandwidth_on_the_gpus(starter: Starter) -> None:
     visible = ",".join(str(i) for i in range(GPUS))
     checkup = starter.start(

@@ -9,29 +9,16 @@ NVLink/PCIe busbw, graded against the inventory's floor when the model and link 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.gpus import GPUS, needs_gpu
 from tests.local.conftest import Cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(400)]
 
 
-def _gpus() -> int:
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count() "
-         "if torch.cuda.is_available() else 0)"], capture_output=True, text=True, timeout=120)
-    return int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
-
-
-GPUS = _gpus()
-needs_gpu = pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU (torch.cuda.is_available() is "
-                               "False): the doctor's nccl tiers need one")
-
-
-@needs_gpu
+@needs_gpu("the doctor's nccl tiers need one")
 def test_doctor_on_the_gpus_of_this_machine(cli: Cli) -> None:
     probed = cli.run("inventory", "probe", "--local", "-o", "inv.yaml", timeout=180)
     assert probed.returncode == 0, probed.stdout + probed.stderr
