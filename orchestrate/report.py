@@ -114,9 +114,13 @@ def metric_points(records: Sequence[Mapping[str, Any]], kind: str, key: str
     for r in records:
         if r.get("kind") != kind:
             continue
-        step, value = _float(r.get("step")), _float(r.get(key))
-        if step is not None and value is not None:
-            points.append((step, value))
+        step, value = r.get("step"), r.get(key)
+        if type(step) is int and type(value) is float and math.isfinite(value):
+            points.append((float(step), value))  # the trainer's records: the common case
+            continue
+        fstep, fvalue = _float(step), _float(value)
+        if fstep is not None and fvalue is not None:
+            points.append((fstep, fvalue))
     return points
 
 

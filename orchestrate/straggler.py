@@ -31,10 +31,11 @@ rank look slowest.
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: A straggler is named when its own work per step is at least this much (%) above the others'.
 MATERIAL_GAP_PCT = 10.0
@@ -98,13 +99,15 @@ class Pace:
 
 
 _FIELDS = ("t", "steps", "samples", "last_step", *_BUCKETS, "wall_s")
+_GET_FIELDS = operator.itemgetter(*_FIELDS)
 
 
 def _row(window: Mapping[str, Any]) -> tuple[float, ...] | None:
     """A window's numbers in :data:`_FIELDS` order; None when one is missing or not a number
-    (a damaged record is skipped, never fatal)."""
+    (a damaged record is skipped, never fatal). A report reads every window of every rank
+    (16,000 for 10,000 steps on 16 ranks): itemgetter and map keep this in C."""
     try:
-        return tuple(float(window[key]) for key in _FIELDS)
+        return tuple(map(float, _GET_FIELDS(window)))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -139,9 +142,10 @@ def pace(
                                                    if r[0] >= newest - last_s]
         if not chosen:
             continue
-        sums = {key: math.fsum(r[i] for r in chosen) for i, key in enumerate(_FIELDS)}
-        sums["last_step"] = max(r[3] for r in chosen)
-        sums["last_t"] = max(r[0] for r in chosen)
+        columns = list(zip(*chosen, strict=True))
+        sums = {key: math.fsum(columns[i]) for i, key in enumerate(_FIELDS)}
+        sums["last_step"] = max(columns[3])
+        sums["last_t"] = max(columns[0])
         totals[rank] = sums
     if not totals:
         return Pace((), None, None)
@@ -194,9 +198,9 @@ def _gap(own: Mapping[int, float], rank: int) -> float:
     return (own[rank] - typical) / typical * 100.0 if typical > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class PacePoint:
-    """One window of one rank, for charts: when it ended, its last step, and per step."""
+class PacePoint(NamedTuple):
+    """One window of one rank, for charts: when it ended, its last step, and per step. (A
+    named tuple: a report builds one per window, 16,000 for a long 16-rank run.)"""
 
     t: float
     step: int
@@ -218,23 +222,14 @@ def series(windows: Sequence[Mapping[str, Any]]) -> list[PacePoint]:
     """A rank's windows as points over time (windows without steps, or damaged, are skipped)."""
     points = []
     for w in windows:
-        try:
-            steps = float(w["steps"])
-            wall = float(w["wall_s"])
-            if steps <= 0:
-                continue
-            points.append(
-                PacePoint(
-                    t=float(w["t"]),
-                    step=int(w["last_step"]),
-                    data_s=float(w["data_s"]) / steps,
-                    forward_s=float(w["forward_s"]) / steps,
-                    backward_s=float(w["backward_s"]) / steps,
-                    optimizer_s=float(w["optimizer_s"]) / steps,
-                    step_s=wall / steps,
-                    samples_per_s=float(w["samples"]) / wall if wall > 0 else 0.0,
-                )
-            )
-        except (KeyError, TypeError, ValueError):
+        row = _row(w)
+        if row is None:
             continue
+        t, steps, samples, last_step, data, forward, backward, optimizer, wall = row
+        if steps <= 0:
+            continue
+        points.append(PacePoint(
+            t=t, step=int(last_step), data_s=data / steps, forward_s=forward / steps,
+            backward_s=backward / steps, optimizer_s=optimizer / steps, step_s=wall / steps,
+            samples_per_s=samples / wall if wall > 0 else 0.0))
     return points
