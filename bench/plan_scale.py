@@ -126,9 +126,9 @@ def time_in_process(job: Path, runs: int) -> tuple[float, float, int]:
         nonlocal prepared_plan
         from orchestrate.plan import make_plan
 
-        spec, inventory = load(job)
-        prepared_plan = make_plan(spec, inventory, job_id="bench-1", run_dir="/srv/jobs/bench-1",
-                                  workdir="/srv/work")
+        loaded = load(job)
+        prepared_plan = make_plan(loaded.job, loaded.inventory, job_id="bench-1",
+                                  run_dir="/srv/jobs/bench-1", workdir="/srv/work")
 
     plan_s = median_seconds(plan_only, runs)
     assert prepared_plan is not None
