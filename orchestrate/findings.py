@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from orchestrate.checkup.program import TIERS
 from orchestrate.checkup.result import CheckupResult, Failure
 from orchestrate.errors import Problem
 from orchestrate.grading import (
-    TIERS,
     Attempt,
     Check,
     JobShape,

@@ -28,7 +28,6 @@ from orchestrate.inventory import Inventory, Node
 from orchestrate.plan import Plan
 
 Status = Literal["pass", "warn", "fail"]
-TIERS = ("static", "connect", "smoke", "bandwidth")
 _ORDER: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
 #: Without a declared floor, a node pair below this fraction of the best pair is a warning.
 RELATIVE_BELOW = 0.25

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,8 +24,9 @@ from orchestrate.evidence import read_diagnosis, read_heartbeats
 from orchestrate.hangwatch import Evidence, RunDirEvidence
 from orchestrate.layout import SSH_HOSTS
 from orchestrate.stall import Diagnosis, classify, idle_s, rank_table
-from orchestrate.store import JobRecord, Store
 
+if TYPE_CHECKING:  # the store imports the planner: loaded when the command runs
+    from orchestrate.store import JobRecord
 
 def _source(job: JobRecord) -> tuple[Evidence, Any]:
     """Where this job's evidence is, and what to close afterwards."""
@@ -102,6 +103,7 @@ def diagnose(job_ref: str | None, as_json: bool, timeout_s: float) -> None:
     """Every rank's phase, step, collectives and frame; who a stalled job waits for."""
     from orchestrate.backends import get_backend
     from orchestrate.cli.jobs import resolve_or_latest
+    from orchestrate.store import Store
 
     store = Store()
     job = resolve_or_latest(store, job_ref)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrate.inventory import Inventory, Node
-from orchestrate.plan import Plan
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the CLI's start does not import the planner for a table
     from rich.console import Console
     from rich.table import Table
+
+    from orchestrate.inventory import Inventory, Node
+    from orchestrate.plan import Plan
 
 
 def console(stderr: bool = False) -> Console:
