@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
-from rich.markup import escape
 
 from orchestrate import hostfacts, hostlist
 from orchestrate.cli import cli
@@ -430,6 +429,8 @@ def write_probed(
             failed[name] = f"nvidia-smi failed: {facts.gpu_error}"
     out = console(stderr=output is None)
     out.print(findings_table(parsed))
+    from rich.markup import escape  # rich only when a table is drawn (tables.py)
+
     for name, reason in failed.items():
         out.print(f"[red]{escape(name)}:[/] {escape(reason)} (left out of the inventory)",
                   highlight=False)
@@ -493,6 +494,7 @@ def _check_valid(text: str, source: str) -> None:
 def findings_table(parsed: Mapping[str, HostFacts]) -> Any:
     """One row per probed node: GPUs by model with CUDA indices, link, network, CPUs, memory,
     driver and torch, and what went wrong."""
+    from rich.markup import escape as markup_escape
     from rich.table import Table
 
     table = Table(title=f"probed {len(parsed)} node(s)")
@@ -517,7 +519,7 @@ def findings_table(parsed: Mapping[str, HostFacts]) -> Any:
                  network, f"{facts.cpus or '?'} / {memory}",
                  f"{facts.driver or '-'} / {facts.torch or facts.torch_error or '-'}",
                  "\n".join(notes))
-        table.add_row(*(escape(cell) for cell in cells))  # what hosts say is not markup
+        table.add_row(*(markup_escape(cell) for cell in cells))  # hosts' words are not markup
     return table
 
 
