@@ -299,7 +299,9 @@ def make_plan(
     placement = place(job, inventory, memory,
                       Busy(facts.busy_gpus, facts.busy_slots, facts.excluded), source)
     choices = placement.choices
-    if job.restart.exclude_failed_node:
+    if job.restart.exclude_failed_node and not facts.excluded:
+        # Asked before the first attempt only: once a node is excluded, the placement above
+        # (without it) is the whole question; a restart with no node left cannot start, saying so.
         _check_spare_node(job, inventory, memory, facts, source)
     backend = dist_backend(job, placement.any_gpu, source, warnings)
     notes = list(placement.notes)

@@ -113,6 +113,19 @@ def test_cpu_slots_held_by_other_jobs_are_not_given_again() -> None:
     assert "0 free slots (4 held by other jobs)" in message
 
 
+def test_exclude_failed_node_needs_a_spare_first_then_plans_without_the_failed_one() -> None:
+    """Before the first attempt a spare is required; once a node is excluded, the job goes to
+    the nodes left (found by the SSH restart test: a 3-node inventory, 2 nodes used)."""
+    three = inventory(*({"name": n, "slots": 1} for n in ("a", "b", "c")))
+    spec = job(resources={"nodes": 2, "gpus_per_node": 1},
+               restart={"max": 1, "on": ["failure"], "exclude_failed_node": True})
+    assert [n.name for n in plan(spec, three).nodes] == ["a", "b"]
+    again = plan(spec, three, facts=HostFacts(excluded=frozenset({"b"})))
+    assert [n.name for n in again.nodes] == ["a", "c"]
+    two = inventory(*({"name": n, "slots": 1} for n in ("a", "b")))
+    assert "no spare node: the job uses 2 node(s)" in refusal(spec, two)
+
+
 def test_every_local_rank_sees_all_of_the_nodes_job_gpus() -> None:
     p = plan(job(resources={"gpu_model": "RTX-A6000", "node_names": ["ambers"]}), LAB)
     node = p.nodes[0]
