@@ -147,7 +147,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
         store.update(job_id, plan=plan, hosts=[n.address for n in plan.nodes],
                      supervisor_pid=os.getpid(), supervisor_host=socket.gethostname())
         for r in plan.ranks:
-            store.update_rank(job_id, r.rank, host=hostnames.get(r.node))
+            store.update_rank(job_id, r.rank, node=r.node, host=hostnames.get(r.node))
         found = store.get(job_id)
         assert found is not None
         record = found
@@ -175,6 +175,9 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
                 json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
             store.update(job_id, plan=prepared.plan,
                          hosts=[n.address for n in prepared.plan.nodes])
+            names = launcher.hostnames()  # a rank may have moved (a node excluded)
+            for r in prepared.plan.ranks:
+                store.update_rank(job_id, r.rank, node=r.node, host=names.get(r.node))
         plan = prepared.plan
         sink = LogSink(run_dir, {r.rank: r.node for r in plan.ranks})
 
