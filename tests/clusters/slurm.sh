@@ -319,7 +319,10 @@ EOF
 start_daemon() { # name, then the command; records the PID, output goes to its log
     local name=$1
     shift
-    setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1 &
+    # From /, not the caller's directory: a daemon outlives the checkout or temporary directory
+    # that started it, and slurmstepd (forked from slurmd) would print "Unable to get current
+    # working directory" into every rank's output once that directory is gone.
+    (cd / && exec setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1) &
     echo $! >"$DIR/pids/$name.pid"
 }
 
