@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrate import host
+from tests.checkpoints import differing_parameters, latest_state
 from tests.local.conftest import Cli
 
 pytestmark = pytest.mark.torch
@@ -61,18 +62,8 @@ def _epochs(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
 
 
-def _latest(run_dir: Path) -> dict[str, Any]:
-    import torch
-
-    name = (run_dir / "checkpoints" / "latest").read_text().strip()
-    state: dict[str, Any] = torch.load(run_dir / "checkpoints" / name, weights_only=True)
-    return state
-
-
 @pytest.mark.timeout(300)
 def test_a_killed_rank_restarts_once_and_ends_where_an_uninterrupted_run_ends(cli: Cli) -> None:
-    import torch
-
     cli.write("straight.yaml", DIGITS.format(name="straight"))
     cli.write("killed.yaml", DIGITS.format(name="killed"))
     straight = cli.id("straight")
@@ -100,10 +91,9 @@ def test_a_killed_rank_restarts_once_and_ends_where_an_uninterrupted_run_ends(cl
     log = (run_dir / "output.log").read_text()
     assert "attempt 1 ended FAILED" in log and "resuming from" in log
 
-    a, b = _latest(cli.work / "runs" / straight), _latest(run_dir)
+    a, b = latest_state(cli.work / "runs" / straight), latest_state(run_dir)
     assert a["step"] == b["step"]
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), f"parameter {key} differs"
+    assert differing_parameters(a, b) == []
     assert _epochs(cli.work / "runs" / straight)[-1]["val_accuracy"] == \
         _epochs(run_dir)[-1]["val_accuracy"]
     assert host.job_pids(killed) == []

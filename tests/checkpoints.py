@@ -1,0 +1,26 @@
+"""A run's final checkpoint as the restart and resume tests compare it: the one the trainer's
+``latest`` pointer names (read by the trainer's own find_latest and load), and the parameters in
+which two runs differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def latest_state(run_dir: Path) -> dict[str, Any]:
+    """The state in the checkpoint ``run_dir/checkpoints/latest`` names (the pointer must exist:
+    the trainer writes it after every checkpoint)."""
+    from orchestrate.train import checkpoint
+
+    directory = run_dir / "checkpoints"
+    named = directory / (directory / checkpoint.LATEST).read_text().strip()
+    assert checkpoint.find_latest(directory) == named, f"latest names no whole file in {directory}"
+    return checkpoint.load(named)
+
+
+def differing_parameters(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The model parameters whose tensors are not bit-identical in two checkpoint states."""
+    import torch
+
+    return [key for key, tensor in a["model"].items() if not torch.equal(tensor, b["model"][key])]
