@@ -1,8 +1,8 @@
 """busbw of the doctor's bandwidth tier against a minimal hand-written all_reduce timing loop.
 
 The tool must measure the link, not itself: on the same ranks, sizes and iteration counts,
-``python -m orchestrate.checkup --tier bandwidth`` (A) and the loop below (B) should report the
-same all_reduce bus bandwidth. The hand loop is the textbook one (stas00's all_reduce_bench,
+``python -m orchestrate.doctor.checkup --tier bandwidth`` (A) and the loop below (B) should report
+the same all_reduce bus bandwidth. The hand loop is the textbook one (stas00's all_reduce_bench,
 nccl-tests -z 1): per size, warm-up all_reduces, then for each timed iteration a barrier and
 one blocking all_reduce timed on its own (CUDA events on GPUs, perf_counter on CPUs); a rank's
 figure is its mean time, the job's the mean over ranks; busbw = bytes / time * 2 (n-1) / n.
@@ -89,7 +89,7 @@ def _launch(argv: list[str], ranks: int, logs: Path, timeout: float) -> None:
 
 def _checkup(args: argparse.Namespace, ranks: int, work: Path) -> dict[int, dict[str, float]]:
     out = work / "checkup.json"
-    _launch([sys.executable, "-m", "orchestrate.checkup", "--tier", "bandwidth",
+    _launch([sys.executable, "-m", "orchestrate.doctor.checkup", "--tier", "bandwidth",
              "--sizes", args.sizes, "--warmup", str(args.warmup), "--iters", str(args.iters),
              "--budget-s", "0", "--timeout-s", "120", "--out", str(out)],
             ranks, work, args.timeout)
@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--hand-loop", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from orchestrate.checkup.program import human, parse_size
+    from orchestrate.doctor.checkup.program import human, parse_size
 
     if args.hand_loop:
         hand_loop([parse_size(s) for s in args.sizes.split(",")], args.warmup, args.iters,

@@ -117,14 +117,14 @@ def spread(times: list[float]) -> str:
 
 def time_in_process(job: Path, runs: int) -> tuple[float, float, int]:
     """Median seconds of load + plan, of render, and the rendered size in bytes."""
-    from orchestrate.prepare import load
-    from orchestrate.render import render
+    from orchestrate.backends import get_backend
+    from orchestrate.run.prepare import load
 
     prepared_plan = None
 
     def plan_only() -> None:
         nonlocal prepared_plan
-        from orchestrate.plan import make_plan
+        from orchestrate.core.plan.plan import make_plan
 
         loaded = load(job)
         prepared_plan = make_plan(loaded.job, loaded.inventory, job_id="bench-1",
@@ -133,8 +133,9 @@ def time_in_process(job: Path, runs: int) -> tuple[float, float, int]:
     plan_s = median_seconds(plan_only, runs)
     assert prepared_plan is not None
     final_plan = prepared_plan
-    render_s = median_seconds(lambda: render(final_plan), runs)
-    size = sum(len(text) for text in render(final_plan).values())
+    backend = get_backend(final_plan.backend)
+    render_s = median_seconds(lambda: backend.files(final_plan, None), runs)
+    size = sum(len(text) for text in backend.files(final_plan, None).values())
     return plan_s, render_s, size
 
 

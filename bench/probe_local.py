@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO / "tests" / "probe"))
 
 from probe_support import machine  # noqa: E402
 
-from orchestrate.inventoryfile import ProbedNode, merge_inventory, render_inventory  # noqa: E402
-from orchestrate.probing import parse_facts  # noqa: E402
+from orchestrate.probe.facts import parse_facts  # noqa: E402
+from orchestrate.probe.inventoryfile import ProbedNode, merge_inventory, render_inventory  # noqa: E402
 
 
 def host_side(tmp: Path, runs: int, torch: bool) -> tuple[float, dict[str, object]]:
-    args = [sys.executable, "-S", str(REPO / "orchestrate" / "hostfacts.py")]
+    args = [sys.executable, "-S", str(REPO / "orchestrate" / "hostside" / "hostfacts.py")]
     if not torch:
         args.append("--no-torch")
     times, facts = [], {}

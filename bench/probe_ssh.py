@@ -7,7 +7,7 @@ machine noise hits all alike), medians of ``--runs``:
 - ``cli``: ``orchestrate inventory probe h1 ... hN --ssh-config ... --python ...`` printing the
   inventory, from start to exit (interpreter start, imports, logins, the facts program on every
   host, parsing and writing);
-- ``gather``: :func:`orchestrate.backends.sshkit.probe.gather_over_ssh` alone, in this process
+- ``gather``: :func:`orchestrate.backends.ssh.probe.gather_over_ssh` alone, in this process
   (logins plus the program on every host): the part that grows with the host count;
 - ``pdsh``: ``pdsh -R ssh`` running the same program on the same hosts through the same
   ssh_config: the floor for "every host at once" on this machine.
@@ -37,9 +37,9 @@ from testbeds import SSH_STATE as STATE
 
 sys.path.insert(0, str(ROOT))
 
-from orchestrate.backends.sshkit.connections import Target, preload
-from orchestrate.backends.sshkit.probe import gather_over_ssh
-from orchestrate.gathering import (
+from orchestrate.backends.ssh.connections import Target, preload
+from orchestrate.backends.ssh.probe import gather_over_ssh
+from orchestrate.probe.gathering import (
     Unreachable,
     facts_argv,
     peers_of,

@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrate.runfiles import write_report  # noqa: E402
+from orchestrate.report.runfiles import write_report  # noqa: E402
 
 
 def synthetic_run(run_dir: Path, steps: int, ranks: int, window_steps: int = 10) -> None:

@@ -58,7 +58,7 @@ def run(epochs: int, work: Path, *, sidecar: bool, heartbeat_s: float) -> tuple[
     """One 2-rank run of the trainer: its median per-epoch samples/s after the first epoch, and
     (sidecar on) the share of a CPU its sidecar threads used over the run (from the last
     heartbeats' ``cpu_s``; 0 when off)."""
-    from orchestrate.train.config import TrainSpec
+    from orchestrate.core.spec.trainspec import TrainSpec
 
     spec = TrainSpec(
         model="digits:build_model", model_args={"hidden": 128},
@@ -145,7 +145,7 @@ def ab_worker(epochs: int, heartbeat_s: float, out: Path) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from orchestrate import sidecar
+    from orchestrate.diagnosis import sidecar
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -194,7 +194,7 @@ def phase_call_ns() -> float:
     """What one ``sidecar.phase("step", n)`` call costs (the trainer makes one per step)."""
     import timeit
 
-    from orchestrate import sidecar
+    from orchestrate.diagnosis import sidecar
 
     with tempfile.TemporaryDirectory(prefix="sidecar-phase-") as tmp:
         sidecar.start(tmp, 0, interval_s=3600)

@@ -39,7 +39,7 @@ from testbeds import SSH_STATE as STATE
 
 sys.path.insert(0, str(ROOT))
 
-from orchestrate.store import Store
+from orchestrate.run.store import Store
 
 
 def write_job(work: Path, count: int) -> Path:

@@ -84,7 +84,7 @@ def run_entrypoint(epochs: int, work: Path, *, epoch_checkpoints: bool = False) 
     Like the hand loop it checkpoints only at the end, unless ``epoch_checkpoints`` (the
     default of a job file, ``checkpoint_every_steps: 0``).
     """
-    from orchestrate.train.config import TrainSpec
+    from orchestrate.core.spec.trainspec import TrainSpec
 
     spec = TrainSpec(
         model="digits:build_model", model_args={"hidden": HIDDEN},

@@ -1,8 +1,9 @@
 """orchestrate: launch PyTorch DDP training on Slurm, bare SSH servers, or this machine.
 
-The pure core turns an inventory and a job file into a :class:`~orchestrate.plan.Plan`
-(:mod:`orchestrate.plan`) and scripts (:mod:`orchestrate.render`); the backends run them.
-``orchestrate.submit_function(fn, job, *args)`` runs a Python function on every rank of a Slurm
+The pure core turns an inventory and a job file into a :class:`~orchestrate.core.plan.plan.Plan`
+(:mod:`orchestrate.core.plan.plan`) and scripts (:mod:`orchestrate.core.render.render`); the
+backends run them. ``orchestrate.submit_function(fn, job, *args)`` runs a Python function on every
+rank of a Slurm
 job (:mod:`orchestrate.api`); it is imported on first use, so ``import orchestrate`` stays cheap
 and needs no submitit.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from orchestrate.version import __version__
+
 __all__ = ["__version__", "submit_function"]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestrate.job import JobSpec, apply_overrides
+from orchestrate.core.spec.job import JobSpec, apply_overrides
 
 R = TypeVar("R")
 
@@ -30,20 +30,20 @@ def submit_function(
 ) -> list[R]:
     """Run ``fn(*args, **kwargs)`` on every rank of ``job``; return the results by rank.
 
-    ``job`` is a job file (``backend: slurm``) or a :class:`~orchestrate.job.JobSpec` whose
-    relative paths (inventory, workdir) are relative to the working directory; its ``command``
+    ``job`` is a job file (``backend: slurm``) or a :class:`~orchestrate.core.spec.job.JobSpec`
+    whose relative paths (inventory, workdir) are relative to the working directory; its ``command``
     or ``train`` section is not used. ``overrides`` are ``--set`` style ``FIELD=VALUE`` strings.
     ``timeout_s`` bounds the whole wait (the job is cancelled then); without it the call still
     returns once Slurm reports the job ended, or forgot it, with or without accounting.
 
-    Raises :class:`~orchestrate.errors.UserError` for a job that cannot be planned,
+    Raises :class:`~orchestrate.core.errors.UserError` for a job that cannot be planned,
     ``submitit.core.utils.FailedJobError`` with the error of the rank that failed first when
-    ``fn`` raised, and :class:`~orchestrate.backends.slurmfn.FunctionJobFailed` when the job ended
-    (failed, cancelled, timed out, node failure, forgotten) without a result from every rank.
+    ``fn`` raised, and :class:`~orchestrate.backends.slurm.function.FunctionJobFailed` when the job
+    ended (failed, cancelled, timed out, node failure, forgotten) without a result from every rank.
     """
-    from orchestrate.backends.slurmfn import run_function
-    from orchestrate.prepare import load, load_spec, new_id_suffix, plan_job
-    from orchestrate.store import Store
+    from orchestrate.backends.slurm.function import run_function
+    from orchestrate.run.prepare import load, load_spec, new_id_suffix, plan_job
+    from orchestrate.run.store import Store
 
     if isinstance(job, JobSpec):
         if overrides:

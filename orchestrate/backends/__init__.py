@@ -7,13 +7,17 @@ job's ``backend`` name and never imports one it does not use (Fabric and submiti
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from orchestrate.backends.base import Backend
 
+if TYPE_CHECKING:
+    from orchestrate.run.prepare import Prepared
+
 _MODULES = {
-    "local": "orchestrate.backends.local",
-    "slurm": "orchestrate.backends.slurm",
-    "ssh": "orchestrate.backends.ssh",
+    "local": "orchestrate.backends.local.backend",
+    "slurm": "orchestrate.backends.slurm.backend",
+    "ssh": "orchestrate.backends.ssh.backend",
 }
 
 
@@ -22,3 +26,8 @@ def get_backend(name: str) -> Backend:
     module = importlib.import_module(_MODULES[name])
     backend: Backend = module.BACKEND
     return backend
+
+
+def rendered(prepared: Prepared) -> dict[str, str]:
+    """Every file the prepared job's backend would write, as ``render`` prints them."""
+    return get_backend(prepared.plan.backend).files(prepared.plan, prepared.templates_dir)

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from orchestrate.errors import UserError
-from orchestrate.layout import LOADED_FILE, PLAN_FILE
-from orchestrate.outcome import Attempt
-from orchestrate.store import JobRecord, RankRecord, Store
+from orchestrate.core.errors import UserError
+from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_FILE
+from orchestrate.core.plan.outcome import Attempt
+from orchestrate.hostside.shipping import SHIPPED, module_source
+from orchestrate.run.store import JobRecord, RankRecord, Store
 
 if TYPE_CHECKING:
-    from orchestrate.prepare import Loaded, Prepared
+    from orchestrate.core.plan.plan import Plan
+    from orchestrate.run.prepare import Loaded, Prepared
 
 #: How long a rank gets between SIGTERM and SIGKILL (the entrypoint checkpoints in between).
 STOP_GRACE_S = 5.0
@@ -42,10 +45,14 @@ class Backend(Protocol):
     def cancel(self, job: JobRecord, store: Store) -> JobRecord:
         """Stop every process of the job; returns the record once it is stopped."""
 
+    def files(self, plan: Plan, templates_dir: Path | None) -> dict[str, str]:
+        """Every file the job's run directory gets, by name, in a stable order: exactly what
+        ``render`` prints and ``submit`` writes. Pure (the plan in, texts out)."""
+
     def check(self, prepared: Prepared) -> None:
         """``submit --dry-run``: check what can be checked without running anything (a cluster's
         ``sbatch --test-only``, the hosts' preflight), printing the verdict on stderr; a refusal
-        is a :class:`~orchestrate.errors.UserError`."""
+        is a :class:`~orchestrate.core.errors.UserError`."""
 
     def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
         """Run an ended job again as its next attempt: same id, same run directory (so the
@@ -53,8 +60,22 @@ class Backend(Protocol):
         (``prepared``, made by :func:`reloaded`)."""
 
 
-def write_run_dir(prepared: Prepared) -> Path:
-    """Create the run directory with the rendered files and the plan; returns it.
+def rank_files(plan: Plan, scripts: Mapping[str, str],
+               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A backend's launch ``scripts``, then what every rank needs beside them: the sidecar
+    (loaded as ``sitecustomize``, so no user code changes), a backend's ``extra`` programs, and
+    ``train.json`` for a ``train:`` job."""
+    from orchestrate.core.render.render import train_config  # Jinja only when files are made
+
+    files = dict(scripts)
+    files[SIDECAR_FILE] = module_source(SHIPPED["sidecar"][0])
+    files.update(extra or {})
+    files.update(train_config(plan))
+    return files
+
+
+def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
+    """Create the run directory with the backend's ``files`` and the plan; returns it.
 
     The directory is private (0700): scripts can hold paths and settings a user may not want
     others to read, and secrets never go into it at all.
@@ -62,7 +83,7 @@ def write_run_dir(prepared: Prepared) -> Path:
     run_dir = Path(prepared.plan.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for name, text in prepared.files.items():
+        for name, text in files.items():
             target = run_dir / name
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             target.write_text(text, encoding="utf-8")
@@ -100,7 +121,7 @@ def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord
 
 def reloaded(job: JobRecord) -> Loaded:
     """What ``job`` was loaded from at submit (its run directory's ``loaded.json``)."""
-    from orchestrate.prepare import Loaded
+    from orchestrate.run.prepare import Loaded
 
     path = Path(job.run_dir) / LOADED_FILE
     try:

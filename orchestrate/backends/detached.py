@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrate.layout import SUPERVISOR_LOG
-from orchestrate.shipping import program
-from orchestrate.store import JobRecord, Store
+from orchestrate.core.layout import SUPERVISOR_LOG
+from orchestrate.hostside.shipping import shipped
+from orchestrate.run.store import JobRecord, Store
 
 
 def start(module: str, job_id: str, store: Store, run_dir: Path, *, pipe: bool = False,
@@ -82,10 +82,10 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
 def start_watchdog(pid: int, job_id: str, grace_s: float) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
     ends, however it ends, the watchdog stops whatever the job left on this machine and drops
-    its lease (:func:`orchestrate.host.watch`). Standard library only, no site-packages."""
-    from orchestrate.host import TAG, proc_start
+    its lease (:func:`orchestrate.hostside.host.watch`). Standard library only, no site-packages."""
+    from orchestrate.hostside.host import TAG, proc_start
 
-    text = program(("orchestrate.host",), "from orchestrate.host import watch\n"
+    text = shipped("watchdog", "from orchestrate.hostside.host import watch\n"
                    f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r})")
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}

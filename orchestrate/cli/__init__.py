@@ -1,6 +1,6 @@
 """The ``orchestrate`` command line.
 
-Every user mistake surfaces as :class:`~orchestrate.errors.UserError` and leaves through
+Every user mistake surfaces as :class:`~orchestrate.core.errors.UserError` and leaves through
 :func:`main` as ``file: field: problem`` lines with hints and exit status 2, never a traceback.
 """
 
@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from orchestrate import __version__
-from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.core.errors import EXIT_USER_ERROR, UserError
+from orchestrate.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

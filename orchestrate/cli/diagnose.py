@@ -20,13 +20,13 @@ import click
 
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
-from orchestrate.evidence import read_diagnosis, read_heartbeats
-from orchestrate.hangwatch import Evidence, RunDirEvidence
-from orchestrate.layout import SSH_HOSTS
-from orchestrate.stall import Diagnosis, classify, idle_s, rank_table
+from orchestrate.core.layout import SSH_HOSTS
+from orchestrate.diagnosis.evidence import read_diagnosis, read_heartbeats
+from orchestrate.diagnosis.hangwatch import Evidence, RunDirEvidence
+from orchestrate.diagnosis.stall import Diagnosis, classify, idle_s, rank_table
 
 if TYPE_CHECKING:  # the store imports the planner: loaded when the command runs
-    from orchestrate.store import JobRecord
+    from orchestrate.run.store import JobRecord
 
 def _source(job: JobRecord) -> tuple[Evidence, Any]:
     """Where this job's evidence is, and what to close afterwards."""
@@ -34,8 +34,8 @@ def _source(job: JobRecord) -> tuple[Evidence, Any]:
     ranks = [r.rank for r in job.plan.ranks]
     if job.backend != "ssh":
         return RunDirEvidence(run_dir, ranks), None
-    from orchestrate.backends.sshkit.connections import Links, Target
-    from orchestrate.backends.sshkit.evidence import RemoteEvidence
+    from orchestrate.backends.ssh.connections import Links, Target
+    from orchestrate.backends.ssh.evidence import RemoteEvidence
 
     hosts = json.loads((run_dir / SSH_HOSTS).read_text(encoding="utf-8"))
     targets = {t["name"]: Target.from_json(t) for t in hosts}
@@ -103,7 +103,7 @@ def diagnose(job_ref: str | None, as_json: bool, timeout_s: float) -> None:
     """Every rank's phase, step, collectives and frame; who a stalled job waits for."""
     from orchestrate.backends import get_backend
     from orchestrate.cli.jobs import resolve_or_latest
-    from orchestrate.store import Store
+    from orchestrate.run.store import Store
 
     store = Store()
     job = resolve_or_latest(store, job_ref)

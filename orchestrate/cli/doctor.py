@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrate.checkup.program import TIERS  # light: the CLI's start stays so
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
+from orchestrate.doctor.checkup.program import TIERS  # light: the CLI's start stays so
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from orchestrate.doctor import Run
-    from orchestrate.grading import Check
+    from orchestrate.doctor.grading import Check
+    from orchestrate.doctor.run import Run
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -86,10 +86,10 @@ def doctor(job_file: Path, tier: str, as_json: bool, overrides: tuple[str, ...],
     and a checked all_reduce (smoke); all_reduce and node-to-node bandwidth against the
     inventory (bandwidth). Exits 0 when nothing failed, 1 when a check failed, 2 for a mistake
     in the job or inventory."""
-    from orchestrate import doctor as doctoring
-    from orchestrate.prepare import prepare
+    from orchestrate.doctor import run as doctoring
+    from orchestrate.run.prepare import prepare
 
-    prepared = prepare(job_file, overrides, job_id=job_id, render_files=False)
+    prepared = prepare(job_file, overrides, job_id=job_id)
     settings = doctoring.Settings(tier=tier, sizes=sizes, pair_size=pair_size,
                                   budget_s=budget_s, timeout_s=timeout_s,
                                   window_s=connect_window_s, deadline_s=deadline_s)

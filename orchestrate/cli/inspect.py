@@ -12,11 +12,11 @@ import click
 
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console, plan_tables
-from orchestrate.errors import Problem, UserError
-from orchestrate.inventory import InventorySpec, load_inventory
-from orchestrate.job import JobSpec
-from orchestrate.loader import read_yaml
-from orchestrate.prepare import prepare
+from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.spec.inventory import InventorySpec, load_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.core.spec.loader import read_yaml
+from orchestrate.run.prepare import prepare
 
 SET_HELP = "override a job field, e.g. --set resources.nodes=2 (repeatable)"
 JOB_ID_HELP = "job id to plan for (default: NAME-dryrun; submit makes a fresh one)"
@@ -77,7 +77,7 @@ def readable_json(value: Any, level: int = 0, depth: int = 2) -> str:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: bool) -> None:
     """Show where every rank runs and with what environment; launches nothing."""
-    prepared = prepare(job, overrides, job_id=job_id, render_files=False)
+    prepared = prepare(job, overrides, job_id=job_id)
     if as_json:
         click.echo(readable_json(prepared.plan.to_json()))
         return
@@ -100,18 +100,19 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
 )
 def render(job: Path, overrides: tuple[str, ...], job_id: str | None, output: Path | None) -> None:
     """Print (or write) exactly the scripts a backend would submit."""
-    from orchestrate.render import merged
+    from orchestrate.backends import rendered
+    from orchestrate.core.render.render import merged
 
-    prepared = prepare(job, overrides, job_id=job_id)
+    files = rendered(prepare(job, overrides, job_id=job_id))
     if output is None:
-        click.echo(merged(prepared.files), nl=False)
+        click.echo(merged(files), nl=False)
         return
     if output.exists() and not output.is_dir():
         raise UserError.single("exists and is not a folder", field="-o/--output",
                                got=str(output), hint="-o names a folder for the scripts")
     try:
         output.mkdir(parents=True, exist_ok=True)
-        for name, text in prepared.files.items():
+        for name, text in files.items():
             target = output / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")

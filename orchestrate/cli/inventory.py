@@ -2,12 +2,13 @@
 
 ``probe`` and ``check`` are built in two halves so that each transport only has to gather:
 
-- gathering runs :func:`orchestrate.hostfacts.gather` on every node and returns a mapping of
-  node name -> raw facts dict, or :class:`~orchestrate.gathering.Unreachable` for a node that
+- gathering runs :func:`orchestrate.hostside.hostfacts.gather` on every node and returns a mapping
+of
+  node name -> raw facts dict, or :class:`~orchestrate.probe.gathering.Unreachable` for a node that
   could not be probed. This machine (``--local``; inventory nodes at 127.0.0.1/localhost) is
   gathered in this process; hosts over SSH (``probe HOST...``, ``--from``) by
-  :mod:`orchestrate.backends.sshkit.probe`; a Slurm cluster's nodes (``--slurm``) by
-  :mod:`orchestrate.backends.slurmprobe`. ``check`` reaches each node the way its file says;
+  :mod:`orchestrate.backends.ssh.probe`; a Slurm cluster's nodes (``--slurm``) by
+  :mod:`orchestrate.backends.slurm.probe`. ``check`` reaches each node the way its file says;
 - :func:`write_probed` and :func:`check_gathered` do everything after that: parse, fold,
   merge, diff, ask, write, report, and choose the exit status (0 all matched / written,
   1 drift or a node that could not be probed, 2 a user error).
@@ -28,25 +29,32 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from orchestrate import hostfacts, hostlist
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console, inventory_table
-from orchestrate.drift import drift
-from orchestrate.errors import UserError
-from orchestrate.gathering import Gathered, Unreachable
-from orchestrate.inventory import Inventory, InventorySpec, Node, load_inventory, resolve_inventory
-from orchestrate.inventoryfile import (
+from orchestrate.core.errors import UserError
+from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.inventory import (
+    Inventory,
+    InventorySpec,
+    Node,
+    load_inventory,
+    resolve_inventory,
+)
+from orchestrate.core.spec.loader import parse_yaml, validate
+from orchestrate.hostside import hostfacts
+from orchestrate.probe.drift import drift
+from orchestrate.probe.facts import HostFacts, parse_facts
+from orchestrate.probe.gathering import Gathered, Unreachable
+from orchestrate.probe.inventoryfile import (
     ProbedNode,
     merge_inventory,
     provenance_of,
     render_inventory,
     unified_diff,
 )
-from orchestrate.loader import parse_yaml, validate
-from orchestrate.probing import HostFacts, parse_facts
 
 if TYPE_CHECKING:
-    from orchestrate.backends.sshkit.connections import Target
+    from orchestrate.backends.ssh.connections import Target
 
 __all__ = ["Gathered", "Unreachable", "check_gathered", "gather_for_check", "gather_local",
            "write_probed"]
@@ -206,7 +214,7 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
     }
     reach = ssh_reach(hosts, from_file, {k: v for k, v in settings.items() if v is not None},
                       python)
-    from orchestrate.backends.sshkit.probe import gather_over_ssh
+    from orchestrate.backends.ssh.probe import gather_over_ssh
 
     gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout, torch=torch,
                                     import_torch=import_torch))
@@ -239,8 +247,8 @@ def ssh_reach(hosts: Sequence[str], from_file: Path | None, settings: Mapping[st
     """Targets for ``hosts`` (hostlists expanded) from the command line's ssh ``settings`` over
     ``from_file``'s (per node where it has the node, else its defaults). With ``from_file`` and
     no hosts: all its nodes."""
-    from orchestrate.backends.sshkit.connections import target
-    from orchestrate.inventory import SSHSpec, load_inventory_spec
+    from orchestrate.backends.ssh.connections import target
+    from orchestrate.core.spec.inventory import SSHSpec, load_inventory_spec
 
     names = _host_names(hosts)
     base_ssh: dict[str, Any] = {}
@@ -323,7 +331,7 @@ def _probe_slurm(partition: str | None, node_list: str | None, python: str | Non
                  yes: bool, name: str) -> int:
     """``probe --slurm``: the cluster's nodes (in ``partition``, among ``node_list``), each
     written with its partition and GRES type."""
-    from orchestrate.backends.slurmprobe import Group, gather_through_slurm
+    from orchestrate.backends.slurm.probe import Group, gather_through_slurm
 
     nodes = _slurm_nodes()
     if partition is not None:
@@ -366,8 +374,8 @@ def _probe_slurm(partition: str | None, node_list: str | None, python: str | Non
 
 
 def _slurm_nodes() -> list[Any]:
-    from orchestrate.backends.slurmctl import SlurmClient, SlurmError
-    from orchestrate.backends.slurmprobe import cluster_nodes
+    from orchestrate.backends.slurm.ctl import SlurmClient, SlurmError
+    from orchestrate.backends.slurm.probe import cluster_nodes
 
     try:
         return cluster_nodes(SlurmClient())
@@ -542,7 +550,7 @@ def inventory_check(file: Path, as_json: bool, no_torch: bool, import_torch: boo
     everything matches, 1 on drift or a node that could not be probed, 2 on a mistake in the
     file or the command. Nodes are reached the way the file says: Slurm's through srun, this
     machine's in this process, the others over SSH with the file's ssh settings."""
-    from orchestrate.inventory import load_inventory_spec
+    from orchestrate.core.spec.inventory import load_inventory_spec
 
     spec, lines = load_inventory_spec(file)
     inv = resolve_inventory(spec, str(file), lines)
@@ -585,8 +593,8 @@ def gather_for_check(inv: Inventory, slurm: Collection[str] = (), *, torch: bool
         facts = gather_local(torch=torch, import_torch=import_torch)
         gathered.update({node.name: facts for node in here})
     if remote:
-        from orchestrate.backends.sshkit.connections import target
-        from orchestrate.backends.sshkit.probe import gather_over_ssh
+        from orchestrate.backends.ssh.connections import target
+        from orchestrate.backends.ssh.probe import gather_over_ssh
 
         targets = [target(n.name, n.address, n.python or DEFAULT_PYTHON, n.ssh,
                           DEFAULT_CONNECT_TIMEOUT_S) for n in remote]
@@ -600,7 +608,7 @@ def gather_for_check(inv: Inventory, slurm: Collection[str] = (), *, torch: bool
 def _gather_slurm_nodes(nodes: Sequence[Node], bound_s: float, torch: bool,
                         import_torch: bool) -> dict[str, Gathered]:
     """Inventory nodes probed through Slurm: one srun per partition and python."""
-    from orchestrate.backends.slurmprobe import Group, gather_through_slurm
+    from orchestrate.backends.slurm.probe import Group, gather_through_slurm
 
     known = {n.name: n for n in _slurm_nodes()}
     gathered: dict[str, Gathered] = {}

@@ -13,13 +13,13 @@ import click
 from orchestrate.backends import get_backend
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
-from orchestrate.errors import UserError
-from orchestrate.layout import DOCTOR_FILE, MERGED_LOG, rank_log
-from orchestrate.store import JobRecord, Store
+from orchestrate.core.errors import UserError
+from orchestrate.core.layout import DOCTOR_FILE, MERGED_LOG, rank_log
+from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
-    from orchestrate.doctor import Run
-    from orchestrate.prepare import Prepared
+    from orchestrate.doctor.run import Run
+    from orchestrate.run.prepare import Prepared
 
 
 def _store() -> Store:
@@ -59,14 +59,14 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
            job_id: str | None, debug: bool, preflight: bool) -> None:
     """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
     --preflight, when a check failed and nothing was submitted)."""
-    from orchestrate.prepare import new_id_suffix, prepare
-    from orchestrate.render import merged
+    from orchestrate.core.render.render import merged
+    from orchestrate.run.prepare import new_id_suffix, prepare
 
     prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
                        debug=debug)
     backend = get_backend(prepared.plan.backend)
     if dry_run:
-        click.echo(merged(prepared.files), nl=False)
+        click.echo(merged(backend.files(prepared.plan, prepared.templates_dir)), nl=False)
         backend.check(prepared)
         return
     for warning in prepared.plan.warnings:
@@ -81,7 +81,7 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     checked = _preflight(prepared, store) if preflight else None
     record = backend.submit(prepared, store)
     if checked is not None:
-        # The report of the job shows the doctor's figures (orchestrate/runfiles.py).
+        # The report of the job shows the doctor's figures (orchestrate/report/runfiles.py).
         import shutil
 
         shutil.copyfile(checked.run_dir / DOCTOR_FILE, Path(record.run_dir) / DOCTOR_FILE)
@@ -100,8 +100,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
 def _preflight(prepared: Prepared, store: Store) -> Run:
     """The doctor's static, connect and smoke tiers on the job's nodes, through its backend;
     refuses (exit 1) when a check failed."""
-    from orchestrate import doctor
     from orchestrate.cli.doctor import report
+    from orchestrate.doctor import run as doctor
 
     run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
     report(run, stderr=True)
@@ -112,7 +112,7 @@ def _preflight(prepared: Prepared, store: Store) -> Run:
 
 
 def _follow(store: Store, record: JobRecord, path: Path | None = None) -> JobRecord:
-    from orchestrate.follow import follow
+    from orchestrate.cli.follow import follow
 
     backend = get_backend(record.backend)
     try:
@@ -151,7 +151,7 @@ def resume(job_ref: str, follow: bool | None) -> None:
     """Run an ended job again as its next attempt: same id and run directory, so the built-in
     trainer resumes from its last checkpoint; planned again from the job as it was submitted."""
     from orchestrate.backends.base import reloaded
-    from orchestrate.prepare import plan_job
+    from orchestrate.run.prepare import plan_job
 
     store = _store()
     job = _refreshed(store, store.resolve(job_ref))

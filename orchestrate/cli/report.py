@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from orchestrate.cli import cli
-from orchestrate.store import JobRecord, Store
+from orchestrate.run.store import JobRecord, Store
 
 
 @cli.command()
@@ -20,8 +20,8 @@ def report(job_ref: str, output: Path | None) -> None:
     """Write a job's self-contained HTML report: plan, loss, per-rank time split with the
     straggler, phase timeline, doctor bandwidth. Opens offline."""
     from orchestrate.backends import get_backend
-    from orchestrate.errors import UserError
-    from orchestrate.runfiles import write_report
+    from orchestrate.core.errors import UserError
+    from orchestrate.report.runfiles import write_report
 
     store = Store()
     job = store.resolve(job_ref)
@@ -44,17 +44,17 @@ def report(job_ref: str, output: Path | None) -> None:
 def status_json(job: JobRecord) -> dict[str, Any]:
     """``status --json``: the job record with ``straggler`` and per-rank ``timing`` (over the
     whole run once the job ended, over the last 30 s of timing while it runs)."""
-    from orchestrate.live import RECENT_S
-    from orchestrate.runfiles import add_pace
+    from orchestrate.cli.live import RECENT_S
+    from orchestrate.report.runfiles import add_pace
 
     return add_pace(job.to_json(), Path(job.run_dir), None if job.terminal else RECENT_S)
 
 
 def status_lines(job: JobRecord) -> list[str]:
     """The straggler sentence and the loss sparkline for the text ``status``."""
-    from orchestrate.layout import METRICS
-    from orchestrate.live import RECENT_S, loss_line, straggler_line
-    from orchestrate.runfiles import losses, read_jsonl, run_pace
+    from orchestrate.cli.live import RECENT_S, loss_line, straggler_line
+    from orchestrate.core.layout import METRICS
+    from orchestrate.report.runfiles import losses, read_jsonl, run_pace
 
     run_dir = Path(job.run_dir)
     figures = run_pace(run_dir, {r.rank: r.node for r in job.ranks},
@@ -67,10 +67,10 @@ def status_lines(job: JobRecord) -> list[str]:
 def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> None:
     """The live view of ``status --watch`` until the job ends or Ctrl-C."""
     from orchestrate.backends import get_backend
+    from orchestrate.cli.live import RECENT_S, Snapshot, watch
     from orchestrate.cli.tables import console
-    from orchestrate.layout import METRICS
-    from orchestrate.live import RECENT_S, Snapshot, watch
-    from orchestrate.runfiles import losses, read_heartbeats, read_jsonl, run_pace
+    from orchestrate.core.layout import METRICS
+    from orchestrate.report.runfiles import losses, read_heartbeats, read_jsonl, run_pace
 
     backend = get_backend(job.backend)
     run_dir = Path(job.run_dir)

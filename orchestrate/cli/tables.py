@@ -13,8 +13,8 @@ if TYPE_CHECKING:  # annotations only: the CLI's start does not import the plann
     from rich.console import Console
     from rich.table import Table
 
-    from orchestrate.inventory import Inventory, Node
-    from orchestrate.plan import Plan
+    from orchestrate.core.plan.plan import Plan
+    from orchestrate.core.spec.inventory import Inventory, Node
 
 
 def console(stderr: bool = False) -> Console:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore, Store, TCPStore  # type: ignore[attr-defined]
 
-from orchestrate.errors import Problem, UserError, show_value
+from orchestrate.core.errors import Problem, UserError, show_value
 from orchestrate.train.env import DistEnv
 
 DEFAULT_TIMEOUT_S = 300.0

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrate import hostlist
-from orchestrate.errors import Problem, UserError, show_value
-from orchestrate.ports import PORT_BASE, PORT_SPAN
+from orchestrate.core.errors import Problem, UserError, show_value
+from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN
+from orchestrate.core.spec import hostlist
 
 #: Slurm has no MASTER_PORT; derive one from the job id like this so that two jobs sharing a node
 #: rarely collide, and every rank of one job agrees without talking.
@@ -203,7 +203,7 @@ def _from_slurm(env: Mapping[str, str]) -> DistEnv:
 def parse_dist_env(env: Mapping[str, str]) -> DistEnv:
     """This rank's place from the torchrun variables, else Slurm's, else a single process.
 
-    Raises :class:`~orchestrate.errors.UserError` naming the variable that is missing, not a
+    Raises :class:`~orchestrate.core.errors.UserError` naming the variable that is missing, not a
     number, or inconsistent with the others.
     """
     if any(env.get(var, "").strip() for var in _TORCHRUN_MARKERS):

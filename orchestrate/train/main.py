@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from orchestrate.errors import EXIT_USER_ERROR, UserError
-from orchestrate.loader import validate
-from orchestrate.train.config import TrainSpec
+from orchestrate.core.errors import EXIT_USER_ERROR, UserError
+from orchestrate.core.spec.loader import validate
+from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.train.env import parse_dist_env
 
 

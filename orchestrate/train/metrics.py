@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrate.train.config import TrainSpec
+from orchestrate.core.spec.trainspec import TrainSpec
 
 METRICS_FILE = "metrics.jsonl"
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from orchestrate.train.config import OptimizerSpec, SchedulerSpec
+from orchestrate.core.spec.trainspec import OptimizerSpec, SchedulerSpec
 
 
 def build_optimizer(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrate.train.config import TrainSpec
+from orchestrate.core.spec.trainspec import TrainSpec
 
 
 def param_count(spec: TrainSpec, *, workdir: Path | None = None) -> int:

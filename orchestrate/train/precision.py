@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from orchestrate.errors import Problem, UserError
-from orchestrate.train.config import TrainSpec
+from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.spec.trainspec import TrainSpec
 
 
 @dataclass(frozen=True)

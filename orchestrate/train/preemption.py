@@ -5,7 +5,7 @@ schedulers do the same. Checkpointing *inside* a signal handler fails intermitte
 arbitrary point, possibly inside a collective), so the handler only records the signal. At
 optimizer-step boundaries the ranks all-reduce the flag with MAX, so a signal delivered to any one
 rank stops all of them at the same step; rank 0 then checkpoints and every rank exits with
-:data:`~orchestrate.exits.EXIT_REQUEUE` (75). SIGUSR1 is never used: NCCL claims it.
+:data:`~orchestrate.core.exits.EXIT_REQUEUE` (75). SIGUSR1 is never used: NCCL claims it.
 
 The exchange runs on the CPU control group (no GPU synchronization) at an adaptive cadence of
 about twice per second; see :class:`StopAgreement`.

@@ -29,17 +29,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from orchestrate import sidecar
-from orchestrate.errors import UserError
-from orchestrate.exits import (
+from orchestrate.core.errors import UserError
+from orchestrate.core.exits import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REQUEUE,
     EXIT_USER_ERROR,
 )
+from orchestrate.core.spec.trainspec import TrainSpec
+from orchestrate.diagnosis import sidecar
 from orchestrate.train import checkpoint, factories, rng
-from orchestrate.train.config import TrainSpec
 from orchestrate.train.distributed import Cluster, join, leave
 from orchestrate.train.env import DistEnv
 from orchestrate.train.failure import NonFiniteLoss, TrainFailure

@@ -20,7 +20,8 @@ rank, not just rank 0. Each rank therefore appends one JSON line per window (eve
 - ``backward_s``: backward pass *and* DDP's gradient synchronisation: DDP all-reduces gradient
   buckets while the backward pass is still running and waits for the last of them before
   ``backward()`` returns, so the two cannot be separated from inside the step. A rank that waits
-  for a slower one shows it here (see :mod:`orchestrate.straggler` for how the wait is split off).
+  for a slower one shows it here (see :mod:`orchestrate.report.straggler` for how the wait is split
+  off).
 - ``optimizer_s``: gradient clipping, optimizer step, zeroing, LR scheduler.
 - ``clock``: ``"host"`` (CPU: ``time.perf_counter``) or ``"cuda"``. On CUDA, forward, backward
   and optimizer are GPU time between CUDA events recorded on the current stream at each
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from orchestrate.layout import timing_file
+from orchestrate.core.layout import timing_file
 
 DEFAULT_INTERVAL_S = 2.0
 #: Upper bound on steps per window on CUDA, so the events kept for a window stay few.

@@ -1,4 +1,5 @@
-"""Starting real ranks of ``python -m orchestrate.checkup`` on loopback (fixtures: conftest.py).
+"""Starting real ranks of ``python -m orchestrate.doctor.checkup`` on loopback (fixtures:
+conftest.py).
 
 Each rank is a real process with the environment the planner gives a rank (the torchrun
 variables, GROUP_RANK, ORCHESTRATE_NODE_NAMES, ORCHESTRATE_RUN_DIR, GLOO_SOCKET_IFNAME=lo),
@@ -169,7 +170,7 @@ class Starter:
                     out, err = run_dir / f"rank{rank}.out", run_dir / f"rank{rank}.err"
                     with open(out, "wb") as stdout, open(err, "wb") as stderr:
                         proc = subprocess.Popen(
-                            [sys.executable, "-m", "orchestrate.checkup", *args],
+                            [sys.executable, "-m", "orchestrate.doctor.checkup", *args],
                             env=rank_env, stdout=stdout, stderr=stderr, cwd=run_dir,
                         )
                     ranks.append(Rank(rank, proc, out, err))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from checkup_harness import Starter
 
-from orchestrate.checkup.result import CheckupResult
+from orchestrate.doctor.checkup.result import CheckupResult
 from tests.gpus import GPUS, needs_gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(300)]

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
-from orchestrate import floors
-from orchestrate.checkup.result import CheckupResult, Failure, PairMatrix, SizeTiming, Sweep
-from orchestrate.grading import (
+from orchestrate.core.plan.plan import make_plan
+from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.doctor import floors
+from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, SizeTiming, Sweep
+from orchestrate.doctor.grading import (
     Attempt,
     JobShape,
     Listening,
@@ -26,9 +29,6 @@ from orchestrate.grading import (
     shape_of,
     verdict,
 )
-from orchestrate.inventory import Inventory, InventorySpec, resolve_inventory
-from orchestrate.job import JobSpec
-from orchestrate.plan import make_plan
 
 GiB = 1 << 30
 

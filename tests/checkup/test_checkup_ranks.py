@@ -14,7 +14,7 @@ import time
 import pytest
 from checkup_harness import Starter, free_port
 
-from orchestrate.checkup.result import CheckupResult
+from orchestrate.doctor.checkup.result import CheckupResult
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(150)]
 

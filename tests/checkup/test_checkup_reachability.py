@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from orchestrate import reachability
-from orchestrate.reachability import Listener, connect, connect_all
+from orchestrate.doctor.checkup import reachability
+from orchestrate.doctor.checkup.reachability import Listener, connect, connect_all
 
 SCRIPT = Path(reachability.__file__)
 

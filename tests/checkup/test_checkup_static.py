@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrate.grading import JobShape, PlannedNode, exit_status
-from orchestrate.inventory import InventorySpec, resolve_inventory
-from orchestrate.nodefacts import NodeFacts, facts_from_json, judge_static
+from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
+from orchestrate.doctor.grading import JobShape, PlannedNode, exit_status
+from orchestrate.doctor.static_tier import NodeFacts, facts_from_json, judge_static
 
 GiB = 1 << 30
 

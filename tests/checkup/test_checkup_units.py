@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrate.checkup.blame import Member, Report, blame, locate, never_joined, ranks_text
-from orchestrate.checkup.measure import expected_sums
-from orchestrate.checkup.program import human, parse_options, parse_size
-from orchestrate.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
-from orchestrate.checkup.schedule import pair_rounds, plan_iters
-from orchestrate.errors import UserError
+from orchestrate.core.errors import UserError
+from orchestrate.doctor.checkup.blame import Member, Report, blame, locate, never_joined, ranks_text
+from orchestrate.doctor.checkup.measure import expected_sums
+from orchestrate.doctor.checkup.program import human, parse_options, parse_size
+from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
+from orchestrate.doctor.checkup.schedule import pair_rounds, plan_iters
 
 
 @given(st.integers(min_value=0, max_value=40))

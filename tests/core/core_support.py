@@ -132,18 +132,15 @@ def normalise(text: str) -> str:
     """Machine-dependent values (this interpreter's path) as placeholders, for goldens; a
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
     line naming its modules, since its own tests cover its text."""
-    from orchestrate.render import (
-        EVIDENCE_MODULES,
-        MONITOR_MODULES,
-        evidence_program,
-        monitor_program,
-    )
-    from orchestrate.shipping import module_source
+    from orchestrate.backends.slurm.script import monitor_program
+    from orchestrate.backends.ssh.backend import evidence_program
+    from orchestrate.hostside.shipping import SHIPPED, module_source
 
     shipped = {
-        monitor_program(): f"<orchestrate.shipping.program{MONITOR_MODULES}>\n",
-        evidence_program(): f"<orchestrate.shipping.program{EVIDENCE_MODULES}>\n",
-        module_source("orchestrate.sidecar"): "<the source of orchestrate/sidecar.py>\n",
+        monitor_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['monitor']}>\n",
+        evidence_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['evidence']}>\n",
+        module_source("orchestrate.diagnosis.sidecar"):
+            "<the source of orchestrate/diagnosis/sidecar.py>\n",
     }
     text = text.replace(sys.executable, "$PYTHON")
     for program, shown in shipped.items():

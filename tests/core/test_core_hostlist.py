@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrate import hostlist
+from orchestrate.core.spec import hostlist
 
 
 @pytest.mark.parametrize(

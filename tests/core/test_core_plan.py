@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from orchestrate.errors import UserError
-from orchestrate.inventory import Inventory, InventorySpec, resolve_inventory
-from orchestrate.job import JobSpec
-from orchestrate.plan import HostFacts, Plan, make_plan
-from orchestrate.ports import PORT_BASE, PORT_SPAN, derive_port
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, derive_port
+from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
 
 A100 = {"model": "A100-80GB", "memory_gb": 80}
 A6000 = {"model": "RTX-A6000", "memory_gb": 48}

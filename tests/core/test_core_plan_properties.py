@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrate.errors import UserError
-from orchestrate.inventory import Inventory, InventorySpec, resolve_inventory
-from orchestrate.job import JobSpec
-from orchestrate.plan import HostFacts, Plan, make_plan
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
 
 MODELS = {"A100": 80.0, "A6000": 48.0, "T4": 16.0}
 

@@ -1,13 +1,13 @@
-"""The restart decision every backend runs (orchestrate.restart): the ending's kind, then the
-policy's rules in order, then progress between attempts."""
+"""The restart decision every backend runs (orchestrate.core.plan.restart): the ending's kind, then
+the policy's rules in order, then progress between attempts."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from orchestrate.outcome import Exit
-from orchestrate.restart import Policy, decide, ending_of, progress_marker, progressed
+from orchestrate.core.plan.outcome import Exit
+from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
 
 POLICY = Policy(max=2, on=("failure", "requeue", "stall"), backoff_s=(5.0, 30.0),
                 exclude_failed_node=True)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from core_support import TEST_INVENTORIES, shellcheck, write_yaml
 
-from orchestrate.prepare import Prepared, prepare
+from orchestrate.backends import rendered
+from orchestrate.run.prepare import Prepared, prepare
 
 #: Values a path, an env value or an argument may carry, each a classic injection or quoting bug.
 HOSTILE = [
@@ -80,7 +81,7 @@ def written(prepared: Prepared, folder: Path) -> dict[str, Path]:
     """The rendered files as a backend writes them."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, text in prepared.files.items():
+    for name, text in rendered(prepared).items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -158,8 +159,7 @@ def test_hostile_values_reach_the_program_literally(tmp_path: Path, backend: str
 
 def test_a_secret_is_never_written_into_a_script(hostile_job: tuple[Path, Path, Path]) -> None:
     job, _, _ = hostile_job
-    prepared = prepare(job)
-    for name, text in prepared.files.items():
+    for name, text in rendered(prepare(job)).items():
         if name.endswith(".sh"):
             assert "API_TOKEN" in text  # named, read from stdin ...
         assert "s3cr3t" not in text  # ... never its value, in any file

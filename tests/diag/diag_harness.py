@@ -1,8 +1,8 @@
 """Real ranks with the sidecar as ``sitecustomize``, and a small driver that plays the launcher.
 
 Each rank is a real process talking gloo over loopback; its only link to orchestrate is a folder
-on ``PYTHONPATH`` holding ``sitecustomize.py`` = the text of ``orchestrate/sidecar.py``, as a
-launcher will install it. The driver polls heartbeats into :class:`StallWatch`, and on a stall
+on ``PYTHONPATH`` holding ``sitecustomize.py`` = the text of ``orchestrate/diagnosis/sidecar.py``,
+as a launcher will install it. The driver polls heartbeats into :class:`StallWatch`, and on a stall
 collects every rank's dump and classifies it, exactly as a launcher's loop does. Every process
 a test started is killed when it ends (a stopped one gets SIGCONT first).
 
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrate import evidence
-from orchestrate.stall import Diagnosis, Stall, StallWatch
+from orchestrate.diagnosis import evidence
+from orchestrate.diagnosis.stall import Diagnosis, Stall, StallWatch
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
-SIDECAR = REPO / "orchestrate" / "sidecar.py"
+SIDECAR = REPO / "orchestrate" / "diagnosis" / "sidecar.py"
 DIGITS = REPO / "examples" / "digits"
 
 _PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from diag_harness import PROGRAMS, REPO, Starter, install_site
 
-from orchestrate import evidence, layout, sidecar
+from orchestrate.core import layout
+from orchestrate.diagnosis import evidence, sidecar
 
 pytestmark = pytest.mark.torch
 
@@ -185,11 +186,11 @@ def test_spawned_children_stay_off_and_other_sitecustomize_still_runs(
 
 
 def test_one_sidecar_when_both_copies_start_it(starter: Starter) -> None:
-    """A trainer under the launcher's sitecustomize: orchestrate.sidecar.start() finds the
+    """A trainer under the launcher's sitecustomize: orchestrate.diagnosis.sidecar.start() finds the
     sidecar the sitecustomize copy started, and phase() drives it."""
     code = (
         "import sys, threading, time\n"
-        "from orchestrate import sidecar\n"
+        "from orchestrate.diagnosis import sidecar\n"
         "car = sidecar.start(sys.argv[1], 0)\n"
         "assert car is getattr(sys, '_orchestrate_sidecar')\n"
         "assert type(car).__module__ == 'sitecustomize'\n"

@@ -13,7 +13,7 @@ import json
 import pytest
 from diag_harness import PROGRAMS, Starter, drive
 
-from orchestrate import evidence
+from orchestrate.diagnosis import evidence
 
 pytestmark = pytest.mark.torch
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from diag_harness import DIGITS, PROGRAMS, REPO, Starter, drive
 
-from orchestrate.train.config import TrainSpec
+from orchestrate.core.spec.trainspec import TrainSpec
 
 pytestmark = pytest.mark.torch
 

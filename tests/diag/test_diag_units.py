@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from diag_harness import REPO, expand
 
-from orchestrate.stall import (
+from orchestrate.diagnosis.stall import (
     Frame,
     Stall,
     StallWatch,
@@ -403,8 +403,8 @@ def test_classifier_on_python38(tmp_path: Path) -> None:
     script = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
-from orchestrate.stall import Stall, StallWatch, classify
-from orchestrate import evidence, sidecar
+from orchestrate.diagnosis.stall import Stall, StallWatch, classify
+from orchestrate.diagnosis import evidence, sidecar
 out = {{}}
 for name in {NAMES!r}:
     d = json.load(open({str(CAPTURES)!r} + "/" + name + ".json"))
@@ -431,7 +431,7 @@ def test_sidecar_as_sitecustomize_on_python38_without_torch(tmp_path: Path) -> N
         pytest.skip("no Python 3.8 interpreter here")
     site = tmp_path / "site"
     site.mkdir()
-    shutil.copyfile(REPO / "orchestrate" / "sidecar.py", site / "sitecustomize.py")
+    shutil.copyfile(REPO / "orchestrate" / "diagnosis" / "sidecar.py", site / "sitecustomize.py")
     run = tmp_path / "run"
     proc = subprocess.run(
         [python, "-c", "import time; time.sleep(1.5); print('ok')"],

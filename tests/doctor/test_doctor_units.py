@@ -2,8 +2,8 @@
 the derived job, node facts from the real gatherer, findings from reports, the page.
 
 Reports (the ``node``, ``result`` and ``rank`` payloads) are built here in the shapes the rank
-program prints (orchestrate/checkup/leader.py, orchestrate/checkup/program.py); the SSH and
-local tests run the real thing end to end.
+program prints (orchestrate/doctor/checkup/leader.py, orchestrate/doctor/checkup/program.py); the
+SSH and local tests run the real thing end to end.
 """
 
 from __future__ import annotations
@@ -17,15 +17,18 @@ from typing import Any
 
 import pytest
 
-from orchestrate import doctor, doctorpage, findings, grading, hostfacts
-from orchestrate.checkup import rollcall, transcript
-from orchestrate.checkup.result import CheckupResult, PairMatrix, SizeTiming, Sweep
-from orchestrate.errors import Problem
-from orchestrate.grading import JobShape, PlannedNode
-from orchestrate.inventory import Inventory, InventorySpec, Node, resolve_inventory
-from orchestrate.job import JobSpec
-from orchestrate.nodefacts import from_host
-from orchestrate.prepare import Loaded, plan_job
+from orchestrate.core.errors import Problem
+from orchestrate.core.spec.inventory import Inventory, InventorySpec, Node, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.doctor import findings, grading
+from orchestrate.doctor import page as doctorpage
+from orchestrate.doctor import run as doctor
+from orchestrate.doctor.checkup import rollcall, transcript
+from orchestrate.doctor.checkup.result import CheckupResult, PairMatrix, SizeTiming, Sweep
+from orchestrate.doctor.grading import JobShape, PlannedNode
+from orchestrate.doctor.static_tier import from_host
+from orchestrate.hostside import hostfacts
+from orchestrate.run.prepare import Loaded, plan_job
 from tests.probe.probe_support import machine
 
 
@@ -153,10 +156,10 @@ def _loaded(backend: str, tmp_path: Path, **job: Any) -> Loaded:
 def test_the_doctor_job_is_the_job_with_the_checkup_as_its_program(
         backend: str, tmp_path: Path) -> None:
     loaded = _loaded(backend, tmp_path)
-    original = plan_job(loaded, "train-1", render_files=False).plan
+    original = plan_job(loaded, "train-1").plan
     settings = doctor.Settings(tier="smoke", timeout_s=10, window_s=8)
     derived = doctor.derive(loaded, original, settings)
-    plan = plan_job(derived, doctor.doctor_job_id("train-1"), render_files=False).plan
+    plan = plan_job(derived, doctor.doctor_job_id("train-1")).plan
     # Same nodes, ranks, GPUs/slots, interfaces and environment as the job...
     assert [(n.name, n.nproc, n.env) for n in plan.nodes] == [
         (n.name, n.nproc, n.env) for n in original.nodes]
@@ -166,7 +169,7 @@ def test_the_doctor_job_is_the_job_with_the_checkup_as_its_program(
         and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID")}
     # ...running the checkup once, within a time limit every backend enforces.
     command = list(plan.nodes[0].command)
-    assert command[1:3] == ["-m", "orchestrate.checkup"]
+    assert command[1:3] == ["-m", "orchestrate.doctor.checkup"]
     assert command[command.index("--tier") + 1] == "static,connect,smoke"
     assert command[command.index("--nodes") + 1] == "2"
     assert ("--node-names" in command) == (backend != "slurm")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate import host
+from orchestrate.hostside import host
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import host
+from orchestrate.hostside import host
 from tests.local.conftest import Cli, fake_nvidia_smi
 
 DDP_PROGRAM = """
@@ -240,7 +240,7 @@ def test_two_jobs_share_a_server_on_disjoint_gpus_and_ports(cli: Cli) -> None:
 def test_a_busy_derived_port_is_replaced_and_recorded(cli: Cli) -> None:
     import socket
 
-    from orchestrate.ports import derive_port
+    from orchestrate.core.plan.ports import derive_port
 
     job = cli.write("porty.yaml", """
         name: porty

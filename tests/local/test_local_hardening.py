@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate import host
+from orchestrate.hostside import host
 from tests.local.conftest import Cli, fake_nvidia_smi
 
 ONE_GPU_INVENTORY = """

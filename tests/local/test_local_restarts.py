@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate import host
+from orchestrate.hostside import host
 from tests.checkpoints import differing_parameters, latest_state
 from tests.local.conftest import Cli
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.errors import UserError
-from orchestrate.inventory import InventorySpec, resolve_inventory
-from orchestrate.job import JobSpec
-from orchestrate.outcome import Exit, Failure
-from orchestrate.plan import Plan, make_plan
-from orchestrate.store import JobRecord, RankRecord, Store
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.outcome import Exit, Failure
+from orchestrate.core.plan.plan import Plan, make_plan
+from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.run.store import JobRecord, RankRecord, Store
 
 
 def _plan(job_id: str, name: str, ranks: int) -> Plan:

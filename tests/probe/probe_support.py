@@ -1,6 +1,6 @@
 """Helpers for the probe tests: a stand-in nvidia-smi on PATH, fake sysfs trees, the CLI.
 
-The gatherer (orchestrate.hostfacts) runs for real: it executes the stand-in ``nvidia-smi``
+The gatherer (orchestrate.hostside.hostfacts) runs for real: it executes the stand-in ``nvidia-smi``
 (tests/probe/fake_nvidia_smi.py, replaying the captured outputs in tests/probe/fixtures/) and
 reads the fake sysfs tree through ``ORCHESTRATE_SYSFS_ROOT``; only the hardware is stood in.
 """

@@ -12,9 +12,9 @@ import pytest
 from probe_support import cli, machine
 
 from orchestrate.cli.inventory import Unreachable, check_gathered, gather_local
-from orchestrate.drift import node_drift
-from orchestrate.inventory import load_inventory
-from orchestrate.probing import parse_facts
+from orchestrate.core.spec.inventory import load_inventory
+from orchestrate.probe.drift import node_drift
+from orchestrate.probe.facts import parse_facts
 
 CHECK = ("inventory", "check", "--no-torch")
 

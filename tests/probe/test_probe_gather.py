@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from probe_support import FIXTURES, REPO, machine
 
-from orchestrate import hostfacts
+from orchestrate.hostside import hostfacts
 
 
 def _python38() -> str | None:
@@ -148,7 +148,7 @@ def test_importing_torch_proves_it_loads() -> None:
 def test_runs_as_shipped_on_python_3_8_without_site(tmp_path: Path) -> None:
     """What the SSH transport does: the file's text, ``python -S``, on Python 3.8."""
     source = tmp_path / "hostfacts.py"
-    source.write_text((REPO / "orchestrate" / "hostfacts.py").read_text())
+    source.write_text((REPO / "orchestrate" / "hostside" / "hostfacts.py").read_text())
     with machine(tmp_path, "a100-nvlink-pairs"):
         proc = subprocess.run([str(PY38), "-S", str(source), "127.0.0.1"], capture_output=True,
                               text=True, timeout=60, check=False, env=dict(os.environ))

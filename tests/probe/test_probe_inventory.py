@@ -17,7 +17,7 @@ import pytest
 from probe_support import check_golden, cli, machine, normalise
 
 from orchestrate.cli.inventory import Unreachable, gather_local, write_probed
-from orchestrate.inventory import load_inventory
+from orchestrate.core.spec.inventory import load_inventory
 
 
 def probe(tmp: Path, box: str | None, **env: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from probe_support import FIXTURES
 
-from orchestrate.probing import (
+from orchestrate.probe.facts import (
     HcaPort,
     NicFact,
     choose_network,

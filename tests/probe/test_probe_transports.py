@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from probe_support import HERE, cli, machine
 
-from orchestrate.backends.slurmctl import parse_show_node
-from orchestrate.backends.slurmprobe import Group, SlurmNode, blocker, read_tasks, srun_argv
-from orchestrate.gathering import (
+from orchestrate.backends.slurm.ctl import parse_show_node
+from orchestrate.backends.slurm.probe import Group, SlurmNode, blocker, read_tasks, srun_argv
+from orchestrate.probe.gathering import (
     EXIT_EXPIRED,
     MAX_PEERS,
     Unreachable,

@@ -13,11 +13,18 @@ from xml.etree import ElementTree
 
 import pytest
 
-from orchestrate import svg
-from orchestrate.live import Snapshot, loss_line, render, sparkline
-from orchestrate.report import Attempt, RunData, Stall, effective_metrics, render_report, step_at
-from orchestrate.runfiles import add_pace, load_run, read_jsonl, write_report
-from orchestrate.straggler import MATERIAL_GAP_PCT, pace
+from orchestrate.cli.live import Snapshot, loss_line, render, sparkline
+from orchestrate.report import svg
+from orchestrate.report.html import (
+    Attempt,
+    RunData,
+    Stall,
+    effective_metrics,
+    render_report,
+    step_at,
+)
+from orchestrate.report.runfiles import add_pace, load_run, read_jsonl, write_report
+from orchestrate.report.straggler import MATERIAL_GAP_PCT, pace
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 

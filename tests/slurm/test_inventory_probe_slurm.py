@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from orchestrate.backends.slurmctl import parse_show_node
-from orchestrate.inventory import load_inventory
+from orchestrate.backends.slurm.ctl import parse_show_node
+from orchestrate.core.spec.inventory import load_inventory
 
 if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
     from conftest import OrchestrateCli, SlurmCluster

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from orchestrate.store import Store
+from orchestrate.run.store import Store
 from tests.checkpoints import differing_parameters, latest_state
 
 if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
@@ -571,7 +571,7 @@ def test_submit_function_returns_every_ranks_result(
     ocli: OrchestrateCli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import orchestrate
-    from orchestrate.backends.slurmfn import FunctionJobFailed
+    from orchestrate.backends.slurm.function import FunctionJobFailed
 
     ocli.inventory()
     job = ocli.write("fn.yaml", """\

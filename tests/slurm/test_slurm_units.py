@@ -14,18 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.allocation import slurm_layout
-from orchestrate.backends.slurmctl import (
+from orchestrate.backends import rendered
+from orchestrate.backends.slurm.allocation import slurm_layout
+from orchestrate.backends.slurm.ctl import (
     parse_exit_code,
     parse_job_id,
     parse_node_states,
     parse_sacct,
     parse_show_job,
 )
-from orchestrate.errors import UserError
-from orchestrate.job import time_limit_seconds
-from orchestrate.prepare import prepare
-from orchestrate.render import monitor_program
+from orchestrate.backends.slurm.script import monitor_program
+from orchestrate.core.errors import UserError
+from orchestrate.core.spec.job import time_limit_seconds
+from orchestrate.run.prepare import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,7 +200,7 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
                           "env: {MASTER_ADDR: n2, QUOTE: \"it's $HOME\"}\n", CPU_INVENTORY),
     }
     body, inventory = bodies[name]
-    files = prepare(_job(tmp_path, "s", body, inventory), (), job_id="s-1").files
+    files = rendered(prepare(_job(tmp_path, "s", body, inventory), (), job_id="s-1"))
     script = tmp_path / "job.sbatch"
     script.write_text(files["job.sbatch"])
     for check in (["bash", "-n", str(script)], ["shellcheck", str(script)]):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.inventory import load_inventory
+from orchestrate.core.spec.inventory import load_inventory
 from tests.ssh.conftest import SshCli, SshHosts
 
 pytestmark = pytest.mark.ssh

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate.ports import derive_port
+from orchestrate.core.plan.ports import derive_port
 from tests.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrate.errors import UserError
+from orchestrate.core.errors import UserError
 from orchestrate.train.env import DistEnv, parse_dist_env, parse_tasks_per_node
 
 TORCHRUN = {

@@ -17,7 +17,7 @@ import pytest
 import torch
 from train_harness import DIGITS, base_env, digits_config, write_config
 
-from orchestrate.train.config import SchedulerSpec
+from orchestrate.core.spec.trainspec import SchedulerSpec
 from orchestrate.train.optimizer import lr_factor
 
 pytestmark = pytest.mark.torch

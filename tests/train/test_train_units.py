@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from orchestrate.errors import UserError
+from orchestrate.core.errors import UserError
+from orchestrate.core.spec.trainspec import SchedulerSpec, TrainSpec
 from orchestrate.train import checkpoint
-from orchestrate.train.config import SchedulerSpec, TrainSpec
 from orchestrate.train.distributed import backend_from, timeout_from
 from orchestrate.train.factories import call, resolve
 from orchestrate.train.failure import TrainFailure

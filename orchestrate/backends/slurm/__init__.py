@@ -1,0 +1,1 @@
+"""The Slurm backend: one sbatch job per run, a monitor beside the ranks, submitit for functions."""

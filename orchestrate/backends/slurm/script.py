@@ -1,0 +1,72 @@
+"""What a Slurm job submits: ``job.sbatch`` and ``monitor.py``, from the plan. Pure.
+
+The batch script is the template ``sbatch.sh.j2`` over the plan and its allocation
+(:mod:`~orchestrate.backends.slurm.allocation` decides every option, host and environment; the
+template only lays them out). ``monitor.py`` is the shipped program that merges the ranks' logs,
+runs the stall watch beside them and names the first failure (:mod:`.monitor`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrate.backends.slurm.allocation import slurm_layout
+from orchestrate.core.errors import UserError
+from orchestrate.core.layout import (
+    LOG_DIR,
+    MERGED_LOG,
+    SBATCH_SCRIPT,
+    SLURM_BATCH_LOG,
+    SLURM_EVENTS,
+    SLURM_EXITS,
+    SLURM_HOSTFILE,
+    SLURM_MERGE_OFFSETS,
+    SLURM_MONITOR,
+    SLURM_STATE,
+)
+from orchestrate.core.plan.plan import Plan
+from orchestrate.hostside.shipping import shipped
+
+
+def monitor_program() -> str:
+    """``monitor.py``: the Slurm batch job's monitor, shipped beside job.sbatch."""
+    return shipped("monitor", "from orchestrate.backends.slurm.monitor import main\n"
+                              "sys.exit(main(sys.argv[1:]))")
+
+
+def batch_files(plan: Plan, templates_dir: Path | None) -> dict[str, str]:
+    """``job.sbatch`` and ``monitor.py``, in that order."""
+    from orchestrate.core.render.render import context, render_template
+
+    if not (plan.run_dir.isprintable() and "\\" not in plan.run_dir):
+        # The run directory is part of an #SBATCH line (--output), which sbatch reads alone.
+        raise UserError.single(
+            "the run directory cannot go into an #SBATCH line (line break, control character "
+            "or backslash)",
+            field="run_root",
+            got=plan.run_dir,
+            hint="choose a run_root without them (or set $ORCHESTRATE_RUNS)",
+        )
+    script = render_template("sbatch.sh.j2", {**context(plan), **slurm_context(plan)},
+                             templates_dir)
+    return {SBATCH_SCRIPT: script, SLURM_MONITOR: monitor_program()}
+
+
+def slurm_context(plan: Plan) -> dict[str, Any]:
+    """What sbatch.sh.j2 lays out beyond the plan: the allocation, the run dir's file names."""
+    return {
+        "slurm": slurm_layout(plan),
+        "files": {
+            "script": SBATCH_SCRIPT,
+            "merged": MERGED_LOG,
+            "log_dir": LOG_DIR,
+            "state": SLURM_STATE,
+            "events": SLURM_EVENTS,
+            "exits": SLURM_EXITS,
+            "hostfile": SLURM_HOSTFILE,
+            "merge_offsets": SLURM_MERGE_OFFSETS,
+            "batch_log": SLURM_BATCH_LOG,
+            "monitor": SLURM_MONITOR,
+        },
+    }

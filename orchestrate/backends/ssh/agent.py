@@ -1,0 +1,277 @@
+"""The program orchestrate runs on every SSH host, sent as ``python -c SOURCE MODE [ARGS]``.
+
+Standard library only, Python 3.8+: it runs under the node's interpreter (inventory ``python``),
+before anything of ours is installed there. Two modes:
+
+``serve`` runs on a pty channel, one per rank. It sets the pty raw (no echo: secrets written to
+stdin never come back in the output; no line editing or signal characters), says ``ready``, then
+obeys one JSON request per stdin line, answering each on stdout as a line
+``<RS>orchestrate:<kind> <json>``:
+
+- ``preflight``: every check of this host in one go (python, torch, workdir, master port,
+  network interface towards MASTER_ADDR, GPUs by nvidia-smi, the leases other jobs hold);
+- ``claim``: record this job's GPUs and port in the host's lease book, under flock, unless another
+  live job holds them (then say which);
+- ``files``: write the run directory's files (0700 directory, 0600/0700 files);
+- ``start``: run ``bash launch-<node>.sh LOCAL_RANK`` as a child that inherits the pty, say its
+  pid, wait for it, say how it ended and exit the same way;
+- ``abort``: release the claim and exit; nothing was started.
+
+The serving process stays the session leader of the pty. When the channel closes (the
+controller died, or stopped the job) it gets SIGHUP and stops every process of the job on this
+host by tag before it exits, so nothing outlives a vanished controller.
+
+``reap JOB_ID GRACE_S`` runs without a pty: SIGTERM (+SIGCONT) to every process whose environment
+carries ``ORCHESTRATE_JOB_ID=JOB_ID``, SIGKILL to what is left after GRACE_S, then it drops the
+job's lease on this host and prints one JSON line.
+
+Processes are found by their tag, and leases kept, by :mod:`orchestrate.hostside.host`, the same
+code the local backend runs in-process: this program is that module's text followed by this one's
+(:func:`orchestrate.hostside.shipping.bundle`), so local and SSH jobs on one machine see each
+other's leases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from orchestrate.core.plan.restart import progress_marker
+from orchestrate.hostside.host import (
+    TAG,
+    LeaseBook,
+    gpus,
+    held,
+    interface_towards,
+    job_pids,
+    new_lease,
+    port_free,
+    reap,
+    suppress,
+)
+
+TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
+if TYPE_CHECKING:
+    from typing import IO, Any
+
+MARK = "\x1eorchestrate:"
+TORCH_TIMEOUT_S = 240.0
+
+
+def say(kind: str, payload: Any) -> None:
+    """One protocol line on stdout (all of it, even on a slow pty)."""
+    data = (MARK + kind + " " + json.dumps(payload) + "\n").encode()
+    while data:
+        written = os.write(1, data)
+        data = data[written:]
+
+
+class Requests:
+    """Request lines from stdin, read in chunks; the controller never sends ahead of a reply,
+    so nothing after a request line (the secrets after ``start``) is ever swallowed."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def next(self) -> dict[str, Any] | None:
+        while b"\n" not in self.buffer:
+            try:
+                chunk = os.read(0, 65536)
+            except OSError:
+                return None
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        request: dict[str, Any] = json.loads(line.decode())
+        return request
+
+
+def preflight(request: dict[str, Any]) -> dict[str, Any]:
+    """Every check of this host; facts, the controller judges them against the plan."""
+    torch: subprocess.Popen[str] | None = None
+    if request.get("torch"):
+        probe = "import torch; print(torch.__version__)"
+        if request.get("orchestrate"):
+            probe += "; import orchestrate.train"
+        torch = subprocess.Popen(
+            [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, universal_newlines=True,
+        )
+    report: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": sys.executable + " " + sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "workdir": {"ok": os.path.isdir(request["workdir"]), "path": request["workdir"]},
+    }
+    if request.get("interface_to"):
+        report["interface"] = interface_towards(request["interface_to"])
+    if request.get("gpus"):
+        report["gpus"] = gpus()
+    try:
+        book = LeaseBook()
+        with book.locked():
+            report["leases"] = held(book.live(except_job=request["job_id"]))
+    except OSError as exc:
+        report["leases"] = {"error": str(exc), "gpus": [], "slots": 0, "ports": [], "jobs": []}
+    candidates = request.get("ports") or []
+    if candidates:
+        report["ports"] = {"free": [p for p in candidates if port_free(p)],
+                           "tried": len(candidates)}
+    if torch is not None:
+        try:
+            out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)
+            lines = out.strip().splitlines()
+            report["torch"] = {"ok": torch.returncode == 0,
+                               "detail": lines[0] if torch.returncode == 0 and lines
+                               else (lines[-1] if lines else f"exit {torch.returncode}")}
+        except subprocess.TimeoutExpired:
+            torch.kill()
+            report["torch"] = {"ok": False,
+                               "detail": f"import took over {TORCH_TIMEOUT_S:.0f}s"}
+    return report
+
+
+class Serving:
+    """State of one serve channel."""
+
+    def __init__(self) -> None:
+        self.job_id = ""
+        self.claimed = False
+        self.grace_s = 5.0
+
+    def claim(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.job_id = request["job_id"]
+        lease = new_lease(self.job_id, str(request.get("node")), request.get("gpus") or [],
+                          int(request.get("slots") or 0), request.get("port"), os.getpid())
+        answer = LeaseBook().claim(lease, slot_capacity=request.get("slot_capacity"))
+        self.claimed = bool(answer.get("ok"))
+        return answer
+
+    def unclaim(self) -> None:
+        if self.claimed:
+            with suppress(OSError):
+                LeaseBook().release(self.job_id)
+            self.claimed = False
+
+    def files(self, request: dict[str, Any]) -> dict[str, Any]:
+        run_dir = request["run_dir"]
+        os.umask(0o077)
+        try:
+            os.makedirs(run_dir, mode=0o700, exist_ok=True)
+            os.chmod(run_dir, 0o700)
+            for name, text in request["files"].items():
+                path = os.path.join(run_dir, name)
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"  # shared FS
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.chmod(tmp, 0o700 if name.endswith(".sh") else 0o600)
+                os.replace(tmp, path)
+        except OSError as exc:
+            return {"ok": False, "detail": f"{exc.strerror}: {exc.filename}"}
+        return {"ok": True}
+
+    def hangup(self, signum: int, _frame: object) -> None:
+        """The channel closed under us: stop the job's processes here, then go."""
+        with suppress(Exception):
+            if self.job_id:
+                reap(self.job_id, self.grace_s)
+            self.unclaim()
+        os._exit(128 + signum)
+
+    def start(self, request: dict[str, Any]) -> int:
+        self.job_id = request["job_id"]
+        self.grace_s = float(request.get("grace_s", 5.0))
+        # Tagged from its first instruction: the script exports the tag too, but /proc/*/environ
+        # shows the environment a process was exec'd with, so kill-by-tag would otherwise miss
+        # the script until it execs the rank.
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+        env[TAG] = self.job_id
+        child = subprocess.Popen(["bash", request["script"], str(request["local_rank"])],
+                                 cwd=os.path.dirname(request["script"]), env=env)
+        say("pid", {"pid": child.pid})
+        while True:
+            try:
+                _, status = os.waitpid(child.pid, 0)
+                break
+            except ChildProcessError:
+                status = 255 << 8
+                break
+        result: dict[str, int]
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            result, code = {"signal": sig}, 128 + sig
+        else:
+            code = os.WEXITSTATUS(status)
+            result = {"code": code}
+        # Nothing of the job left here: drop its lease (whoever holds it) and say so, so the
+        # controller need not come back to sweep this host.
+        result["left"] = len(job_pids(self.job_id))
+        if not result["left"]:
+            with suppress(OSError):
+                LeaseBook().release(self.job_id)
+            self.claimed = False
+        with suppress(OSError):
+            say("exit", result)
+        return code
+
+
+def serve() -> int:
+    state = Serving()
+    signal.signal(signal.SIGHUP, state.hangup)
+    if os.isatty(0):
+        import termios
+        import tty
+
+        with suppress(termios.error):
+            tty.setraw(0)
+    say("ready", {"pid": os.getpid(), "hostname": socket.gethostname()})
+    requests = Requests()
+    while True:
+        request = requests.next()
+        if request is None or request["op"] == "abort":
+            state.unclaim()
+            return 0
+        op = request["op"]
+        try:
+            if op == "preflight":
+                say("preflight", preflight(request))
+            elif op == "claim":
+                say("claim", state.claim(request))
+            elif op == "files":
+                say("files", state.files(request))
+            elif op == "start":
+                return state.start(request)
+            else:
+                say("error", {"detail": f"unknown request {op!r}"})
+        except Exception as exc:  # one bad request is reported, the channel stays usable
+            say("error", {"detail": f"{op}: {type(exc).__name__}: {exc}"})
+
+
+def main(argv: list[str], out: IO[str]) -> int:
+    if argv[:1] == ["serve"]:
+        return serve()
+    if argv[:1] == ["reap"] and len(argv) == 3:
+        result: dict[str, Any] = reap(argv[1], float(argv[2]))
+        try:
+            LeaseBook().release(argv[1])
+        except OSError as exc:
+            result["lease_error"] = str(exc)
+        out.write(MARK + "reap " + json.dumps(result) + "\n")
+        return 0
+    if argv[:1] == ["progress"] and len(argv) == 3:
+        marker = progress_marker(argv[1], argv[2] or None)
+        out.write(MARK + "progress " + json.dumps(marker) + "\n")
+        return 0
+    out.write("usage: agent serve | agent reap JOB_ID GRACE_S | agent progress RUN_DIR CKPT\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], sys.stdout))

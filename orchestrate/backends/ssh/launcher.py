@@ -1,0 +1,335 @@
+"""Preflight, re-plan, lease, copy and start: one set of connections from check to launch.
+
+The steps, each in parallel over the hosts (at most ``ssh.fanout`` being set up at once):
+
+1. connect to every node of the plan and open one pty channel per rank, each running the
+   agent; local rank 0's channel answers the host's preflight request;
+2. judge the answers against the plan; any failed check stops here with nothing launched;
+3. re-plan when the hosts said so: GPUs held by other jobs' leases (``busy_gpus``), a busy derived
+   master port (``master_port``, picked with :func:`~orchestrate.core.plan.ports.pick_port` from the
+   ports the master host found free) and the network interface towards MASTER_ADDR where the
+   inventory
+   names none (``interfaces``); nodes whose questions changed are asked again;
+4. claim the plan's GPUs and port in each host's lease book (under flock there); a host where
+   another job claimed them meanwhile sends the plan back to step 3;
+5. copy each node's launch script (and train.json) into the run directory on the node;
+6. hand the channels to the supervisor as rank handles.
+
+The pty channels opened in step 1 are the ranks' channels: a login per rank in all, which is
+what keeps fan-out as cheap as pdsh's (on many systems each login runs the user's shell startup
+files, and that, not the network, is what costs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.ssh.channels import ChannelError, SSHRank
+from orchestrate.backends.ssh.connections import (
+    ConnectError,
+    Links,
+    Target,
+    fan_out,
+    targets_for,
+)
+from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, request
+from orchestrate.backends.ssh.reaping import HostStopper
+from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
+from orchestrate.core.errors import UserError
+from orchestrate.core.layout import node_script_name
+from orchestrate.core.plan.plan import HostFacts, NodePlan, Plan
+from orchestrate.core.plan.rankenv import ATTEMPT_VAR
+from orchestrate.core.spec.inventory import Inventory
+
+if TYPE_CHECKING:
+    from orchestrate.run.prepare import Prepared
+
+PREFLIGHT_TIMEOUT_S = 300.0  # includes `import torch` on a cold cache
+STEP_TIMEOUT_S = 30.0
+MAX_ROUNDS = 5
+
+Replan = Callable[[HostFacts], "Prepared"]
+
+
+class PreflightFailed(Exception):
+    """Some host failed a check; nothing was launched."""
+
+    def __init__(self, verdict: Judgement, targets: Mapping[str, Target]) -> None:
+        super().__init__(f"preflight failed on {len({t.name for t, _, _ in verdict.failures})} "
+                         "host(s)")
+        self.verdict = verdict
+        self.targets = dict(targets)
+
+
+class Cancelled(Exception):
+    """The supervisor was asked to stop before the job started."""
+
+
+def needs_interface(inventory: Inventory) -> set[str]:
+    """Nodes whose inventory entry names no network interface: preflight discovers theirs."""
+    return {n.name for n in inventory.nodes if n.network is None or not n.network.interface}
+
+
+class Launcher:
+    """Brings a prepared SSH job from checks to running rank channels."""
+
+    def __init__(
+        self,
+        prepared: Prepared,
+        replan: Replan,
+        pool: HostPool,
+        stop_requested: Callable[[], str | None] = lambda: None,
+        log: Callable[[str], None] = lambda text: None,
+    ) -> None:
+        self.prepared = prepared
+        self.replan = replan
+        self.pool = pool
+        self.stop_requested = stop_requested
+        self.log = log
+        self.fanout = prepared.plan.ssh.fanout
+        self.connect_timeout_s = prepared.plan.ssh.connect_timeout_s
+        self.facts: dict[str, HostAnswer] = {}
+        self.discover = needs_interface(prepared.inventory)
+        self.timings: dict[str, float] = {}
+
+    @property
+    def links(self) -> Links:
+        """The connections, for stopping the job later."""
+        return self.pool.links
+
+    # ------------------------------------------------------------------ steps
+
+    def targets(self, plan: Plan) -> dict[str, Target]:
+        """The plan's hosts."""
+        return targets_for(plan, self.prepared.inventory, self.connect_timeout_s)
+
+    def check(self, plan: Plan, with_ranks: bool = True) -> Judgement:
+        """Ask every node of ``plan`` whose questions changed; judge all answers."""
+        targets = self.targets(plan)
+        for node in plan.nodes:  # log in everywhere at once (a no-op where it started)
+            self.pool.open(targets[node.name], node.nproc if with_ranks else 1)
+        logged_in = self.pool.sessions()
+        todo = []
+        for node in plan.nodes:
+            session = logged_in.get(node.name)
+            known = self.facts.get(node.name)
+            torch_ok = bool(known and known.facts and (known.facts.get("torch") or {}).get("ok"))
+            wanted = request(plan, node, node.name in self.discover, torch_ok)
+            if session is None or session.asked is None or known is None \
+                    or _differs(session.asked, wanted):
+                todo.append((node, wanted))
+        if todo:
+            started = time.monotonic()
+            by_name = {node.name: (node, wanted) for node, wanted in todo}
+            answers = fan_out(
+                [targets[name] for name in by_name],
+                lambda t: self._ask(t, *by_name[t.name], with_ranks=with_ranks),
+                self.fanout,  # in plan order, like the logins they wait for: no deadlock
+            )
+            for name, answer in answers.items():
+                if answer.value is not None:
+                    self.facts[name] = answer.value
+                else:
+                    self.facts[name] = HostAnswer(targets[name], failed="ssh",
+                                                 detail=f"internal error: {answer.error}")
+            self.timings["preflight_s"] = round(self.timings.get("preflight_s", 0.0)
+                                                + time.monotonic() - started, 3)
+        return judge(plan, self.facts, self.discover)
+
+    def _ask(self, target: Target, node: NodePlan, wanted: dict[str, Any],
+             with_ranks: bool) -> HostAnswer:
+        try:
+            session = self.pool.session(target, node.nproc if with_ranks else 1)
+        except ConnectError as exc:
+            return HostAnswer(target, failed=exc.check, detail=exc.detail)
+        except ChannelError as exc:
+            return HostAnswer(target, failed="python", detail=str(exc))
+        except Exception as exc:  # paramiko's own errors on a half-open connection, ...
+            return HostAnswer(target, failed="ssh", detail=f"{type(exc).__name__}: {exc}")
+        asked_at = time.monotonic()
+        try:
+            facts = session.channels[0].request(wanted, "preflight", PREFLIGHT_TIMEOUT_S)
+        except ChannelError as exc:
+            return HostAnswer(target, failed="python", detail=f"preflight did not answer: {exc}")
+        for step, took in (*session.timings.items(), ("answer_s", time.monotonic() - asked_at)):
+            self.timings[step] = max(self.timings.get(step, 0.0), round(took, 3))
+        session.asked = wanted
+        session.hostname = str(facts.get("hostname") or target.name)
+        return HostAnswer(target, facts=facts)
+
+    def settle(self) -> Prepared:
+        """Preflight, re-plan and claim until the plan holds; returns the plan to launch.
+
+        Raises :class:`PreflightFailed` (a check failed), :class:`UserError` (no plan fits what
+        the hosts hold) or :class:`Cancelled`.
+        """
+        prepared = self.prepared
+        busy: dict[str, frozenset[int]] = {}
+        slots: dict[str, int] = {}
+        port: int | None = None
+        interfaces: dict[str, str] = {}
+        for _ in range(MAX_ROUNDS):
+            self._cancel_point()
+            plan = prepared.plan
+            verdict = self.check(plan)
+            self._drop_unused(plan)
+            if not verdict.ok:
+                raise PreflightFailed(verdict, self.targets(plan))
+            # CPU slots other jobs hold shrink what a node offers: the planner decides again
+            # whenever they differ from what the current plan was made with.
+            if verdict.replan or verdict.busy_slots != slots:
+                busy = dict(verdict.busy_gpus)
+                slots = dict(verdict.busy_slots)
+                port = verdict.port if verdict.port is not None else port
+                interfaces.update(verdict.interfaces)
+                self.log(f"re-plan: busy GPUs {busy or 'none'}, busy slots {slots or 'none'}, "
+                         f"port {port}, interfaces {interfaces}")
+                started = time.monotonic()
+                prepared = self.replan(HostFacts(busy_gpus=busy, busy_slots=slots,
+                                                 master_port=port, interfaces=interfaces))
+                self.timings["replan_s"] = round(time.monotonic() - started, 3)
+                continue
+            self._cancel_point()
+            started = time.monotonic()
+            claimed = self._claim(plan)
+            self.timings["claim_s"] = round(time.monotonic() - started, 3)
+            if claimed:
+                self.prepared = prepared
+                return prepared
+        raise UserError.single(
+            f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
+            source=str(self.prepared.path), field="preflight", hint="submit again",
+        )
+
+    def _claim(self, plan: Plan) -> bool:
+        """Claim every node's GPUs and port; False (with facts updated) on a conflict."""
+        def claim(target: Target) -> dict[str, Any]:
+            node = next(n for n in plan.nodes if n.name == target.name)
+            channel = self.pool.sessions()[node.name].channels[0]
+            spec = self.prepared.inventory.node(node.name)
+            cpu = not node.gpu_indices
+            return channel.request({
+                "op": "claim", "job_id": plan.job_id, "node": node.name,
+                "gpus": list(node.gpu_indices),
+                "slots": node.nproc if cpu else 0,
+                "slot_capacity": spec.capacity if cpu and spec is not None else None,
+                "port": plan.master_port if node.node_rank == 0 else None,
+            }, "claim", STEP_TIMEOUT_S)
+
+        targets = self.targets(plan)
+        answers = fan_out(list(targets.values()), claim, self.fanout)
+        failures = Judgement()
+        conflict = False
+        for name, answer in answers.items():
+            if answer.error is not None:
+                failures.failures.append((targets[name], "leases", f"claim failed: {answer.error}"))
+                continue
+            reply = answer.value or {}
+            if reply.get("ok"):
+                continue
+            conflict = True
+            facts = self.facts[name].facts or {}
+            leases = facts.setdefault("leases", {})
+            leases["gpus"] = reply.get("busy_gpus", [])
+            leases["slots"] = reply.get("busy_slots", 0)
+            leases["ports"] = reply.get("busy_ports", [])
+            if reply.get("port_taken"):
+                ports = facts.setdefault("ports", {})
+                ports["free"] = [p for p in ports.get("free", []) if p != plan.master_port]
+        if failures.failures:
+            verdict = judge(plan, self.facts, self.discover)
+            verdict.failures.extend(failures.failures)
+            for target, check, detail in failures.failures:
+                verdict.cells.setdefault(target.name, {})[check] = detail
+            raise PreflightFailed(verdict, targets)
+        return not conflict
+
+    def copy(self, prepared: Prepared, rendered: Mapping[str, str]) -> None:
+        """Write into the run dir on each node what its ranks run there: its own launch script
+        and every file that is not another node's (the sidecar, evidence.py, train.json), so
+        no shared file system is needed."""
+        plan = prepared.plan
+        targets = self.targets(plan)
+        nproc = {node.name: node.nproc for node in plan.nodes}
+        scripts = {node_script_name(node.name) for node in plan.nodes}
+        common = {name: text for name, text in rendered.items() if name not in scripts}
+
+        def put(target: Target) -> None:
+            own = node_script_name(target.name)
+            files = {own: rendered[own], **common}
+            session = self.pool.session(target, nproc[target.name])  # a channel per rank
+            reply = session.channels[0].request(
+                {"op": "files", "run_dir": plan.run_dir, "files": files}, "files",
+                STEP_TIMEOUT_S)
+            if not reply.get("ok"):
+                raise ChannelError(f"writing {plan.run_dir}: {reply.get('detail')}")
+            for channel in session.channels[1:]:
+                channel.ready(READY_TIMEOUT_S)
+
+        started = time.monotonic()
+        answers = fan_out(list(targets.values()), put, self.fanout)
+        self.timings["copy_s"] = time.monotonic() - started
+        failed = {name: a.error for name, a in answers.items() if a.error is not None}
+        if failed:
+            verdict = judge(plan, self.facts, self.discover)
+            for name, error in failed.items():
+                verdict.failures.append((targets[name], "workdir", f"copy failed: {error}"))
+                verdict.cells[name]["workdir"] = f"copy failed: {error}"
+            raise PreflightFailed(verdict, targets)
+
+    def handles(self, plan: Plan, stopper: HostStopper, grace_s: float,
+                attempt: int = 1) -> list[SSHRank]:
+        """A rank handle per rank, on the channels opened in preflight."""
+        handles = []
+        sessions = self.pool.sessions()
+        for node in plan.nodes:
+            session = sessions[node.name]
+            script = f"{plan.run_dir}/{node_script_name(node.name)}"
+            for rank in node.ranks:
+                handles.append(SSHRank(
+                    rank=rank.rank,
+                    node=node.name,
+                    channel=session.channels[rank.local_rank],
+                    start_request={"op": "start", "job_id": plan.job_id, "script": script,
+                                   "local_rank": rank.local_rank, "grace_s": grace_s,
+                                   "env": {ATTEMPT_VAR: str(attempt)}},
+                    stop_host=_stopper_for(stopper, node.name),
+                ))
+        return handles
+
+    def hostnames(self) -> dict[str, str]:
+        """What each host calls itself (for the store)."""
+        return {name: s.hostname for name, s in self.pool.sessions().items() if s.hostname}
+
+    # ------------------------------------------------------------------ teardown
+
+    def _drop_unused(self, plan: Plan) -> None:
+        """Log out of hosts a re-plan no longer uses; drop channels beyond a node's ranks."""
+        used = {node.name: node.nproc for node in plan.nodes}
+        for name in self.pool.names():
+            self.pool.trim(name, used.get(name, 0))
+            if name not in used:
+                self.facts.pop(name, None)
+
+    def abort(self) -> None:
+        """Nothing will start: tell every agent to release its claim and go; close all."""
+        self.pool.close(abort_all=True)
+
+    def _cancel_point(self) -> None:
+        reason = self.stop_requested()
+        if reason:
+            raise Cancelled(reason)
+
+
+def _differs(asked: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    return {k: v for k, v in asked.items() if k != "torch"} != {
+        k: v for k, v in wanted.items() if k != "torch"}
+
+
+def _stopper_for(stopper: HostStopper, node: str) -> Callable[[bool], None]:
+    def stop(force: bool) -> None:
+        stopper.stop(node, force)
+
+    return stop

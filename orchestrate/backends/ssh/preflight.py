@@ -1,0 +1,251 @@
+"""Preflight: what to ask each host, how to judge the answers against the plan, and the table.
+
+Each host answers every question in one request to its agent (one remote program, so a host
+costs one login): does the node's python run (it runs the agent) and import torch, does the
+working directory exist, which of the candidate master ports are free on the master host (its
+own port space, not the controller's), which interface carries traffic to MASTER_ADDR, which
+GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
+
+Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
+A failed check is named per host; a busy derived port or GPUs held by other jobs are not
+failures but inputs to the re-plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrate.backends.ssh.connections import Target
+from orchestrate.core.errors import Problem
+from orchestrate.core.plan.plan import NodePlan, Plan
+from orchestrate.core.plan.ports import pick_port
+
+#: Columns of the table, in order. "ssh" covers reaching the host, its key and the login.
+CHECKS = ("ssh", "python", "torch", "workdir", "port", "gpus", "interface", "leases")
+#: Master ports asked about at once when the derived one may be busy.
+PORT_CANDIDATES = 64
+
+HINTS = {
+    "ssh": "check the address, that sshd runs there, and the inventory's ssh settings",
+    "host key": "",
+    "login": "check ssh.user and ssh.identity_file in the inventory, or your ssh-agent",
+    "python": "set the node's python in the inventory (an absolute path to an interpreter)",
+    "torch": "install torch for that interpreter, or point the inventory's python at one with it",
+    "workdir": "create it on the host (SSH jobs do not copy your code), or set the job's workdir",
+    "port": "choose another distributed.master_port, or 'auto' to have one picked",
+    "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
+    "interface": "set network.interface for the node in the inventory",
+    "leases": "the lease directory (~/.local/state/orchestrate/leases) must be writable",
+}
+
+
+@dataclass
+class HostAnswer:
+    """One host's preflight: the agent's answer, or the step that failed before it."""
+
+    target: Target
+    facts: dict[str, Any] | None = None
+    failed: str | None = None  # "ssh", "host key", "login" or "python"
+    detail: str = ""
+
+
+@dataclass
+class Judgement:
+    """The facts judged against one plan."""
+
+    cells: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> check -> text
+    failures: list[tuple[Target, str, str]] = field(default_factory=list)  # host, check, why
+    busy_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
+    busy_slots: dict[str, int] = field(default_factory=dict)  # CPU slots other jobs hold
+    port: int | None = None  # a free port to re-plan with, when the planned one is busy
+    interfaces: dict[str, str] = field(default_factory=dict)
+    replan: bool = False  # the plan uses held GPUs or a busy port, or lacks an interface
+
+    @property
+    def ok(self) -> bool:
+        """No check failed."""
+        return not self.failures
+
+
+def uses_python(node: NodePlan) -> bool:
+    """Whether the node's command starts with the node's python (the training entrypoint
+    always does): then ``import torch`` must work there."""
+    return bool(node.command) and node.command[0] == node.python
+
+
+def candidate_ports(plan: Plan) -> list[int]:
+    """The planned port, then (for a derived one) the next ports :func:`pick_port` would try."""
+    if plan.port_fixed:
+        return [plan.master_port]
+    order: list[int] = []
+
+    def record(port: int) -> bool:
+        order.append(port)
+        return len(order) >= PORT_CANDIDATES
+
+    pick_port(plan.master_port, (), record)
+    return order
+
+
+def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) -> dict[str, Any]:
+    """The preflight request for one node of ``plan``."""
+    return {
+        "op": "preflight",
+        "job_id": plan.job_id,
+        "workdir": plan.workdir,
+        "torch": uses_python(node) and not torch_known_ok,
+        "orchestrate": plan.train_config is not None,
+        "interface_to": plan.master_addr if discover else None,
+        "gpus": bool(node.gpu_indices),
+        "ports": candidate_ports(plan) if node.node_rank == 0 else [],
+    }
+
+
+def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) -> Judgement:
+    """Judge every host's facts against ``plan``."""
+    verdict = Judgement()
+    wanted_interface = set(discover)
+    for node in plan.nodes:
+        host = hosts[node.name]
+        cells = verdict.cells.setdefault(node.name, dict.fromkeys(CHECKS, "-"))
+
+        def fail(check: str, detail: str, *, host: HostAnswer = host,
+                 cells: dict[str, str] = cells) -> None:
+            column = check if check in cells else "ssh"
+            cells[column] = detail
+            verdict.failures.append((host.target, check, detail))
+
+        if host.facts is None:
+            fail(host.failed or "ssh", host.detail)
+            continue
+        facts = host.facts
+        cells["ssh"] = "ok"
+        cells["python"] = "ok " + str(facts.get("python", "")).rsplit(" ", 1)[-1]
+        torch = facts.get("torch")
+        if torch is not None:
+            if torch.get("ok"):
+                cells["torch"] = "ok " + str(torch.get("detail", ""))
+            else:
+                fail("torch", f"import torch failed: {torch.get('detail')}")
+        workdir = facts["workdir"]
+        if workdir.get("ok"):
+            cells["workdir"] = "ok"
+        else:
+            fail("workdir", f"{workdir.get('path')} does not exist")
+        leases = facts.get("leases", {})
+        if leases.get("error"):
+            fail("leases", f"lease book unusable: {leases['error']}")
+        else:
+            cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)"
+        held = frozenset(int(g) for g in leases.get("gpus", []))
+        if held:
+            verdict.busy_gpus[node.name] = held
+            if held & set(node.gpu_indices):
+                verdict.replan = True
+        held_slots = int(leases.get("slots") or 0)
+        if held_slots and not node.gpu_indices:
+            verdict.busy_slots[node.name] = held_slots
+        _judge_gpus(node, facts, cells, fail)
+        if node.name in wanted_interface:
+            found = facts.get("interface") or {}
+            if found.get("ok"):
+                verdict.interfaces[node.name] = str(found["name"])
+                cells["interface"] = str(found["name"])
+                if node.env.get("GLOO_SOCKET_IFNAME") != found["name"]:
+                    verdict.replan = True
+            else:
+                fail("interface", f"no interface towards {plan.master_addr}: "
+                                  f"{found.get('detail', 'not answered')}")
+        elif node.env.get("GLOO_SOCKET_IFNAME"):
+            cells["interface"] = node.env["GLOO_SOCKET_IFNAME"] + " (inventory)"
+        if node.node_rank == 0:
+            _judge_port(plan, node, facts, leases, cells, fail, verdict)
+    return verdict
+
+
+def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Any) -> None:
+    if not node.gpu_indices:
+        return
+    gpus = facts.get("gpus") or {}
+    if not gpus.get("ok"):
+        fail("gpus", str(gpus.get("detail", "not answered")))
+        return
+    present = {int(gpu[0]) for gpu in gpus.get("present", [])}
+    missing = sorted(set(node.gpu_indices) - present)
+    if missing:
+        fail("gpus", f"GPU(s) {missing} not present (nvidia-smi shows {sorted(present)})")
+    else:
+        cells["gpus"] = "ok " + ",".join(map(str, node.gpu_indices))
+
+
+def _judge_port(
+    plan: Plan,
+    node: NodePlan,
+    facts: dict[str, Any],
+    leases: dict[str, Any],
+    cells: dict[str, str],
+    fail: Any,
+    verdict: Judgement,
+) -> None:
+    held = frozenset(int(p) for p in leases.get("ports", []))
+    free = {int(p) for p in (facts.get("ports") or {}).get("free", [])}
+    port = plan.master_port
+    if port in free and port not in held:
+        cells["port"] = f"ok {port}"
+        return
+    why = "held by another orchestrate job" if port in held else "in use"
+    if plan.port_fixed:
+        fail("port", f"master port {port} is {why} on {node.name}")
+        return
+    chosen = pick_port(port, held, lambda p: p in free)
+    if chosen is None:
+        fail("port", f"no free port among the {PORT_CANDIDATES} tried from {port} on {node.name}")
+        return
+    verdict.port = chosen
+    verdict.replan = True
+    cells["port"] = f"ok {chosen} ({port} {why})"
+
+
+def problems(verdict: Judgement, source: str) -> list[Problem]:
+    """One problem per failed check of each host, for
+    :class:`~orchestrate.core.errors.UserError`."""
+    return [
+        Problem(
+            f"{target.label}: {check}: {detail}",
+            source=source,
+            field="preflight",
+            hint=HINTS.get(check, ""),
+        )
+        for target, check, detail in verdict.failures
+    ]
+
+
+def table(verdict: Judgement, targets: Mapping[str, Target], only_failed: bool) -> Any:
+    """A rich table, a row per host and a column per check (failed cells in red)."""
+    from rich.table import Table
+
+    failed_hosts = {t.name for t, _, _ in verdict.failures}
+    shown = [n for n in verdict.cells if not only_failed or n in failed_hosts]
+    title = "preflight: what failed" if only_failed else "preflight"
+    if only_failed and len(shown) < len(verdict.cells):
+        title += f" ({len(verdict.cells) - len(shown)} other host(s) passed)"
+    grid = Table(title=title, title_justify="left")
+    grid.add_column("host")
+    for check in CHECKS:
+        grid.add_column(check, overflow="fold")
+    failing = {(t.name, c if c in CHECKS else "ssh") for t, c, _ in verdict.failures}
+    for name in shown:
+        row = [targets[name].label]
+        for check in CHECKS:
+            text = verdict.cells[name][check]
+            row.append(f"[red]{_escape(text)}[/]" if (name, check) in failing else _escape(text))
+        grid.add_row(*row)
+    return grid
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,102 @@
+"""The layout of a run directory: one place that names every file in it.
+
+Renderer, backends, supervisor, CLI and training entrypoint all find files through these names,
+so the layout can change in one place. Importing this module costs nothing (no third-party
+imports): the supervisor and the CLI's fast paths use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PLAN_FILE = "plan.json"
+#: The job as it was loaded at submit (spec, inventory, counted parameters): what ``resume``
+#: plans again from, so a job file edited since then changes nothing.
+LOADED_FILE = "loaded.json"
+TRAIN_CONFIG = "train.json"
+#: The rank sidecar (orchestrate/diagnosis/sidecar.py, verbatim) as ``sidecar/sitecustomize.py``:
+#: the launch scripts put the folder first on PYTHONPATH, so every Python rank loads it.
+SIDECAR_DIR = "sidecar"
+SIDECAR_FILE = "sidecar/sitecustomize.py"
+#: SSH jobs: the program each host runs to read its ranks' heartbeats and dumps (stdlib only).
+EVIDENCE_PROGRAM = "evidence.py"
+SBATCH_SCRIPT = "job.sbatch"
+MERGED_LOG = "output.log"
+LOG_DIR = "logs"
+METRICS = "metrics.jsonl"
+SUPERVISOR_LOG = "supervisor.log"
+#: The Slurm backend's records: ``events.jsonl`` (one line per start and end of the batch script)
+#: and ``exits/<restart>/rank-R`` (how each rank ended), written by job.sbatch on the nodes.
+SLURM_STATE = "slurm"
+SLURM_EVENTS = "events.jsonl"
+SLURM_EXITS = "exits"
+#: ``hostfile-<restart>``: each rank's host, one a line (the step's SLURM_HOSTFILE).
+SLURM_HOSTFILE = "hostfile-"
+#: How far the log merger got in each rank's log (a requeued job's next run goes on from there).
+SLURM_MERGE_OFFSETS = "merged-offsets.json"
+#: The program beside the batch script that merges logs and judges how the ranks ended.
+SLURM_MONITOR = "monitor.py"
+#: The batch script's own output (sbatch --output); %j is the Slurm job id.
+SLURM_BATCH_LOG = "slurm-%j.out"
+#: SSH jobs: how to reach each host (no secrets), so `cancel` works without the supervisor.
+SSH_HOSTS = "ssh-hosts.json"
+#: Stall diagnosis (orchestrate.diagnosis.sidecar writes, orchestrate.diagnosis.evidence reads):
+#: ``diag/hb/rank-R.json`` heartbeats, ``diag/request`` (a launcher asks for dumps),
+#: ``diag/<id>/rank-R.*`` the answers,
+#: ``diag/diagnosis.json`` the latest diagnosis. sidecar.py repeats these names (it is copied
+#: into ranks as sitecustomize.py and imports nothing from orchestrate).
+DIAG_DIR = "diag"
+DIAG_HEARTBEATS = "hb"
+DIAG_REQUEST = "request"
+DIAG_DIAGNOSIS = "diagnosis.json"
+#: Per-rank step timing of the built-in trainer: ``timing/rank-<R>.jsonl``, one window a line
+#: (format in orchestrate/train/timing.py), written by every rank for itself.
+TIMING_DIR = "timing"
+#: The self-contained HTML report of a run (``orchestrate report``).
+REPORT_FILE = "report.html"
+#: Files the report and the live view read when they exist (written by the stall watch, the
+#: supervisor's restart bookkeeping, ``orchestrate doctor`` and the rank sidecar; shapes
+#: accepted are in orchestrate/report/runfiles.py).
+DIAGNOSIS_FILE = f"{DIAG_DIR}/{DIAG_DIAGNOSIS}"
+ATTEMPTS_FILE = "attempts.json"
+DOCTOR_FILE = "doctor.json"
+HEARTBEAT_DIR = f"{DIAG_DIR}/{DIAG_HEARTBEATS}"
+#: The doctor's rank program (``python -m orchestrate.doctor.checkup``): rank 0's result, and the
+#: own result of a rank that failed before it could tell rank 0 (``checkup-rank-R.json``).
+CHECKUP_RESULT = "checkup.json"
+
+
+def node_script_name(node: str) -> str:
+    """File name of a node's launch script."""
+    return f"launch-{node}.sh"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    """The file holding one rank's output."""
+    return run_dir / LOG_DIR / f"rank-{rank}.log"
+
+
+def checkup_rank_result(rank: int) -> str:
+    """File name of one rank's own checkup result (beside :data:`CHECKUP_RESULT`)."""
+    return f"checkup-rank-{rank}.json"
+
+
+def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
+    """Where the ranks of one run of a Slurm job (0, then 1 after a requeue, ...) record their
+    exit status."""
+    return run_dir / SLURM_STATE / SLURM_EXITS / str(restart)
+
+
+def slurm_hostfile(run_dir: Path, restart: int) -> Path:
+    """Each rank's host in one run of a Slurm job."""
+    return run_dir / SLURM_STATE / f"{SLURM_HOSTFILE}{restart}"
+
+
+def timing_file(run_dir: Path, rank: int) -> Path:
+    """The file one rank appends its step-timing windows to."""
+    return run_dir / TIMING_DIR / f"rank-{rank}.jsonl"
+
+
+def heartbeat_file(run_dir: Path, rank: int) -> Path:
+    """One rank's latest heartbeat (JSON with ``t``, the time of the beat)."""
+    return run_dir / HEARTBEAT_DIR / f"rank-{rank}.json"

@@ -1,0 +1,168 @@
+"""How ranks end, and which one failed first: one record and one rule for every backend.
+
+The local and SSH supervisors see exits as they happen; a Slurm job's ranks record theirs in the
+run directory (status, time, host) for the batch job's monitor and for ``orchestrate status``. All
+of them turn those facts into :class:`RankEnd` values and ask :func:`first_failure`, so "the
+first rank that failed" means the same everywhere: the earliest non-zero exit, the lowest rank on
+a tie. The :class:`Failure` record is what the job store keeps and ``status`` shows.
+
+Standard library only, Python 3.8+: the Slurm monitor program bundles this module
+(:mod:`orchestrate.hostside.shipping`).
+"""
+
+from __future__ import annotations
+
+import signal as signals
+from dataclasses import dataclass
+
+from orchestrate.core.exits import EXIT_REQUEUE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a process ended: an exit code, or the signal that killed it."""
+
+    code: int | None = None
+    signal: int | None = None
+
+    @classmethod
+    def from_status(cls, status: int) -> Exit:
+        """From a shell's ``$?``, where 128 + N means signal N killed the process."""
+        if 128 < status < 128 + 65:
+            return cls(signal=status - 128)
+        return cls(code=status)
+
+    @property
+    def ok(self) -> bool:
+        """Exited with status 0."""
+        return self.code == 0 and self.signal is None
+
+    @property
+    def status(self) -> int:
+        """The shell's view of it (128 + N for signal N)."""
+        return 128 + self.signal if self.signal is not None else int(self.code or 0)
+
+    def describe(self) -> str:
+        """``exit code 3`` or ``signal 9 (SIGKILL)``."""
+        if self.signal is not None:
+            try:
+                name = signals.Signals(self.signal).name
+            except ValueError:
+                name = "?"
+            return f"signal {self.signal} ({name})"
+        return f"exit code {self.code}"
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """One rank's end: which rank, on which node (or host), how, and when (epoch seconds)."""
+
+    rank: int
+    node: str
+    exit: Exit
+    at: float
+
+
+def first_failure(ends: Iterable[RankEnd]) -> RankEnd | None:
+    """The rank that failed first: the earliest non-zero end, the lowest rank on a tie (the
+    others were most likely stopped because of it)."""
+    failed = [end for end in ends if not end.exit.ok]
+    if not failed:
+        return None
+    return min(failed, key=lambda end: (end.at, end.rank))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first failure of a job, as the store keeps it and ``status`` shows it."""
+
+    rank: int
+    node: str
+    exit: Exit
+    last_lines: list[str]
+    cause: str | None = None  # what happened beyond the exit, e.g. "lost contact with h2 ..."
+
+    @classmethod
+    def of(cls, end: RankEnd, last_lines: list[str], cause: str | None = None) -> Failure:
+        """The failure record of a rank's end, with the last lines of its log."""
+        return cls(end.rank, end.node, end.exit, list(last_lines), cause)
+
+    @property
+    def requeue(self) -> bool:
+        """The rank checkpointed on a stop signal and asks to be started again."""
+        return self.exit.code == EXIT_REQUEUE
+
+    def sentence(self) -> str:
+        """``rank 3 on h2 failed with exit code 1`` (or what was lost, when a host was)."""
+        if self.cause:
+            return f"{self.cause} (rank {self.rank} and every other rank there presumed dead)"
+        return f"rank {self.rank} on {self.node} failed with {self.exit.describe()}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (``status --json`` shows it as ``failure``)."""
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "exit_code": self.exit.code,
+            "signal": self.exit.signal,
+            "description": self.exit.describe(),
+            "last_lines": list(self.last_lines),
+            "requeue": self.requeue,
+            "cause": self.cause,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Failure:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            rank=int(data["rank"]),
+            node=str(data["node"]),
+            exit=Exit(code=data.get("exit_code"), signal=data.get("signal")),
+            last_lines=[str(line) for line in data.get("last_lines") or []],
+            cause=data.get("cause"),
+        )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job: a fresh submit is attempt 1; a restart or a resume starts the next.
+
+    ``reason`` says why it ended (the failure or stall sentence, a requeue, a cancel);
+    ``excluded_nodes`` the nodes the next attempt avoided because of it; ``resumed_from_step``
+    the optimizer step the attempt's training resumed from (None: from scratch or unknown).
+    """
+
+    n: int
+    started: float
+    ended: float | None = None
+    reason: str = ""
+    excluded_nodes: tuple[str, ...] = ()
+    resumed_from_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form (``status --json`` shows it under ``attempts``)."""
+        return {
+            "n": self.n,
+            "started": self.started,
+            "ended": self.ended,
+            "reason": self.reason,
+            "excluded_nodes": list(self.excluded_nodes),
+            "resumed_from_step": self.resumed_from_step,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attempt:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            n=int(data["n"]),
+            started=float(data["started"]),
+            ended=None if data.get("ended") is None else float(data["ended"]),
+            reason=str(data.get("reason") or ""),
+            excluded_nodes=tuple(data.get("excluded_nodes") or ()),
+            resumed_from_step=data.get("resumed_from_step"),
+        )

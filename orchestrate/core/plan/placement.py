@@ -1,0 +1,273 @@
+"""Placement: which nodes and which GPUs (or CPU slots) a job gets, or why it cannot have any.
+
+The planner's search, pure: the job's resources, the inventory and what other jobs hold in
+(``busy``), out come the chosen nodes in plan order with their GPUs, or a :class:`UserError`
+that says what came closest and why each node was refused. Rank numbering is
+:mod:`orchestrate.core.plan.ranks`' business; this module only decides where.
+
+The rules: GPU models are never mixed across ranks unless the job allows it (then any GPU model,
+but never GPU and CPU-only nodes in one job: nccl needs a GPU per rank); without a model named,
+each model of the inventory is tried in inventory order and the first that yields enough nodes
+wins; CPU-only nodes are their own kind. A GPU must pass the model and memory filters and hold
+the model (the memory estimate), and not be held by another job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
+from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.inventory import Gpu, Inventory, Node
+from orchestrate.core.spec.job import JobSpec
+
+#: The "model" the search tries under ``allow_mixed_gpus``: any GPU, of any model.
+ANY_GPU = "*"
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What other running jobs hold, per node: GPUs (CUDA indices) and CPU slots."""
+
+    gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    slots: Mapping[str, int] = field(default_factory=dict)
+    #: Nodes the job must not use (a restart avoiding the node that failed).
+    excluded: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One node of the job: the node, its GPUs (empty on CPU-only nodes), how many ranks."""
+
+    node: Node
+    gpus: tuple[Gpu, ...]
+    nproc: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The chosen nodes in plan order, and what the search has to say about its choice."""
+
+    choices: tuple[Choice, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def any_gpu(self) -> bool:
+        """Whether the ranks drive GPUs."""
+        return any(c.gpus for c in self.choices)
+
+    @property
+    def models(self) -> list[str]:
+        """The GPU models of the ranks, sorted (more than one: models are mixed)."""
+        return sorted({g.model for c in self.choices for g in c.gpus})
+
+
+def place(
+    job: JobSpec,
+    inventory: Inventory,
+    memory: MemoryEstimate | None,
+    busy: Busy,
+    source: str,
+) -> Placement:
+    """Choose the nodes and GPUs for ``job``, or raise :class:`UserError` saying why not."""
+    res = job.resources
+    if job.backend == "local" and res.nodes > 1:
+        raise UserError.single(
+            "the local backend runs on this machine only",
+            source=source,
+            field="resources.nodes",
+            got=res.nodes,
+            hint="use backend: ssh or slurm for several nodes",
+        )
+    nodes = candidate_nodes(job, inventory, source)
+    if busy.excluded:
+        named = [n.name for n in nodes if n.name in busy.excluded]
+        if job.resources.node_names is not None and named:
+            raise UserError.single(
+                f"node(s) {', '.join(named)} are excluded after a failure, and the job names "
+                "its nodes", source=source, field="resources.node_names",
+                hint="name spare nodes too, or set restart.exclude_failed_node: false",
+            )
+        nodes = [n for n in nodes if n.name not in busy.excluded]
+    models = _models_to_try(job, inventory, nodes, source)
+    reasons: dict[str, list[tuple[str, str]]] = {}
+    for model in models:
+        picked: list[Choice] = []
+        why: list[tuple[str, str]] = []
+        for node in nodes:
+            choice, reason = _fit(job, node, model, memory, busy)
+            if choice is None:
+                why.append((node.name, reason))
+            else:
+                picked.append(choice)
+            if len(picked) == res.nodes:
+                break
+        if len(picked) == res.nodes:
+            notes: tuple[str, ...] = ()
+            if len(models) > 1 and model is not None and model != ANY_GPU:
+                notes = (f"picked GPU model {model}; set resources.gpu_model to choose another",)
+            return Placement(tuple(picked), notes)
+        reasons[model or "cpu"] = why
+    raise _refusal(job, nodes, memory, reasons, source)
+
+
+def candidate_nodes(job: JobSpec, inventory: Inventory, source: str) -> list[Node]:
+    """The nodes the job may use, in the order it may use them: those it names (hostlists
+    allowed, as in the inventory), else the whole inventory."""
+    given = job.resources.node_names
+    if given is None:
+        return list(inventory.nodes)
+    try:  # node_names may use hostlists, like the inventory: [gpu[01-04], gpu09]
+        names = [name for item in given for name in hostlist.expand(item)]
+    except ValueError as exc:
+        raise UserError.single(
+            str(exc), source=source, field="resources.node_names", got=given
+        ) from None
+    unknown = [n for n in names if inventory.node(n) is None]
+    if unknown:
+        raise UserError.single(
+            f"node {', '.join(repr(u) for u in unknown[:12])} not in inventory '{inventory.name}'",
+            source=source,
+            field="resources.node_names",
+            hint="nodes there: " + _short_list([n.name for n in inventory.nodes]),
+        )
+    if len(set(names)) != len(names):
+        raise UserError.single(
+            "a node is named twice", source=source, field="resources.node_names", got=given
+        )
+    return [node for node in (inventory.node(name) for name in names) if node is not None]
+
+
+def _models_to_try(
+    job: JobSpec, inventory: Inventory, nodes: list[Node], source: str
+) -> list[str | None]:
+    """GPU models to try in order (None: CPU-only nodes; ANY_GPU: any model)."""
+    res = job.resources
+    wanted = res.gpu_model
+    if wanted is not None:
+        counts = inventory.model_counts()
+        if not any(m.lower() == wanted.lower() for m in counts):
+            there = ", ".join(f"{m} ({n})" for m, n in counts.items()) or "none (CPU-only)"
+            raise UserError.single(
+                f"gpu_model '{wanted}' not in inventory '{inventory.name}'; models there: {there}",
+                source=source,
+                field="resources.gpu_model",
+                hint="set resources.gpu_model to one of them, or leave it out",
+            )
+        return [wanted]
+    has_cpu_nodes = any(not n.is_gpu for n in nodes)
+    if res.allow_mixed_gpus:
+        return [ANY_GPU, *([None] if has_cpu_nodes else [])]
+    models: list[str | None] = list(dict.fromkeys(g.model for n in nodes for g in n.gpus))
+    if has_cpu_nodes:
+        models.append(None)
+    return models or [None]
+
+
+def _fit(
+    job: JobSpec, node: Node, model: str | None, memory: MemoryEstimate | None, busy: Busy
+) -> tuple[Choice | None, str]:
+    """The node's share of the job for ``model``, or why it has none."""
+    res = job.resources
+    if not node.is_gpu:
+        if res.gpu_model is not None or res.min_gpu_memory_gb is not None or model is not None:
+            return None, "CPU-only"
+        held_slots = busy.slots.get(node.name, 0)
+        free_slots = max(0, node.capacity - held_slots)
+        want = free_slots if res.gpus_per_node == "all" else res.gpus_per_node
+        if want == 0 or want > free_slots:
+            extra = f" ({held_slots} held by other jobs)" if held_slots else ""
+            return None, f"{free_slots} free slots{extra}, {want or 1} requested"
+        return Choice(node, (), want), ""
+    if model is None:
+        return None, "has GPUs (the job runs on CPU-only nodes)"
+    gpus = [g for g in node.gpus if model == ANY_GPU or g.model.lower() == model.lower()]
+    if not gpus:
+        return None, f"no {model} GPU"
+    if res.min_gpu_memory_gb is not None:
+        gpus = [g for g in gpus if g.memory_gb >= res.min_gpu_memory_gb]
+        if not gpus:
+            return None, f"no GPU with at least {res.min_gpu_memory_gb:g} GB"
+    if memory is not None:
+        fits = [g for g in gpus if g.memory_gb * GB >= memory.total]
+        if not fits:
+            small = max(gpus, key=lambda g: g.memory_gb)
+            return None, f"model does not fit ({small.model} has {small.memory_gb:g} GB)"
+        gpus = fits
+    taken = busy.gpus.get(node.name, frozenset())
+    free = [g for g in gpus if g.index not in taken]
+    want = len(free) if res.gpus_per_node == "all" else res.gpus_per_node
+    if want == 0 or len(free) < want:
+        held = len(gpus) - len(free)
+        extra = f" ({held} held by other jobs)" if held else ""
+        return None, f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
+    return Choice(node, tuple(free[:want]), want), ""
+
+
+def _refusal(
+    job: JobSpec,
+    nodes: list[Node],
+    memory: MemoryEstimate | None,
+    reasons: dict[str, list[tuple[str, str]]],
+    source: str,
+) -> UserError:
+    res = job.resources
+    if memory is not None and job.train is not None:
+        gpus = [g for n in nodes for g in n.gpus if _eligible(job, g)]
+        if gpus and all(g.memory_gb * GB < memory.total for g in gpus):
+            biggest = max(gpus, key=lambda g: g.memory_gb)
+            return UserError.single(
+                f"{memory.describe()}; {biggest.model} has {biggest.memory_gb:g} GB, "
+                "the most of any GPU this job may use",
+                source=source,
+                field="train",
+                hint="try " + remedies(job.train),
+            )
+    # Show the attempt (GPU model) that came closest; on a tie, the one with more GPUs.
+    capacity = {
+        kind: sum(
+            1 for n in nodes for g in n.gpus if kind in (ANY_GPU, "cpu") or g.model == kind
+        )
+        for kind in reasons
+    }
+    best_kind = max(reasons, key=lambda k: (len(nodes) - len(reasons[k]), capacity[k]), default="")
+    best = reasons.get(best_kind, [])
+    matched = len(nodes) - len(best)
+    detail = "; ".join(_group_reasons(best))
+    unit = "slots" if best_kind == "cpu" else "GPUs"
+    each = f"all {unit}" if res.gpus_per_node == "all" else f"{res.gpus_per_node} {unit}"
+    plural = "node" if res.nodes == 1 else "nodes"
+    return UserError.single(
+        f"{res.nodes} {plural} requested ({each} each), {matched} match"
+        + (f": {detail}" if detail else ""),
+        source=source,
+        field="resources",
+        hint="lower resources.nodes or gpus_per_node, relax gpu_model/min_gpu_memory_gb, "
+        "or set allow_mixed_gpus",
+    )
+
+
+def _eligible(job: JobSpec, gpu: Gpu) -> bool:
+    """Whether the job's model and memory-floor filters let it use ``gpu``."""
+    res = job.resources
+    if res.gpu_model is not None and gpu.model.lower() != res.gpu_model.lower():
+        return False
+    return res.min_gpu_memory_gb is None or gpu.memory_gb >= res.min_gpu_memory_gb
+
+
+def _group_reasons(reasons: list[tuple[str, str]], limit: int = 6) -> list[str]:
+    """Nodes refused for the same reason share one entry: ``gpu[01-16]: no A100 GPU``."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in reasons:
+        by_reason.setdefault(why, []).append(name)
+    lines = [f"{hostlist.compress(names)}: {why}" for why, names in by_reason.items()]
+    if len(lines) > limit:
+        return [*lines[:limit], f"... ({len(lines) - limit} more reasons)"]
+    return lines
+
+
+def _short_list(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")

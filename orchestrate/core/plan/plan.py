@@ -1,0 +1,495 @@
+"""The planner: job + inventory in, a launch plan out. Pure: no files, sockets, clock or dice.
+
+It picks nodes and GPUs (:mod:`orchestrate.core.plan.placement`), numbers every rank
+(:mod:`orchestrate.core.plan.ranks`), chooses the master address and port, and computes the
+environment of every process (:mod:`orchestrate.core.plan.rankenv`). What cannot work is refused
+there, with the
+reason, before anything is queued. Everything the backends and templates need is in :class:`Plan`,
+typed
+down to the backend settings; templates only lay it out.
+
+Facts only a backend can know (what other jobs hold on a host, a port found free there, the
+interface towards the master) come in as a :class:`HostFacts` value, so a backend re-plans by
+calling :func:`make_plan` again with what it found.
+
+A plan crosses process and store boundaries as JSON (``plan.json`` in the run directory, the
+job store, ``orchestrate plan --json``); :meth:`Plan.from_json` reads it back into the same value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.memory import MemoryEstimate, estimate
+from orchestrate.core.plan.placement import Busy, place
+from orchestrate.core.plan.ports import derive_port
+from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
+from orchestrate.core.plan.ranks import RankPlan, number_ranks
+from orchestrate.core.plan.restart import Policy
+from orchestrate.core.spec import frameworks, hostlist
+from orchestrate.core.spec.inventory import Inventory
+from orchestrate.core.spec.job import JobSpec
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node of the job: which GPUs, how many processes, its part of the environment."""
+
+    name: str
+    address: str
+    node_rank: int
+    nproc: int
+    first_rank: int
+    gpu_indices: tuple[int, ...]
+    gpu_models: tuple[str, ...]
+    cuda_visible_devices: str | None
+    env: dict[str, str]  # node-specific part (on top of Plan.env)
+    python: str
+    command: tuple[str, ...]  # the plan's command, "python" replaced by the node's interpreter
+    partition: str | None = None
+    gres_type: str | None = None
+    ranks: tuple[RankPlan, ...] = ()
+
+    @property
+    def last_rank(self) -> int:
+        """The highest global rank on this node."""
+        return self.first_rank + self.nproc - 1
+
+    def rank_env(self, rank: RankPlan, common: Mapping[str, str]) -> dict[str, str]:
+        """The whole environment of ``rank``: common, then node, then per-rank variables."""
+        env = dict(common)
+        env.update(self.env)
+        env["RANK"] = str(rank.rank)
+        env["LOCAL_RANK"] = str(rank.local_rank)
+        return env
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The Slurm side of a plan: the job's ``slurm:`` section and the allocation's sizes.
+
+    Values come from the job spec (:class:`orchestrate.core.spec.job.SlurmJob`, which owns the
+    defaults) and the job's resources; nothing here has a default of its own.
+    """
+
+    partition: str | None
+    account: str | None
+    qos: str | None
+    extra_args: tuple[str, ...]
+    signal: str
+    signal_seconds_before: int
+    gres_type: str | None
+    cpus_per_task: int | None
+    mem_gb: float | None
+    mem: str | None  # --mem as sbatch takes it ("900G", "1536M")
+    nodelist: str | None  # the nodes the job names, which Slurm must give it
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """The SSH side of a plan (from the job's ``ssh:`` section, which owns the defaults)."""
+
+    fanout: int
+    connect_timeout_s: float
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a backend found on the hosts, for a re-plan.
+
+    ``busy_gpus``/``busy_slots``: GPUs and CPU slots other running jobs lease, per node;
+    ``master_port``: a port found free on the master host, replacing the derived one;
+    ``interfaces``: the interface carrying traffic to the master, per node, used where the
+    inventory names none; ``excluded``: nodes not to use (a restart avoiding a failed node).
+    """
+
+    busy_gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    busy_slots: Mapping[str, int] = field(default_factory=dict)
+    master_port: int | None = None
+    interfaces: Mapping[str, str] = field(default_factory=dict)
+    excluded: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to launch the job; the backends and templates add nothing to it."""
+
+    job_id: str
+    job_name: str
+    backend: str
+    dist_backend: str
+    world_size: int
+    master_addr: str
+    master_port: int
+    port_fixed: bool  # given by the job (else derived from the job id, and free-checked)
+    nodes: tuple[NodePlan, ...]
+    env: dict[str, str]  # common to every rank
+    command: tuple[str, ...]
+    workdir: str
+    run_dir: str
+    timeout_s: float
+    slurm: SlurmSettings
+    ssh: SSHSettings
+    restart: Policy
+    secret_env: tuple[str, ...] = ()
+    train_config: dict[str, Any] | None = None
+    memory: MemoryEstimate | None = None
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    time_limit: str | None = None
+    master_addr_fixed: bool = False  # MASTER_ADDR set by the job's env (else the first node)
+    stall_s: float = 120.0  # distributed.stall_s: 0 = no stall watch
+    on_stall: str = "report"  # distributed.on_stall: report | kill
+    sidecar: bool = True  # distributed.sidecar
+
+    @property
+    def ranks(self) -> tuple[RankPlan, ...]:
+        """Every rank, in rank order."""
+        return tuple(r for node in self.nodes for r in node.ranks)
+
+    @property
+    def heartbeat_s(self) -> float:
+        """The ranks' heartbeat interval (``ORCHESTRATE_HEARTBEAT_S``), from the stall bound."""
+        return heartbeat_s(self.stall_s)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether every node runs the same number of processes."""
+        return len({n.nproc for n in self.nodes}) == 1
+
+    def node(self, name: str) -> NodePlan | None:
+        """The plan node called ``name``."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable plan (``orchestrate plan --json``, ``plan.json``)."""
+        return {
+            "job_id": self.job_id,
+            "job_name": self.job_name,
+            "backend": self.backend,
+            "dist_backend": self.dist_backend,
+            "world_size": self.world_size,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "port_fixed": self.port_fixed,
+            "master_addr_fixed": self.master_addr_fixed,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "address": n.address,
+                    "node_rank": n.node_rank,
+                    "nproc": n.nproc,
+                    "first_rank": n.first_rank,
+                    "gpu_indices": list(n.gpu_indices),
+                    "cuda_visible_devices": n.cuda_visible_devices,
+                    "gpu_models": list(n.gpu_models),
+                    "env": n.env,
+                    "python": n.python,
+                    "command": list(n.command),
+                    "partition": n.partition,
+                    "gres_type": n.gres_type,
+                }
+                for n in self.nodes
+            ],
+            "ranks": [asdict(r) for r in self.ranks],
+            "env": self.env,
+            "command": list(self.command),
+            "workdir": self.workdir,
+            "run_dir": self.run_dir,
+            "timeout_s": self.timeout_s,
+            "secret_env": list(self.secret_env),
+            "train_config": self.train_config,
+            "memory": None if self.memory is None else asdict(self.memory),
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+            "time_limit": self.time_limit,
+            "slurm": {**asdict(self.slurm), "extra_args": list(self.slurm.extra_args)},
+            "ssh": asdict(self.ssh),
+            "restart": self.restart.to_json(),
+            "stall_s": self.stall_s,
+            "on_stall": self.on_stall,
+            "sidecar": self.sidecar,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        """The plan :meth:`to_json` wrote (a stored plan, ``plan.json``), as a value again."""
+        ranks = [RankPlan(**r) for r in data["ranks"]]
+        nodes = tuple(
+            NodePlan(
+                name=n["name"],
+                address=n["address"],
+                node_rank=int(n["node_rank"]),
+                nproc=int(n["nproc"]),
+                first_rank=int(n["first_rank"]),
+                gpu_indices=tuple(n["gpu_indices"]),
+                gpu_models=tuple(n["gpu_models"]),
+                cuda_visible_devices=n["cuda_visible_devices"],
+                env=dict(n["env"]),
+                python=n["python"],
+                command=tuple(n["command"]),
+                partition=n.get("partition"),
+                gres_type=n.get("gres_type"),
+                ranks=tuple(r for r in ranks if r.node_rank == n["node_rank"]),
+            )
+            for n in data["nodes"]
+        )
+        slurm = dict(data["slurm"])
+        slurm["extra_args"] = tuple(slurm["extra_args"])
+        memory = data.get("memory")
+        return cls(
+            job_id=data["job_id"],
+            job_name=data["job_name"],
+            backend=data["backend"],
+            dist_backend=data["dist_backend"],
+            world_size=int(data["world_size"]),
+            master_addr=data["master_addr"],
+            master_port=int(data["master_port"]),
+            port_fixed=bool(data["port_fixed"]),
+            master_addr_fixed=bool(data.get("master_addr_fixed", False)),
+            nodes=nodes,
+            env=dict(data["env"]),
+            command=tuple(data["command"]),
+            workdir=data["workdir"],
+            run_dir=data["run_dir"],
+            timeout_s=float(data["timeout_s"]),
+            slurm=SlurmSettings(**slurm),
+            ssh=SSHSettings(**data["ssh"]),
+            restart=Policy.from_json(data["restart"]),
+            secret_env=tuple(data.get("secret_env", ())),
+            train_config=data.get("train_config"),
+            memory=None if memory is None else MemoryEstimate(**memory),
+            warnings=tuple(data.get("warnings", ())),
+            notes=tuple(data.get("notes", ())),
+            time_limit=data.get("time_limit"),
+            stall_s=float(data.get("stall_s", 120.0)),
+            on_stall=str(data.get("on_stall", "report")),
+            sidecar=bool(data.get("sidecar", True)),
+        )
+
+
+def checkpoint_dir(plan: Plan) -> str | None:
+    """Where the built-in trainer keeps checkpoints for ``plan`` (None for a command job)."""
+    if plan.train_config is None:
+        return None
+    given = plan.train_config.get("checkpoint_dir")
+    if not given:
+        return f"{plan.run_dir}/checkpoints"
+    return given if str(given).startswith("/") else f"{plan.run_dir}/{given}"
+
+
+def make_plan(
+    job: JobSpec,
+    inventory: Inventory,
+    *,
+    job_id: str,
+    run_dir: str,
+    workdir: str,
+    source: str = "job",
+    python: str = "python3",
+    param_count: float | None = None,
+    facts: HostFacts | None = None,
+    debug: bool = False,
+) -> Plan:
+    """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
+
+    ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
+    model size when the caller counted it (else ``train.model_params``); ``facts`` what a
+    backend found on the hosts (see :class:`HostFacts`).
+    """
+    facts = facts or HostFacts()
+    warnings: list[str] = []
+    memory = _memory(job, param_count)
+    placement = place(job, inventory, memory,
+                      Busy(facts.busy_gpus, facts.busy_slots, facts.excluded), source)
+    choices = placement.choices
+    if job.restart.exclude_failed_node and not facts.excluded:
+        # Asked before the first attempt only: once a node is excluded, the placement above
+        # (without it) is the whole question; a restart with no node left cannot start, saying so.
+        _check_spare_node(job, inventory, memory, facts, source)
+    backend = dist_backend(job, placement.any_gpu, source, warnings)
+    notes = list(placement.notes)
+    frameworks.check(job.framework, job.backend, job.name,
+                     [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
+    if len(placement.models) > 1:
+        warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
+                        "every step waits for the slowest GPU")
+    master_addr, port, addr_fixed, port_fixed = _master(job, choices[0].node.address, job_id,
+                                                        facts.master_port, source)
+    world_size = sum(c.nproc for c in choices)
+    if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
+        raise UserError.single(
+            f"contradicts the plan, which runs {world_size} rank(s)", source=source,
+            field="env.WORLD_SIZE", got=text(job.env["WORLD_SIZE"]),
+            hint="drop it from env: the planner sets WORLD_SIZE from resources",
+        )
+    common = common_env(job, job_id=job_id, run_dir=run_dir, backend=backend,
+                        any_gpu=placement.any_gpu, world_size=world_size,
+                        master_addr=master_addr, master_port=port, debug=debug)
+    command = _command(job, run_dir)
+    nodes: list[NodePlan] = []
+    for numbered in number_ranks(choices):
+        choice = numbered.choice
+        env = node_env(job, choice, numbered.node_rank, len(choices) > 1, backend,
+                       facts.interfaces.get(choice.node.name))
+        # The job's env overrides any of it (the master's address and port included): the plan,
+        # and so the tables, the JSON and the scripts, show what the ranks will really use.
+        for key, value in job.env.items():
+            (env if key in env else common)[key] = text(value)
+        node_python = choice.node.python or python
+        nodes.append(NodePlan(
+            name=choice.node.name,
+            address=choice.node.address,
+            node_rank=numbered.node_rank,
+            nproc=choice.nproc,
+            first_rank=numbered.first_rank,
+            gpu_indices=tuple(g.index for g in choice.gpus),
+            gpu_models=tuple(g.model for g in choice.gpus),
+            cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+            env=env,
+            python=node_python,
+            command=_node_command(command, node_python),
+            partition=job.slurm.partition or choice.node.partition,
+            gres_type=job.slurm.gres_type or choice.node.gres_type,
+            ranks=numbered.ranks,
+        ))
+    return Plan(
+        job_id=job_id,
+        job_name=job.name,
+        backend=job.backend,
+        dist_backend=backend,
+        world_size=world_size,
+        master_addr=master_addr,
+        master_port=port,
+        port_fixed=port_fixed,
+        master_addr_fixed=addr_fixed,
+        nodes=tuple(nodes),
+        env=common,
+        command=command,
+        workdir=workdir,
+        run_dir=run_dir,
+        timeout_s=job.distributed.timeout_s,
+        slurm=_slurm_settings(job, [c.node.name for c in choices]),
+        ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
+        restart=Policy(max=job.restart.max, on=tuple(job.restart.on),
+                       backoff_s=tuple(job.restart.backoff_s),
+                       exclude_failed_node=job.restart.exclude_failed_node),
+        secret_env=tuple(job.secret_env),
+        train_config=None if job.train is None else job.train.model_dump(mode="json"),
+        memory=memory,
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+        time_limit=job.resources.time,
+        stall_s=job.distributed.stall_s,
+        on_stall=job.distributed.on_stall,
+        sidecar=job.distributed.sidecar,
+    )
+
+
+def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
+                      facts: HostFacts, source: str) -> None:
+    """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
+    if job.backend == "local":
+        raise UserError.single(
+            "the local backend runs on this machine only: there is no other node to restart on",
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="leave it out (a restart reuses this machine)",
+        )
+    spare = job.model_copy(update={"resources": job.resources.model_copy(
+        update={"nodes": job.resources.nodes + 1})})
+    try:
+        place(spare, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots, facts.excluded),
+              source)
+    except UserError:
+        raise UserError.single(
+            f"no spare node: the job uses {job.resources.nodes} node(s) and no other node of "
+            f"inventory '{inventory.name}' could take a failed one's place",
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="add a node to the inventory (or to resources.node_names), or set it to false "
+            "(a restart then reuses the node)",
+        ) from None
+
+
+def _master(
+    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
+) -> tuple[str, int, bool, bool]:
+    """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived)."""
+    port_fixed = isinstance(job.distributed.master_port, int)
+    if found_port is not None:
+        port = found_port
+    elif isinstance(job.distributed.master_port, int):
+        port = job.distributed.master_port
+    else:
+        port = derive_port(job_id)
+    addr = first_address
+    addr_fixed = "MASTER_ADDR" in job.env
+    if addr_fixed:
+        addr = text(job.env["MASTER_ADDR"])
+    if "MASTER_PORT" in job.env:
+        port = _env_port(job.env["MASTER_PORT"], source)
+        port_fixed = True
+    return addr, port, addr_fixed, port_fixed
+
+
+def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
+    s, res = job.slurm, job.resources
+    return SlurmSettings(
+        partition=s.partition,
+        account=s.account,
+        qos=s.qos,
+        extra_args=tuple(s.extra_args),
+        signal=s.signal,
+        signal_seconds_before=s.signal_seconds_before,
+        gres_type=s.gres_type,
+        cpus_per_task=res.cpus_per_task,
+        mem_gb=res.mem_gb,
+        mem=None if res.mem_gb is None else _slurm_memory(res.mem_gb),
+        # Nodes the job names are the nodes Slurm must give it.
+        nodelist=None if res.node_names is None else hostlist.compress(chosen),
+    )
+
+
+def _slurm_memory(gb: float) -> str:
+    """``--mem`` as sbatch takes it: a whole number and a unit (``900G``; it refuses ``900.0G``)."""
+    return f"{int(gb)}G" if float(gb).is_integer() else f"{max(1, round(gb * 1024))}M"
+
+
+def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:
+    if job.train is not None:
+        return ("python", "-m", "orchestrate.train", "--config", f"{run_dir}/train.json")
+    assert job.command is not None  # the job model guarantees one of the two
+    return tuple(job.command)
+
+
+def _node_command(command: tuple[str, ...], python: str) -> tuple[str, ...]:
+    # "python train.py" in a job means the node's interpreter (inventory 'python'), which is
+    # what people mean on servers whose PATH has no training environment.
+    if command and command[0] in ("python", "python3"):
+        return (python, *command[1:])
+    return command
+
+
+def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
+    if job.train is None:
+        return None
+    params = param_count if param_count is not None else job.train.model_params
+    if params is None:
+        return None
+    return estimate(job.train, params)
+
+
+def _env_port(value: str | int | float | bool, source: str) -> int:
+    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
+    port = text(value)
+    if not port.isdigit() or not 1024 <= int(port) <= 65535:
+        raise UserError.single(
+            "MASTER_PORT must be a port between 1024 and 65535",
+            source=source,
+            field="env.MASTER_PORT",
+            got=port,
+            hint="or set distributed.master_port, or leave both out for a derived port",
+        )
+    return int(port)

@@ -1,0 +1,442 @@
+"""The job file: what to run, on how much of the inventory, and how.
+
+:func:`load_job` reads the YAML, applies ``--set`` overrides (type-checked like the file) and
+validates into :class:`JobSpec`. Paths inside the file are relative to the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.spec.frameworks import Framework
+from orchestrate.core.spec.loader import Lines, known_fields, read_yaml, suggest, validate
+from orchestrate.core.spec.schema import Spec, single_line
+from orchestrate.core.spec.trainspec import TrainSpec
+
+Backend = Literal["local", "slurm", "ssh"]
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+#: Set per rank or per node by the planner; one value in the job's env cannot be right for all.
+PER_RANK_ENV = ("RANK", "LOCAL_RANK")
+PER_NODE_ENV = ("GROUP_RANK", "LOCAL_WORLD_SIZE")
+#: orchestrate's own variables (the job's tag that finds its processes, its run directory, ...):
+#: a job that set them would escape cancel or write elsewhere.
+RESERVED_PREFIX = "ORCHESTRATE_"
+
+
+def check_job_id(value: str) -> str:
+    """Job ids (``--job-id``) follow job names: a file name, never a path."""
+    if not _JOB_NAME.match(value):
+        raise ValueError("letters, digits, '.', '_' and '-' (at most 64), starting alnum")
+    return value
+
+
+def time_limit_seconds(limit: str) -> int:
+    """Slurm's time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    match = _TIME.match(limit)
+    if match is None:
+        raise ValueError(f"not a Slurm time limit: {limit!r}")
+    days, first, second, third = match.groups()
+    if days is not None:
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if third is not None:
+        return (int(first) * 60 + int(second)) * 60 + int(third)
+    if second is not None:
+        return int(first) * 60 + int(second)
+    return int(first) * 60
+
+
+def plain_text(value: str) -> str:
+    """Text that can reach a script, an environment or a command line: UTF-8, no NUL byte."""
+    if "\0" in value:
+        raise ValueError("a NUL character cannot be passed to a program")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+class Resources(Spec):
+    """How much of the inventory the job takes."""
+
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int | Literal["all"] = Field(
+        default="all", description="GPUs per node, or processes on CPU-only nodes"
+    )
+    gpu_model: str | None = None
+    min_gpu_memory_gb: float | None = Field(default=None, gt=0)
+    node_names: list[str] | None = None
+    allow_mixed_gpus: bool = False
+    time: str | None = Field(
+        default=None,
+        description="time limit, e.g. 02:00:00 (Slurm's formats; a bare number is minutes); "
+        "enforced on every backend",
+    )
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    mem_gb: float | None = Field(default=None, gt=0, description="memory per node")
+
+    @field_validator("gpus_per_node")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, or 'all'")
+        return value
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # minutes, as Slurm reads a bare number
+        if isinstance(value, str):
+            try:
+                seconds = time_limit_seconds(value)
+            except ValueError:
+                raise ValueError("a time limit looks like MM, HH:MM:SS or D-HH:MM:SS") from None
+            if seconds <= 0:
+                raise ValueError("a time limit must be more than 0")
+        return value
+
+
+class Distributed(Spec):
+    """How ranks find each other and how long they wait."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    master_port: int | Literal["auto"] = "auto"
+    timeout_s: float = Field(default=600.0, gt=0, le=86400)
+    omp_num_threads: int | None = Field(default=None, ge=1)
+    #: A job is stalled when no rank made progress (a step, a collective, a phase) for this
+    #: long, or a live rank's heartbeat stopped; then every rank's stacks and collectives are
+    #: collected and the stuck rank named (docs/hangs.md). 0 turns the watch off.
+    stall_s: float = Field(default=120.0, ge=0, le=86400)
+    #: What a stall does: ``report`` (name the rank, keep running: the process-group timeout
+    #: still ends it) or ``kill`` (stop the job, an ending that ``restart.on: [stall]`` restarts).
+    on_stall: Literal["report", "kill"] = "report"
+    #: The per-rank sidecar (heartbeats, stacks on request) in every Python rank.
+    sidecar: bool = True
+
+    @field_validator("stall_s")
+    @classmethod
+    def _stall(cls, value: float) -> float:
+        if 0 < value < 10:
+            raise ValueError("at least 10 seconds (heartbeats come every few seconds), or 0 "
+                             "to turn the stall watch off")
+        return value
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1024 <= value <= 65535:
+            raise ValueError("a port between 1024 and 65535, or 'auto'")
+        return value
+
+
+_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
+
+
+class SlurmJob(Spec):
+    """Slurm settings of the job (with the node's partition as a fallback)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    signal: str = Field(default="USR2", description="sent before the time limit; never USR1")
+    signal_seconds_before: int = Field(default=120, ge=1)
+    max_restarts: int | None = Field(
+        default=None, description="replaced by restart.max (kept only to say so)")
+    requeue_on_node_failure: bool | None = Field(
+        default=None, description="replaced by restart.on: [node_lost] (kept only to say so)")
+    gres_type: str | None = None
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _moved_max(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(
+                f"is now restart.max, the restart budget of every backend: write "
+                f"'restart: {{max: {value}}}' (restarts after a checkpoint on the stop signal "
+                "are restart.on: [requeue], the default)")
+        return value
+
+    @field_validator("requeue_on_node_failure")
+    @classmethod
+    def _moved_node_failure(cls, value: bool | None) -> bool | None:
+        if value is not None:
+            kept = "keep 'node_lost' in" if value else "leave 'node_lost' out of"
+            raise ValueError(f"is now part of restart.on: {kept} restart.on "
+                             "(it is in the default [requeue, node_lost])")
+        return value
+
+    @field_validator("partition", "account", "qos", "gres_type")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        return None if value is None else single_line(value)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _one_line_each(cls, value: list[str]) -> list[str]:
+        return [single_line(arg) for arg in value]
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.upper().removeprefix("SIG")
+        if name == "USR1":
+            raise ValueError("NCCL uses SIGUSR1; use USR2 (the default) or TERM")
+        if name not in _SIGNALS:
+            raise ValueError(f"one of {', '.join(_SIGNALS)}")
+        return name
+
+
+RestartOn = Literal["failure", "stall", "node_lost", "requeue"]
+#: Endings a restart policy may name, and what each means (docs/restart.md).
+RESTART_ENDINGS: dict[str, str] = {
+    "failure": "a rank died: a signal, or a non-zero exit other than a user error (2)",
+    "stall": "the job was stopped after a stall diagnosis (distributed.on_stall: kill)",
+    "node_lost": "a node stopped answering (an SSH host cut off, a Slurm node failure)",
+    "requeue": "every rank that stopped checkpointed and asked to be started again (exit 75)",
+}
+
+
+def _default_restart_on() -> list[RestartOn | int]:
+    return ["requeue", "node_lost"]
+
+
+class RestartPolicy(Spec):
+    """When a job is started again: same job id, run directory and checkpoints, on every
+    backend. The budget is for the whole job (not per node); a user error is never restarted."""
+
+    max: int = Field(default=3, ge=0, description="restarts for the whole job")
+    on: list[RestartOn | int] = Field(
+        default_factory=_default_restart_on,
+        description="which endings restart: failure, stall, node_lost, requeue, or exit codes",
+    )
+    backoff_s: list[float] = Field(
+        default_factory=lambda: [10.0, 60.0, 300.0],
+        description="seconds to wait before restart 1, 2, ...; the last repeats")
+    exclude_failed_node: bool = Field(
+        default=False, description="restart elsewhere: another inventory node (SSH), "
+        "--exclude the node (Slurm)")
+
+    @field_validator("on")
+    @classmethod
+    def _endings(cls, value: list[RestartOn | int]) -> list[RestartOn | int]:
+        for item in value:
+            if isinstance(item, bool):
+                raise ValueError("an ending name or an exit code, not true/false")
+            if isinstance(item, int):
+                if item == 2:
+                    raise ValueError("exit code 2 is a user or configuration error: restarting "
+                                     "it can only fail the same way")
+                if not 1 <= item <= 255:
+                    raise ValueError(f"an exit code is 1-255 (got {item})")
+        return value
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _backoff(cls, value: list[float]) -> list[float]:
+        if any(v < 0 for v in value):
+            raise ValueError("waits are 0 seconds or more")
+        return value
+
+
+class SSHJob(Spec):
+    """SSH fan-out settings of the job."""
+
+    fanout: int = Field(default=32, ge=1, description="hosts contacted at once, like pdsh")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class JobSpec(Spec):
+    """The job file."""
+
+    name: str
+    inventory: str | None = Field(
+        default=None, description="inventory path relative to this file; local: this machine"
+    )
+    backend: Backend = "local"
+    resources: Resources = Field(default_factory=Resources)
+    train: TrainSpec | None = None
+    command: list[str] | None = None
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="names taken from the submitting environment; never written to a file",
+    )
+    distributed: Distributed = Field(default_factory=Distributed)
+    framework: Framework = Field(
+        default="none",
+        description="the training framework the command uses, so that `plan` refuses layouts "
+        "it cannot run and says what to pass it (docs/frameworks.md); the environment is the "
+        "same either way",
+    )
+    slurm: SlurmJob = Field(default_factory=SlurmJob)
+    ssh: SSHJob = Field(default_factory=SSHJob)
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    workdir: str | None = Field(default=None, description="where ranks run; default: this file's")
+    templates_dir: str | None = None
+    run_root: str | None = Field(default=None, description="where run directories go")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _JOB_NAME.match(value):
+            raise ValueError("letters, digits, '.', '_' and '-' (at most 64), starting alnum")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
+            _check_env_name(key)
+            if isinstance(item, str):
+                try:
+                    plain_text(item)
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
+        return value
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, value: list[str]) -> list[str]:
+        for key in value:
+            _check_env_name(key)
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("the command is empty")
+        for arg in value or []:
+            plain_text(arg)
+        return value
+
+    @field_validator("workdir", "run_root", "templates_dir", "inventory")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        return None if value is None else plain_text(value)
+
+    @model_validator(mode="after")
+    def _train_or_command(self) -> JobSpec:
+        if (self.train is None) == (self.command is None):
+            raise ValueError("give exactly one of 'train' (the shared entrypoint) or 'command'")
+        clash = set(self.secret_env) & set(self.env)
+        if clash:
+            raise ValueError(f"{', '.join(sorted(clash))} is both in 'env' and 'secret_env'")
+        return self
+
+
+def _check_env_name(key: str) -> None:
+    if not _ENV_NAME.match(key):
+        raise ValueError(f"{key!r} is not an environment variable name")
+    for names, unit in ((PER_RANK_ENV, "rank"), (PER_NODE_ENV, "node")):
+        if key in names:
+            raise ValueError(f"{key} is set per {unit} by the planner and cannot be overridden")
+    if key.startswith(RESERVED_PREFIX):
+        raise ValueError(f"{key}: variables starting with {RESERVED_PREFIX} are orchestrate's "
+                         "own (the job's tag, its run directory, ...)")
+
+
+def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Read a job file, apply ``--set`` overrides and validate."""
+    data, lines = read_yaml(path)
+    if isinstance(data, dict):
+        in_file = {key for key in ("train", "command") if key in data}
+        data = apply_overrides(data, overrides)
+        _check_one_entrypoint(data, in_file, overrides)
+    try:
+        return validate(JobSpec, data, str(path), lines)
+    except UserError as exc:
+        raise UserError(_blame_overrides(exc.problems, overrides)) from None
+
+
+def _check_one_entrypoint(data: dict[str, Any], in_file: set[str],
+                          overrides: list[str] | tuple[str, ...]) -> None:
+    """``--set train.epochs=3`` on a ``command:`` job adds a second entrypoint: say that it
+    was ``--set`` (the model's own check would blame the whole file)."""
+    given = [key for key in ("train", "command") if key in data and key not in in_file]
+    if given and {"train", "command"} <= set(data):
+        items = [o for o in overrides if o.partition("=")[0].split(".")[0] == given[0]]
+        raise UserError.single(
+            f"the file's job has '{next(iter(in_file))}', and --set adds '{given[0]}': a job "
+            "has exactly one of 'train' (the shared entrypoint) or 'command'",
+            source="--set", field=given[0], got=", ".join(items) or None,
+            hint=f"drop the --set of {given[0]}.*, or remove '{next(iter(in_file))}' from the file",
+        )
+
+
+def _blame_overrides(
+    problems: tuple[Problem, ...], overrides: list[str] | tuple[str, ...]
+) -> list[Problem]:
+    """A problem in a field that ``--set`` gave comes from ``--set``, not from a file line."""
+    given = [tuple(item.partition("=")[0].strip().split(".")) for item in overrides]
+    blamed = []
+    for problem in problems:
+        field = tuple(problem.field.split("."))
+        if any(field[: len(g)] == g or g[: len(field)] == field for g in given):
+            problem = replace(problem, source="--set", line=None)
+        blamed.append(problem)
+    return blamed
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply ``field.path=value`` overrides; values parse as YAML (``2``, ``true``, ``[a, b]``)."""
+    problems: list[Problem] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(
+                Problem("expected FIELD=VALUE", source="--set", got=repr(item),
+                        hint="for example --set resources.nodes=2")
+            )
+            continue
+        path = key.strip().split(".")
+        known = known_fields(JobSpec, tuple(path[:-1]))
+        if known and path[-1] not in known and path[-2:-1] != ["env"]:
+            close = suggest(JobSpec, tuple(path[:-1]), path[-1])
+            problems.append(
+                Problem("unknown field", source="--set", field=key,
+                        hint=(f"did you mean '{'.'.join([*path[:-1], close])}'? " if close else "")
+                        + "known keys here: " + ", ".join(sorted(known)))
+            )
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        _assign(data, path, value)
+    if problems:
+        raise UserError(problems)
+    return data
+
+
+def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def job_dir(path: Path) -> Path:
+    """The folder relative paths in a job file are resolved against."""
+    return path.resolve().parent
+
+
+__all__ = ["Backend", "Distributed", "JobSpec", "Lines", "Resources", "SSHJob", "SlurmJob",
+           "apply_overrides", "job_dir", "load_job"]

@@ -1,0 +1,112 @@
+"""The stall watch of a running attempt, the same on every backend: look, decide, collect, name.
+
+Every few seconds the watch reads each rank's heartbeat (written by the rank sidecar,
+``orchestrate.diagnosis.sidecar``) and feeds the stall rule
+(:class:`orchestrate.diagnosis.stall.StallWatch`). When the job counts as stalled it asks every rank
+for its stacks and flight recorder, classifies
+(:func:`orchestrate.diagnosis.stall.classify`) and keeps the diagnosis in the run directory
+(``diag/diagnosis.json``), so ``status``, ``diagnose`` and the report show it.
+
+Where the evidence lies differs by backend, and only that: a local job's and a Slurm job's run
+directory is the one the watch reads (Slurm's is on a shared file system, and the watch runs
+inside the batch job: ``monitor.py watch``); an SSH job's ranks write on their own hosts, so
+the supervisor's :class:`Evidence` fetches heartbeats and dumps over its connections and
+mirrors them into the controller's run directory. Everything after that is this module.
+
+Standard library only, Python 3.8+ (the Slurm batch job runs it with the node's python).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrate.diagnosis.evidence import (
+    DEFAULT_COLLECT_S,
+    collect,
+    read_heartbeats,
+    write_diagnosis,
+)
+from orchestrate.diagnosis.stall import Diagnosis, Stall, StallWatch, classify
+
+
+class Evidence(Protocol):
+    """Where a watch reads the ranks' heartbeats and gets their dumps."""
+
+    def heartbeats(self) -> dict[int, dict[str, Any] | None]:
+        """Each rank's latest heartbeat (None: none yet)."""
+
+    def collect(self, timeout_s: float) -> dict[str, Any]:
+        """Ask every rank for a dump and wait up to ``timeout_s``: the shape of
+        :func:`orchestrate.diagnosis.evidence.collect`, its files in the controller's run
+        directory."""
+
+
+class RunDirEvidence:
+    """The ranks write into the run directory the watch reads (local; Slurm's shared one)."""
+
+    def __init__(self, run_dir: Path, ranks: Sequence[int]) -> None:
+        self.run_dir = run_dir
+        self.ranks = list(ranks)
+
+    def heartbeats(self) -> dict[int, dict[str, Any] | None]:
+        return read_heartbeats(self.run_dir, self.ranks)
+
+    def collect(self, timeout_s: float) -> dict[str, Any]:
+        return collect(self.run_dir, self.ranks, timeout_s)
+
+
+def look_interval_s(stall_s: float, heartbeat_s: float) -> float:
+    """How often a watch looks: every beat, but no more than a tenth of the bound apart."""
+    return max(heartbeat_s, min(5.0, stall_s / 10.0))
+
+
+class HangWatch:
+    """One attempt's stall watch (see the module docstring).
+
+    ``nodes`` maps each rank to its node's name, ``master`` is ``addr:port`` and ``interface``
+    the network interface of the plan (for the sentence of a transport stall).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        source: Evidence,
+        nodes: Mapping[int, str],
+        master: str,
+        *,
+        stall_s: float,
+        heartbeat_s: float,
+        interface: str | None = None,
+        collect_s: float = DEFAULT_COLLECT_S,
+    ) -> None:
+        self.run_dir = run_dir
+        self.source = source
+        self.nodes = dict(nodes)
+        self.master = master
+        self.interface = interface
+        self.collect_s = collect_s
+        self.rule = StallWatch(stall_s, heartbeat_s)
+        self.interval_s = look_interval_s(stall_s, heartbeat_s)
+        self.last: Diagnosis | None = None
+
+    def look(self, alive: Mapping[int, bool] | None = None) -> Diagnosis | None:
+        """One look: a :class:`Diagnosis` the first time the job counts as stalled (once per
+        stall: the rule stays quiet until some rank progresses again), else None."""
+        beats = self.source.heartbeats()
+        stall = self.rule.observe(time.time(), beats, alive or {})
+        if stall is None:
+            return None
+        return self.name(stall, alive)
+
+    def name(self, stall: Stall | None, alive: Mapping[int, bool] | None = None) -> Diagnosis:
+        """Collect every rank's dump, classify and keep the diagnosis."""
+        collected = self.source.collect(self.collect_s)
+        beats = self.source.heartbeats()
+        diagnosis = classify(beats, collected["ranks"], time.time(), self.nodes, self.master,
+                             self.interface, stall=stall, alive=alive)
+        write_diagnosis(self.run_dir, diagnosis, collected.get("id"))
+        self.last = diagnosis
+        return diagnosis

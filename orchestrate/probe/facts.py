@@ -1,0 +1,548 @@
+"""What a host's raw facts mean: its GPUs in CUDA order, their link, its network.
+
+:func:`parse_facts` turns the dict :func:`orchestrate.hostside.hostfacts.gather` collects on a host
+into :class:`HostFacts`, the values an inventory is written from and checked against. Pure: text and
+dicts in, values out, so the real ``nvidia-smi`` outputs of machines we do not have (captured
+from public reports, in tests/probe/fixtures) can be replayed exactly.
+
+The knowledge people get wrong by hand lives here:
+
+- CUDA numbers GPUs by PCI bus id under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (orchestrate always
+  sets it), so GPUs are sorted by ``pci.bus_id``, whatever order ``nvidia-smi`` printed;
+- model names are normalised per GPU, not taken from GPU 0 (``NVIDIA RTX A6000`` is
+  ``RTX-A6000``, not Ray's ``RTX``), and memory variants stay apart (``A100-40GB``,
+  ``A100-80GB``) while form factors merge (SXM4 and PCIe A100-80GB are one model);
+- ``nvidia-smi topo -m`` cells ``NV#`` become ``nvswitch`` (more links per GPU than a GPU has
+  ports: they go through a switch), ``nvlink`` (some pairs; recorded in CUDA indices) or ``pcie``;
+- the network is the interface that routes to the other nodes, never a bridge or loopback, and
+  its fabric comes from the InfiniBand HCAs behind it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrate.core.spec.inventory import GpuLink, NetworkSpec
+
+GpuStatus = Literal["ok", "missing", "failed"]
+
+#: The most NVLinks one GPU has (H100, H200, B200: 18). A GPU showing more links to its peers
+#: in total reaches them through NVSwitches (8x A100: NV12 to each of 7 peers = 84 > 18), while
+#: direct meshes stay within it (4x V100 NV2: 6; HGX H100 4-GPU NV6: 18).
+MAX_NVLINKS_PER_GPU = 18
+
+#: Words of a product name that say nothing about the GPU's model: vendor, brand, form factor,
+#: memory technology.
+_NOISE = frozenset({
+    "NVIDIA", "TESLA", "QUADRO", "GEFORCE", "SXM", "SXM2", "SXM3", "SXM4", "SXM5", "SXM6",
+    "PCIE", "HBM2", "HBM2E", "HBM3", "HBM3E", "GENERATION", "EDITION", "WORKSTATION", "SERVER",
+})
+
+#: Families sold with several memory sizes (GB, as marketed): their model names carry the size
+#: (``A100-40GB`` and ``A100-80GB`` are different GPUs to a job). The size comes from the name
+#: when it says one, else the nearest of these to ``memory.total``.
+MEMORY_VARIANTS: dict[str, tuple[int, ...]] = {
+    "A100": (40, 80), "A800": (40, 80), "H100": (80, 94, 96), "H800": (80,), "H200": (141,),
+    "H20": (96,), "GH200": (96, 144), "B100": (192,), "B200": (180, 192), "GB200": (186,),
+    "B300": (288,), "V100": (16, 32), "V100S": (32,), "P100": (12, 16),
+}
+
+_GB_WORD = re.compile(r"^(\d+)GB$", re.IGNORECASE)
+_LEADING_NUMBER = re.compile(r"^-?\d+(\.\d+)?")
+_GPU_LABEL = re.compile(r"GPU\d+")
+_NVLINK_CELL = re.compile(r"NV(\d+)")
+_UNITS = re.compile(r"\s*\[.*\]$")
+
+
+@functools.lru_cache(maxsize=256)
+def normalise_model(name: str, memory_gb: float | None = None) -> str:
+    """A short, stable model name for an ``nvidia-smi`` product name.
+
+    ``NVIDIA A100-SXM4-80GB`` and ``NVIDIA A100 80GB PCIe`` -> ``A100-80GB``; ``NVIDIA H100 80GB
+    HBM3`` -> ``H100-80GB``; ``NVIDIA H100 PCIe`` (81559 MiB) -> ``H100-80GB``; ``NVIDIA RTX
+    A6000`` -> ``RTX-A6000``; ``NVIDIA GeForce RTX 4090`` -> ``RTX-4090``; ``Tesla
+    V100-SXM2-32GB`` -> ``V100-32GB``; ``NVIDIA L40S`` -> ``L40S``; ``NVIDIA RTX 6000 Ada
+    Generation`` -> ``RTX-6000-Ada``.
+    """
+    words = [w for w in re.split(r"[\s\-_]+", name.strip()) if w]
+    size: int | None = None
+    kept: list[str] = []
+    for word in words:
+        found = _GB_WORD.match(word)
+        if found:
+            size = int(found.group(1))
+        elif word.upper() not in _NOISE:
+            kept.append(word)
+    if not kept:
+        return "-".join(words) or "unknown"
+    family = kept[0].upper()
+    sizes = MEMORY_VARIANTS.get(family)
+    if sizes is not None:
+        # A size in the name that is far from the GPU's memory is not the GPU's (GH200 480GB
+        # counts the CPU's memory too): then the nearest marketed size wins.
+        if memory_gb and (size is None or abs(size - memory_gb) > 0.15 * size):
+            size = min(sizes, key=lambda s: abs(s - memory_gb))
+        if size is not None:
+            kept.append(f"{size}GB")
+    # A size on a single-size product (a card's name saying 48GB) adds nothing: dropped.
+    return "-".join(kept)
+
+
+def memory_gb(mib: float) -> float:
+    """``memory.total`` (MiB) in the GB inventories write: 81920 -> 80, 49140 -> 48."""
+    return float(round(mib / 1024))
+
+
+@dataclass(frozen=True)
+class GpuFact:
+    """One GPU as ``nvidia-smi`` reported it; ``cuda_index`` is its place in PCI bus order."""
+
+    cuda_index: int
+    smi_index: int | None
+    bus_id: str
+    name: str
+    model: str
+    memory_gb: float
+    memory_mib: float | None = None
+    uuid: str | None = None
+    driver: str | None = None
+    compute_cap: str | None = None
+    pcie_gen_max: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_width_current: int | None = None
+    utilization: float | None = None
+    mig: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkFact:
+    """How the GPUs of a node reach each other.
+
+    ``nvlinks`` holds every NVLink-connected pair as (CUDA index, CUDA index, links)."""
+
+    link: GpuLink
+    detail: str
+    nvlinks: tuple[tuple[int, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class NicFact:
+    """One network interface from sysfs."""
+
+    name: str
+    operstate: str | None
+    speed_mbps: int | None
+    mtu: int | None
+    kind: Literal["physical", "infiniband", "virtual", "bridge", "loopback"]
+    addresses: tuple[str, ...] = ()
+
+    @property
+    def up(self) -> bool:
+        """Whether the link carries traffic."""
+        return self.operstate == "up"
+
+
+@dataclass(frozen=True)
+class HcaPort:
+    """One port of an InfiniBand/RoCE HCA."""
+
+    hca: str
+    port: int | None
+    active: bool
+    state: str | None
+    gbps: float | None
+    link_layer: str | None
+    netdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything the inventory needs from one host, parsed."""
+
+    hostname: str
+    time: float | None
+    gpu_status: GpuStatus
+    gpu_error: str | None
+    gpus: tuple[GpuFact, ...]
+    link: LinkFact
+    nics: tuple[NicFact, ...]
+    hcas: tuple[HcaPort, ...]
+    network: NetworkSpec | None
+    network_note: str
+    cpus: int | None
+    memory_gb: float | None
+    python: str | None
+    python_version: str | None
+    torch: str | None
+    torch_cuda: str | None
+    nccl: str | None
+    torch_error: str | None
+    shm_bytes: int | None = None
+    memlock: Any = None
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def driver(self) -> str | None:
+        """The NVIDIA driver version, if GPUs were found."""
+        return next((g.driver for g in self.gpus if g.driver), None)
+
+    def nic(self, name: str) -> NicFact | None:
+        """The interface called ``name``, if the host has it."""
+        return next((n for n in self.nics if n.name == name), None)
+
+    def pcie(self) -> str | None:
+        """The GPUs' PCIe link capability, e.g. ``PCIe Gen5 x16`` (``Gen4 x16/x8`` if mixed)."""
+        gens = sorted({g.pcie_gen_max for g in self.gpus if g.pcie_gen_max}, reverse=True)
+        widths = sorted({g.pcie_width_max for g in self.gpus if g.pcie_width_max}, reverse=True)
+        if not gens and not widths:
+            return None
+        gen = "/".join(f"Gen{g}" for g in gens) or "Gen?"
+        width = "/".join(f"x{w}" for w in widths) or "x?"
+        return f"PCIe {gen} {width}"
+
+
+# ---------------------------------------------------------------------------------------- GPUs
+
+
+def _value(text: str | None) -> str | None:
+    """A CSV cell, or None for nvidia-smi's not-available markers."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or (text.startswith("[") and text.endswith("]")) or text in ("N/A", "n/a"):
+        return None
+    return text
+
+
+def _number(text: str | None) -> float | None:
+    value = _value(text)
+    if value is None:
+        return None
+    found = _LEADING_NUMBER.match(value)
+    return float(found.group(0)) if found else None
+
+
+def _integer(text: str | None) -> int | None:
+    number = _number(text)
+    return None if number is None else int(number)
+
+
+def _bus_key(bus_id: str) -> tuple[int, ...]:
+    """``00000000:1B:00.0`` as numbers: domain, bus, device, function (the order CUDA uses)."""
+    parts = re.split(r"[:.]", bus_id.strip())
+    try:
+        return tuple(int(p, 16) for p in parts)
+    except ValueError:
+        return (1 << 62,)
+
+
+def parse_gpu_query(text: str, fields: list[str] | None = None) -> list[GpuFact]:
+    """The rows of ``nvidia-smi --query-gpu=... --format=csv[,nounits]``, in PCI bus order.
+
+    The header names the columns (``memory.total [MiB]`` included); without one, ``fields``
+    does. Rows come back sorted by bus id, each with its CUDA index under PCI_BUS_ID order.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    first = [c.strip() for c in lines[0].split(",")]
+    if "index" in (_UNITS.sub("", c) for c in first) or not fields:
+        header = [_UNITS.sub("", c) for c in first]
+        rows = lines[1:]
+    else:
+        header, rows = list(fields), lines
+    rows_parsed = []
+    for line in rows:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(header):
+            continue
+        rows_parsed.append(dict(zip(header, cells, strict=True)))
+    rows_parsed.sort(key=lambda r: _bus_key(r.get("pci.bus_id") or ""))
+    gpus = []
+    for cuda, row in enumerate(rows_parsed):
+        name = _value(row.get("name")) or "unknown"
+        mib = _number(row.get("memory.total"))
+        gb = memory_gb(mib) if mib else 0.0
+        gpus.append(GpuFact(
+            cuda_index=cuda,
+            smi_index=_integer(row.get("index")),
+            bus_id=(row.get("pci.bus_id") or "").strip(),
+            name=name,
+            model=normalise_model(name, gb or None),
+            memory_gb=gb,
+            memory_mib=mib,
+            uuid=_value(row.get("uuid")),
+            driver=_value(row.get("driver_version")),
+            compute_cap=_value(row.get("compute_cap")),
+            pcie_gen_max=_integer(row.get("pcie.link.gen.max")),
+            pcie_gen_current=_integer(row.get("pcie.link.gen.current")),
+            pcie_width_max=_integer(row.get("pcie.link.width.max")),
+            pcie_width_current=_integer(row.get("pcie.link.width.current")),
+            utilization=_number(row.get("utilization.gpu")),
+            mig=_value(row.get("mig.mode.current")),
+        ))
+    return gpus
+
+
+# ------------------------------------------------------------------------------------ topology
+
+
+def parse_topo_matrix(text: str) -> dict[tuple[int, int], str]:
+    """The GPU-to-GPU cells of ``nvidia-smi topo -m`` by (nvidia-smi index, index).
+
+    Works on the tab-separated output and on copies whose tabs became spaces: only the GPU
+    columns are read (NIC columns, ``CPU Affinity`` and the legend are ignored)."""
+    cells: dict[tuple[int, int], str] = {}
+    columns: list[int] = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if not columns and words[0] == "GPU0" and (len(words) == 1 or words[1] != "X"):
+            # the header (GPU0 GPU1 ... NIC0 ... CPU Affinity); GPU0's own row starts "GPU0 X"
+            columns = [int(w[3:]) for w in words if _GPU_LABEL.fullmatch(w)]
+            continue
+        if columns and _GPU_LABEL.fullmatch(words[0]):
+            row = int(words[0][3:])
+            for col, cell in zip(columns, words[1:], strict=False):
+                cells[(row, col)] = cell
+        elif columns and words[0].startswith("Legend"):
+            break
+    return cells
+
+
+def gpu_link(gpus: tuple[GpuFact, ...] | list[GpuFact], topo: str | None) -> LinkFact:
+    """nvswitch / nvlink (which pairs) / pcie for a node's GPUs from its topology matrix."""
+    if not gpus:
+        return LinkFact("none", "no GPU")
+    if topo is None:
+        return LinkFact("pcie", "no topology (nvidia-smi topo -m failed); assumed PCIe")
+    if len(gpus) == 1:
+        return LinkFact("pcie", "one GPU")
+    cuda_of = {g.smi_index: g.cuda_index for g in gpus if g.smi_index is not None}
+    cells = parse_topo_matrix(topo)
+    kinds: Counter[str] = Counter()
+    nvlinks: dict[tuple[int, int], int] = {}
+    for (a, b), cell in cells.items():
+        if a == b or a not in cuda_of or b not in cuda_of:
+            continue
+        found = _NVLINK_CELL.fullmatch(cell)
+        if found:
+            pair = tuple(sorted((cuda_of[a], cuda_of[b])))
+            nvlinks[(pair[0], pair[1])] = int(found.group(1))
+        else:
+            kinds[cell] += 1
+    n = len(gpus)
+    pairs = tuple(sorted((a, b, k) for (a, b), k in nvlinks.items()))
+    if not nvlinks:
+        if not kinds:
+            return LinkFact("pcie", "no GPU pairs in nvidia-smi topo -m; assumed PCIe")
+        return LinkFact("pcie", "no NVLink (" + "/".join(sorted(kinds)) + ")")
+    if len(nvlinks) == n * (n - 1) // 2:
+        per_gpu = [sum(k for (a, b), k in nvlinks.items() if i in (a, b)) for i in range(n)]
+        counts = sorted({k for _, _, k in pairs})
+        label = "/".join(f"NV{k}" for k in counts)
+        if min(per_gpu) > MAX_NVLINKS_PER_GPU:
+            return LinkFact("nvswitch", f"{label} between all {n} GPUs (NVSwitch)", pairs)
+        return LinkFact("nvlink", f"{label} between all {n} GPUs (direct)", pairs)
+    by_count: dict[int, list[str]] = {}
+    for a, b, k in pairs:
+        by_count.setdefault(k, []).append(f"{a}-{b}")
+    detail = "; ".join(f"NV{k} pairs {', '.join(p)}" for k, p in sorted(by_count.items()))
+    others = "/".join(sorted(kinds))
+    return LinkFact("nvlink", detail + (f"; others {others}" if others else ""), pairs)
+
+
+# ------------------------------------------------------------------------------------- network
+
+
+def _nics(raw: list[dict[str, Any]]) -> tuple[NicFact, ...]:
+    out = []
+    for item in raw:
+        name = str(item.get("name", ""))
+        kind: Literal["physical", "infiniband", "virtual", "bridge", "loopback"]
+        if item.get("type") == 772 or name == "lo":
+            kind = "loopback"
+        elif item.get("bridge"):
+            kind = "bridge"
+        elif item.get("type") == 32:  # ARPHRD_INFINIBAND: an IPoIB interface
+            kind = "infiniband"
+        elif item.get("physical"):
+            kind = "physical"
+        else:
+            kind = "virtual"
+        speed = item.get("speed_mbps")
+        out.append(NicFact(
+            name=name,
+            operstate=item.get("operstate"),
+            speed_mbps=int(speed) if isinstance(speed, int | float) and speed > 0 else None,
+            mtu=item.get("mtu"),
+            kind=kind,
+            addresses=tuple(item.get("addresses") or ()),
+        ))
+    return tuple(out)
+
+
+def _rate_gbps(rate: str | None) -> float | None:
+    """``400 Gb/sec (4X NDR)`` -> 400."""
+    found = re.match(r"^\s*([\d.]+)\s*Gb/sec", rate or "")
+    return float(found.group(1)) if found else None
+
+
+def _hcas(raw: list[dict[str, Any]]) -> tuple[HcaPort, ...]:
+    out = []
+    for hca in raw:
+        for port in hca.get("ports") or []:
+            state = port.get("state")
+            out.append(HcaPort(
+                hca=str(hca.get("name")),
+                port=port.get("port"),
+                active="ACTIVE" in str(state or "").upper(),
+                state=state,
+                gbps=_rate_gbps(port.get("rate")),
+                link_layer=port.get("link_layer"),
+                netdevs=tuple(hca.get("netdevs") or ()),
+            ))
+    return tuple(out)
+
+
+def _whole(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
+
+
+def choose_network(
+    nics: tuple[NicFact, ...], hcas: tuple[HcaPort, ...], routes: Mapping[str, str]
+) -> tuple[NetworkSpec | None, str]:
+    """The network DDP should use, and a note on how it was chosen.
+
+    The interface is the one the routes to the other nodes leave by (most peers win); a bridge
+    (docker0) or loopback there is refused. Without usable routes it is the fastest physical
+    interface that is up (InfiniBand first). Active InfiniBand ports make the fabric
+    ``infiniband`` with their HCAs, whatever carries the bootstrap traffic (else NCCL would be
+    told to leave IB alone); an HCA port with an Ethernet link layer behind the chosen interface
+    makes it ``roce``.
+    """
+    by_name = {n.name: n for n in nics}
+    note = ""
+    chosen: NicFact | None = None
+    counts = Counter(routes.values())
+    for name, _ in counts.most_common():
+        nic = by_name.get(name)
+        if nic is None:
+            note = f"the route to the other nodes leaves by {name}, which sysfs does not list"
+            continue
+        if nic.kind == "loopback":
+            continue  # the peers are this host
+        if nic.kind == "bridge":
+            note = (f"the route to the other nodes goes through the bridge {name} "
+                    "(a container network?); not used")
+            continue
+        chosen = nic
+        note = f"{name} carries the route to the other nodes"
+        break
+    if chosen is None:
+        candidates = [n for n in nics if n.kind in ("physical", "infiniband") and n.up]
+        if any(n.addresses for n in nics):
+            candidates = [n for n in candidates if n.addresses] or candidates
+        candidates.sort(key=lambda n: (n.kind != "infiniband", -(n.speed_mbps or 0), n.name))
+        if not candidates:
+            return None, note or "no physical network interface is up"
+        chosen = candidates[0]
+        note = (note + "; " if note else "") + f"{chosen.name}: the fastest physical interface up"
+    ib = [p for p in hcas if p.active and (p.link_layer or "").lower() == "infiniband"]
+    if ib:
+        names = list(dict.fromkeys(p.hca for p in ib))
+        gbps = next((p.gbps for p in ib if chosen.name in p.netdevs and p.gbps), None)
+        gbps = gbps or next((p.gbps for p in ib if p.gbps), None)
+        return NetworkSpec(
+            interface=chosen.name, fabric="infiniband",
+            gbps=None if gbps is None else _whole(gbps), hca=",".join(names),
+        ), note
+    roce = [p for p in hcas if p.active and chosen.name in p.netdevs
+            and (p.link_layer or "").lower() == "ethernet"]
+    if roce:
+        gbps = (chosen.speed_mbps / 1000 if chosen.speed_mbps else None) or roce[0].gbps
+        return NetworkSpec(
+            interface=chosen.name, fabric="roce",
+            gbps=None if gbps is None else _whole(gbps), hca=roce[0].hca,
+        ), note
+    gbps = chosen.speed_mbps / 1000 if chosen.speed_mbps else None
+    return NetworkSpec(
+        interface=chosen.name, fabric="ethernet", gbps=None if gbps is None else _whole(gbps)
+    ), note
+
+
+# --------------------------------------------------------------------------------------- facts
+
+
+def _get(raw: Mapping[str, Any], *keys: str) -> Any:
+    value: Any = raw
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
+    """Parse what :func:`orchestrate.hostside.hostfacts.gather` returned on one host."""
+    problems: list[str] = []
+    smi = _get(raw, "nvidia_smi") or {}
+    said = smi.get("status")
+    status: GpuStatus = "ok" if said == "ok" else "failed" if said == "failed" else "missing"
+    gpus: tuple[GpuFact, ...] = ()
+    error = smi.get("error")
+    if status == "ok":
+        gpus = tuple(parse_gpu_query(smi.get("query") or "", smi.get("fields")))
+        if not gpus:
+            status, error = "failed", "nvidia-smi listed no GPU"
+    if status == "failed":
+        problems.append(f"nvidia-smi failed: {error}")
+    link = gpu_link(gpus, smi.get("topo"))
+    if gpus and smi.get("topo_error"):
+        problems.append(f"nvidia-smi topo -m failed: {smi.get('topo_error')}")
+    raw_hcas = _get(raw, "net", "infiniband") or []
+    hcas = _hcas(raw_hcas)
+    nics = _nics(_get(raw, "net", "interfaces") or [])
+    routes = {
+        str(peer): str(found["interface"])
+        for peer, found in (_get(raw, "routes") or {}).items()
+        if isinstance(found, Mapping) and found.get("interface")
+    }
+    for peer, found in (_get(raw, "routes") or {}).items():
+        if isinstance(found, Mapping) and found.get("error"):
+            problems.append(f"route to {peer}: {found['error']}")
+    network, note = choose_network(nics, hcas, routes)
+    torch = _get(raw, "torch")
+    torch_error = torch.get("error") if isinstance(torch, Mapping) else None
+    cpus = _get(raw, "cpus", "usable") or _get(raw, "cpus", "count")
+    kib = _get(raw, "memory_kib")
+    return HostFacts(
+        hostname=str(raw.get("hostname") or "?"),
+        time=raw.get("time"),
+        gpu_status=status,
+        gpu_error=error if status != "ok" else None,
+        gpus=gpus,
+        link=link,
+        nics=nics,
+        hcas=hcas,
+        network=network,
+        network_note=note,
+        cpus=int(cpus) if cpus else None,
+        memory_gb=float(round(kib / 1024 / 1024)) if kib else None,
+        python=_get(raw, "python", "executable"),
+        python_version=_get(raw, "python", "version"),
+        torch=torch.get("version") if isinstance(torch, Mapping) else None,
+        torch_cuda=torch.get("cuda") if isinstance(torch, Mapping) else None,
+        nccl=torch.get("nccl") if isinstance(torch, Mapping) else None,
+        torch_error=torch_error,
+        shm_bytes=_get(raw, "shm_bytes"),
+        memlock=_get(raw, "memlock"),
+        problems=tuple(problems),
+    )

@@ -1,0 +1,271 @@
+"""From a job file on disk to a plan and its scripts: the shell around the pure core.
+
+Two halves. :func:`load` does the I/O, once per submit: it reads the job file (with ``--set``
+overrides) and its inventory, probes this machine for local jobs without an inventory, and counts
+the model's parameters by importing the user's factory. :func:`plan_job` is pure: from what was
+loaded, a job id and the facts a backend found on its hosts, it makes the plan; the backend
+renders its scripts from it (``Backend.files``). Backends re-plan (other jobs' GPUs, a busy port,
+a discovered interface) by calling :func:`plan_job` again; they never read the files a second
+time, so the job that runs is the job ``submit`` showed even if its file is edited meanwhile.
+``plan``, ``render`` and ``submit`` all come through here, so what ``render`` prints is what
+``submit`` writes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.spec.inventory import (
+    Inventory,
+    InventorySpec,
+    load_inventory_spec,
+    resolve_inventory,
+)
+from orchestrate.core.spec.job import JobSpec, check_job_id, job_dir, load_job
+
+#: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
+PREVIEW_SUFFIX = "dryrun"
+
+
+def new_id_suffix() -> str:
+    """Job ids are ``<name>-<6 hex>``: readable, unique enough for one user's store, and safe
+    in file names."""
+    return secrets.token_hex(3)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A job and everything read or measured for it, ready to be planned (any number of times).
+
+    ``inventory_source`` is "" for a local job without an inventory file (this machine, probed
+    into a spec). :meth:`to_json` / :meth:`from_json` carry it to a supervisor process, or to a
+    later ``resume`` (``loaded.json`` in the run directory), without reading a file again.
+    """
+
+    source: str  # what errors name: the job file, or "<JobSpec>"
+    overrides: tuple[str, ...]
+    job: JobSpec
+    inventory: Inventory
+    inventory_spec: InventorySpec
+    inventory_source: str
+    workdir: Path
+    runs: Path  # where run directories go
+    templates_dir: Path | None
+    param_count: float | None
+    notes: tuple[str, ...] = ()
+    debug: bool = False  # submit --debug: NCCL's log and torch's collective checks
+
+    @property
+    def path(self) -> Path:
+        """The job file (for messages)."""
+        return Path(self.source)
+
+    def run_dir(self, job_id: str) -> Path:
+        """The run directory of ``job_id``."""
+        return self.runs / job_id
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything :meth:`from_json` needs, as JSON values."""
+        return {
+            "source": self.source,
+            "overrides": list(self.overrides),
+            "job": self.job.model_dump(mode="json"),
+            "inventory": self.inventory_spec.model_dump(mode="json", exclude_unset=True),
+            "inventory_source": self.inventory_source,
+            "workdir": str(self.workdir),
+            "runs": str(self.runs),
+            "templates_dir": None if self.templates_dir is None else str(self.templates_dir),
+            "param_count": self.param_count,
+            "notes": list(self.notes),
+            "debug": self.debug,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Loaded:
+        """The inverse of :meth:`to_json` (pure: validates and resolves again, reads nothing)."""
+        spec = InventorySpec.model_validate(data["inventory"])
+        return cls(
+            source=data["source"],
+            overrides=tuple(data["overrides"]),
+            job=JobSpec.model_validate(data["job"]),
+            inventory=resolve_inventory(spec, data["inventory_source"]),
+            inventory_spec=spec,
+            inventory_source=data["inventory_source"],
+            workdir=Path(data["workdir"]),
+            runs=Path(data["runs"]),
+            templates_dir=None if data["templates_dir"] is None else Path(data["templates_dir"]),
+            param_count=data["param_count"],
+            notes=tuple(data["notes"]),
+            debug=bool(data.get("debug", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job made ready to launch: what was loaded, and its plan (whose files its backend
+    renders: ``Backend.files``)."""
+
+    loaded: Loaded
+    plan: Plan
+
+    @property
+    def path(self) -> Path:
+        """The job file."""
+        return self.loaded.path
+
+    @property
+    def job(self) -> JobSpec:
+        """The job spec."""
+        return self.loaded.job
+
+    @property
+    def inventory(self) -> Inventory:
+        """The resolved inventory."""
+        return self.loaded.inventory
+
+    @property
+    def templates_dir(self) -> Path | None:
+        """The job's own templates, if any."""
+        return self.loaded.templates_dir
+
+
+def load(path: Path, overrides: tuple[str, ...] = ()) -> Loaded:
+    """Read a job file (with ``--set`` overrides) and everything it needs."""
+    job = load_job(path, overrides)
+    return load_spec(job, job_dir(path), str(path), overrides)
+
+
+def load_spec(
+    job: JobSpec, base: Path, source: str = "<JobSpec>", overrides: tuple[str, ...] = ()
+) -> Loaded:
+    """Load what a job spec needs; its relative paths are relative to ``base``."""
+    inventory, spec, inventory_source = _inventory(job, base, source)
+    workdir = (base / os.path.expanduser(job.workdir or ".")).resolve()
+    templates_dir = None
+    if job.templates_dir is not None:
+        templates_dir = (base / job.templates_dir).resolve()
+        if not templates_dir.is_dir():
+            raise UserError.single("templates folder not found", source=source,
+                                   field="templates_dir", got=str(templates_dir))
+    params, note = _count_params(job, inventory, workdir)
+    return Loaded(
+        source=source,
+        overrides=tuple(overrides),
+        job=job,
+        inventory=inventory,
+        inventory_spec=spec,
+        inventory_source=inventory_source,
+        workdir=workdir,
+        runs=_runs(job, base),
+        templates_dir=templates_dir,
+        param_count=params,
+        notes=(note,) if note else (),
+    )
+
+
+def plan_job(
+    loaded: Loaded,
+    job_id: str,
+    facts: HostFacts | None = None,
+) -> Prepared:
+    """Plan a loaded job (pure). Its scripts are its backend's to render, when they are wanted:
+    ``orchestrate plan`` needs none, and a 4,096-node job would render 4,096 of them."""
+    plan = make_plan(
+        loaded.job,
+        loaded.inventory,
+        job_id=job_id,
+        run_dir=str(loaded.run_dir(job_id)),
+        workdir=str(loaded.workdir),
+        source=loaded.source,
+        python=sys.executable if loaded.job.backend == "local" else "python3",
+        param_count=loaded.param_count,
+        facts=facts,
+        debug=loaded.debug,
+    )
+    if loaded.notes:
+        plan = replace(plan, notes=(*plan.notes, *loaded.notes))
+    return Prepared(loaded, plan)
+
+
+def prepare(
+    path: Path,
+    overrides: tuple[str, ...] = (),
+    *,
+    job_id: str | None = None,
+    id_suffix: str | None = None,
+    debug: bool = False,
+) -> Prepared:
+    """Load and plan a job file. ``job_id`` names the job; else ``<name>-<id_suffix>``
+    (``submit`` passes a fresh suffix), else ``<name>-dryrun``."""
+    if job_id is not None:
+        try:
+            check_job_id(job_id)
+        except ValueError as exc:
+            raise UserError.single(str(exc), field="--job-id", got=job_id,
+                                   hint="a job id names a folder: no '/' and no '..'") from None
+    loaded = load(path, overrides)
+    job_id = job_id or f"{loaded.job.name}-{id_suffix or PREVIEW_SUFFIX}"
+    if debug:
+        loaded = replace(loaded, debug=True)
+    return plan_job(loaded, job_id)
+
+
+def _inventory(
+    job: JobSpec, base: Path, source: str
+) -> tuple[Inventory, InventorySpec, str]:
+    if job.inventory is None:
+        if job.backend != "local":
+            raise UserError.single(
+                f"the {job.backend} backend needs an inventory",
+                source=source,
+                field="inventory",
+                hint="point 'inventory' at a file describing the nodes (see inventory/)",
+            )
+        from orchestrate.probe.machine import local_inventory_spec
+
+        spec = local_inventory_spec()
+        return resolve_inventory(spec), spec, ""
+    inv_path = base / os.path.expanduser(job.inventory)
+    if not inv_path.exists():
+        raise UserError.single(
+            "inventory file not found",
+            source=source,
+            field="inventory",
+            got=str(inv_path),
+            hint="the path is relative to the job file",
+        )
+    spec, lines = load_inventory_spec(inv_path)
+    return resolve_inventory(spec, str(inv_path), lines), spec, str(inv_path)
+
+
+def _runs(job: JobSpec, base: Path) -> Path:
+    """Where run directories go: the job's ``run_root``, else $ORCHESTRATE_RUNS, else ./runs."""
+    if job.run_root is not None:
+        return (base / os.path.expanduser(job.run_root)).resolve()
+    return Path(os.environ.get("ORCHESTRATE_RUNS", "runs")).expanduser().resolve()
+
+
+def _count_params(job: JobSpec, inventory: Inventory, workdir: Path) -> tuple[float | None, str]:
+    """Count the model on the meta device when the memory check needs it and can have it."""
+    if job.train is None or job.train.model_params is not None:
+        return None, ""
+    if not any(node.is_gpu for node in inventory.nodes):
+        return None, ""
+    try:
+        from orchestrate.train.params import param_count
+    except ImportError:
+        return None, "memory check skipped: torch is not installed here (set train.model_params)"
+    sys.path.insert(0, str(workdir))
+    try:
+        return float(param_count(job.train)), ""
+    except Exception as exc:  # the user's factory: any failure only skips the check
+        return None, f"memory check skipped: counting the model failed ({exc})"
+    finally:
+        sys.path.remove(str(workdir))

@@ -1,0 +1,520 @@
+"""The supervisor: the one process that watches every rank of a running job.
+
+It starts the ranks (through a backend's :class:`RankHandle`), copies their output into the
+log sink, records each exit in the store, and ends the job the moment it cannot succeed, naming
+why, instead of leaving ranks to wait in a collective for torch's timeout:
+
+- the first rank that fails (:func:`orchestrate.core.plan.outcome.first_failure`) is named with its
+node,
+  exit status and last log lines, and every other rank is stopped (FAILED);
+- a cancel (SIGTERM/SIGINT/SIGHUP to the supervisor) stops every rank (CANCELLED);
+- the job's time limit (``resources.time``), enforced as Slurm does: SIGTERM to every rank, a
+  grace period, SIGKILL (TIMEOUT);
+- rank 0 finished while other ranks still run: a notice after :data:`EARLY_EXIT_NOTICE_S`; if
+  they are still running ``distributed.timeout_s`` + :data:`LINGER_SLACK_S` later (no collective
+  can still be waiting for rank 0 by then), they are stopped (FAILED);
+- the run directory cannot take the ranks' output (its file system is full): the ranks are
+  stopped rather than left blocked on a full pipe (FAILED, "cannot write logs");
+- no rank made progress for ``distributed.stall_s`` (the stall watch,
+  :mod:`orchestrate.diagnosis.hangwatch`, in a thread beside this loop): the stuck rank is named in
+  the log, the store (``status``' diagnosis) and ``diag/diagnosis.json``; with ``on_stall: kill``
+  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts).
+
+Ranks the job stops itself are recorded as STOPPED, with their exit, never as FAILED: only the
+first failure failed. Local and SSH jobs share this loop; only the handles differ.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from orchestrate.core.layout import MERGED_LOG, METRICS, rank_log
+from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
+from orchestrate.core.plan.plan import Plan
+from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
+from orchestrate.core.spec.job import time_limit_seconds
+from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
+from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.run.logsink import LogSink, last_lines
+from orchestrate.run.store import RESTARTING, STOPPED, Store
+
+POLL_S = 0.05
+#: A rank that exited 0 while others still run this long later is reported: in DDP the others
+#: are probably waiting for it in a collective. Reported, not killed: rank 0 may legitimately
+#: finish alone (a final evaluation or save), and other ranks after it.
+EARLY_EXIT_NOTICE_S = 10.0
+#: Past the process-group timeout, how long ranks may outlive a finished rank 0.
+LINGER_SLACK_S = 30.0
+#: After SIGKILL, how long to wait for a rank's end before giving up on it.
+KILL_WAIT_S = 5.0
+
+
+class RankHandle(Protocol):
+    """One rank, however it is run (a local process, an SSH channel)."""
+
+    rank: int
+    node: str
+    #: Set when the rank's host was lost (no word from it within its deadline): why, and when.
+    lost: str | None
+
+    def start(self, emit: Callable[[str], None]) -> int | None:
+        """Start the rank; ``emit`` gets each output line. Returns its pid if known."""
+
+    def poll(self) -> Exit | None:
+        """The exit, once the rank has ended."""
+
+    def stop(self, force: bool) -> None:
+        """Ask the rank to stop (SIGTERM), or make it (SIGKILL) when ``force``."""
+
+
+class StopRequest:
+    """Set by signal handlers: the job is being cancelled."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def install(self) -> None:
+        """Turn SIGTERM, SIGINT and SIGHUP into a cancel request."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.reason = f"cancelled ({signal.Signals(signum).name} to the supervisor)"
+
+
+@dataclass
+class Outcome:
+    """How the job (or one attempt of it) ended."""
+
+    state: str
+    reason: str
+    failure: Failure | None
+    failed_exits: list[Exit] = field(default_factory=list)  # every rank's non-zero exit
+    lost_node: str | None = None
+    stalled: bool = False
+
+    def ending(self) -> Ending:
+        """The ending as the restart policy sees it."""
+        if self.state == "COMPLETED":
+            return Ending("completed", self.reason)
+        if self.state in ("CANCELLED", "TIMEOUT"):
+            return Ending(self.state.lower(), self.reason)
+        first = self.failure.exit if self.failure is not None else None
+        node = self.lost_node or (self.failure.node if self.failure is not None else None)
+        return ending_of(self.failed_exits, first, node, self.reason, self.stalled,
+                         self.lost_node is not None)
+
+
+class _Run:
+    """One supervised run of the job's ranks: what happened so far, and the rules above."""
+
+    def __init__(self, job_id: str, run_dir: Path, store: Store, plan: Plan,
+                 handles: Sequence[RankHandle], sink: LogSink, grace_s: float) -> None:
+        self.job_id = job_id
+        self.run_dir = run_dir
+        self.store = store
+        self.sink = sink
+        self.grace_s = grace_s
+        self.handles = list(handles)
+        self.running: dict[int, RankHandle] = {h.rank: h for h in handles}
+        self.exits: dict[int, Exit] = {}
+        self.failure: Failure | None = None
+        self.ending: Outcome | None = None  # why the job is being stopped, once it is
+        self.stop_deadline: float | None = None
+        self.limit_at: float | None = None
+        if plan.time_limit:
+            self.limit_s = time_limit_seconds(plan.time_limit)
+            self.limit_at = time.monotonic() + self.limit_s
+        self.linger_s = plan.timeout_s + LINGER_SLACK_S
+        self.first_done: tuple[int, str, float] | None = None  # the first rank to exit 0
+        self.zero_done_at: float | None = None  # when rank 0 exited 0
+        self.noticed_early = False
+
+    # ---- events --------------------------------------------------------------------------
+
+    def collect(self) -> None:
+        """Record the ranks that ended since the last call; apply the failure rule."""
+        ended: list[RankEnd] = []
+        for rank, handle in list(self.running.items()):
+            result = handle.poll()
+            if result is None:
+                continue
+            del self.running[rank]
+            self.exits[rank] = result
+            now = time.time()
+            ended.append(RankEnd(rank, handle.node, result, now))
+            stopped_by_us = self.ending is not None
+            state = "COMPLETED" if result.ok else (STOPPED if stopped_by_us else "FAILED")
+            self.store.update_rank(self.job_id, rank, state=state, exit_code=result.code,
+                                   signal=result.signal, finished_at=now)
+            if result.ok and self.first_done is None:
+                self.first_done = (rank, handle.node, time.monotonic())
+            if rank == 0 and result.ok:
+                self.zero_done_at = time.monotonic()
+        first = first_failure(ended)
+        if first is not None and self.ending is None:
+            lost = next((h.lost for h in self.handles if h.rank == first.rank and h.lost), None)
+            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, first.rank), 10),
+                                      lost)
+            reason = self.failure.sentence()
+            if self.failure.requeue:
+                reason += (" (it checkpointed and asks to be started again: "
+                           f"`orchestrate resume {self.job_id}`)")
+            state = "NODE_FAIL" if lost else "FAILED"
+            self.stop_all(Outcome(state, reason, self.failure,
+                                  lost_node=first.node if lost else None),
+                          f"{self.failure.sentence()}; stopping the other "
+                          f"{len(self.running)} rank(s)")
+
+    def check_rules(self, cancel: str | None) -> None:
+        """Cancel, time limit, lingering ranks, a log that cannot be written."""
+        if self.ending is not None or not self.running:
+            return
+        now = time.monotonic()
+        if cancel:
+            self.stop_all(Outcome("CANCELLED", cancel, None),
+                          f"{cancel}; stopping {len(self.running)} rank(s)")
+        elif self.sink.error is not None:
+            reason = f"cannot write logs: {self.sink.error}"
+            self.stop_all(Outcome("FAILED", reason, None), f"{reason}; stopping every rank")
+        elif self.limit_at is not None and now >= self.limit_at:
+            reason = (f"time limit ({self.limit_s}s, resources.time) reached; the ranks got "
+                      f"SIGTERM and {self.grace_s:.0f}s to checkpoint")
+            self.stop_all(Outcome("TIMEOUT", reason, None), reason)
+        elif self.first_done is not None:
+            self._linger(now)
+
+    def _linger(self, now: float) -> None:
+        assert self.first_done is not None
+        rank, node, done_at = self.first_done
+        others = sorted(self.running)
+        if now - done_at > EARLY_EXIT_NOTICE_S and not self.noticed_early:
+            self.noticed_early = True
+            notice = (f"rank {rank} on {node} exited 0 more than {EARLY_EXIT_NOTICE_S:.0f}s ago "
+                      f"while rank(s) {others} still run; ")
+            if rank == 0:
+                notice += (f"they are stopped if still running {self.linger_s:.0f}s after it "
+                           f"(distributed.timeout_s + {LINGER_SLACK_S:.0f}s)")
+            else:
+                notice += ("if they wait for it in a collective they will fail at the "
+                           "process-group timeout")
+            self.sink.note(notice)
+            self.store.update(self.job_id, reason=notice)
+        if self.zero_done_at is None:
+            return
+        waited = now - self.zero_done_at
+        if waited > self.linger_s:
+            reason = (f"rank(s) {others} still ran {waited:.0f}s after rank 0 finished "
+                      "(longer than distributed.timeout_s + "
+                      f"{LINGER_SLACK_S:.0f}s: not waiting for a collective any more)")
+            self.stop_all(Outcome("FAILED", reason, None), f"{reason}; stopping them")
+
+    def stop_all(self, ending: Outcome, note: str) -> None:
+        """Start stopping every running rank (SIGTERM now, SIGKILL after the grace period)."""
+        self.ending = ending
+        self.sink.note(note)
+        for handle in list(self.running.values()):
+            handle.stop(force=False)
+        self.stop_deadline = time.monotonic() + self.grace_s
+
+    def enforce(self) -> None:
+        """SIGKILL whatever outlived its grace period."""
+        if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+            for handle in self.running.values():
+                handle.stop(force=True)
+            self.stop_deadline = time.monotonic() + KILL_WAIT_S
+
+    def outcome(self) -> Outcome:
+        outcome = self.ending or (
+            Outcome("COMPLETED", "", None) if all(e.ok for e in self.exits.values())
+            else Outcome("FAILED", "a rank failed", None))
+        outcome.failed_exits = [e for e in self.exits.values() if not e.ok]
+        return outcome
+
+
+class _Watcher:
+    """The stall watch in a thread of its own: a look can take seconds (a dump request waits
+    for the ranks; an SSH job's evidence comes over the network) while the supervisor's loop
+    must keep noticing exits every :data:`POLL_S`. Diagnoses come back through a queue."""
+
+    def __init__(self, watch: HangWatch, sink: LogSink) -> None:
+        self.watch = watch
+        self.sink = sink
+        self.alive: frozenset[int] = frozenset()  # replaced (never mutated) by the loop
+        self.found: queue.Queue[Diagnosis] = queue.Queue()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self.stopped.wait(self.watch.interval_s):
+            try:
+                alive = self.alive
+                diagnosis = self.watch.look({rank: True for rank in alive})
+                failures = 0
+            except Exception as exc:  # the watch must never take the job down
+                failures += 1
+                if failures == 3:
+                    self.sink.note(f"stall watch: cannot read the ranks' heartbeats "
+                                   f"({type(exc).__name__}: {exc}); still trying")
+                continue
+            if diagnosis is not None and not self.stopped.is_set():
+                self.found.put(diagnosis)
+
+    def take(self) -> Diagnosis | None:
+        try:
+            return self.found.get_nowait()
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
+           ) -> _Watcher | None:
+    """The attempt's stall watch, unless the job turned it off or the backend has no evidence."""
+    if evidence is None or plan.stall_s <= 0 or not plan.sidecar:
+        return None
+    nodes = {r.rank: r.node for r in plan.ranks}
+    interface = plan.nodes[0].env.get("GLOO_SOCKET_IFNAME") if plan.nodes else None
+    watch = HangWatch(run_dir, evidence, nodes, f"{plan.master_addr}:{plan.master_port}",
+                      stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
+                      interface=interface)
+    return _Watcher(watch, sink)
+
+
+def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
+    """A stall was named: say so everywhere; with ``on_stall: kill`` stop the job."""
+    run.store.update(run.job_id, diagnosis=diagnosis.as_dict())
+    if run.ending is not None:
+        return
+    if plan.on_stall == "kill":
+        reason = f"stalled: {diagnosis.summary}"
+        run.stop_all(Outcome("FAILED", reason, None, stalled=True),
+                     f"{reason}; stopping every rank (distributed.on_stall: kill)")
+        return
+    run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job goes "
+                  f"on; `orchestrate diagnose {run.job_id}` shows every rank)")
+    run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
+
+
+def supervise(
+    job_id: str,
+    run_dir: Path,
+    store: Store,
+    handles: Sequence[RankHandle],
+    stop: StopRequest,
+    grace_s: float,
+    plan: Plan,
+    cleanup: Callable[[], None] | None = None,
+    sink: LogSink | None = None,
+    evidence: Evidence | None = None,
+) -> Outcome:
+    """Run one attempt's ranks to the end and return how it ended (recording each rank, not
+    the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
+    (made here unless the caller made it to write notes of its own); it is closed at the end.
+    ``evidence`` is where the stall watch reads the ranks' heartbeats (None: no watch)."""
+    sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles})
+    run = _Run(job_id, run_dir, store, plan, handles, sink, grace_s)
+    metrics = run_dir / METRICS
+    current = store.get(job_id)
+    first_step_seen = current is not None and current.first_step_at is not None
+    watcher = _watch(plan, run_dir, evidence, sink)
+    try:
+        for handle in handles:
+            pid = handle.start(_emitter(sink, handle.rank))
+            store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
+                              started_at=time.time())
+        store.update(job_id, state="RUNNING", started_at=time.time())
+        if watcher is not None:
+            watcher.alive = frozenset(run.running)
+            watcher.start()
+        while run.running:
+            run.collect()
+            run.check_rules(stop.reason)
+            run.enforce()
+            if watcher is not None:
+                watcher.alive = frozenset(run.running)
+                diagnosis = watcher.take()
+                if diagnosis is not None:
+                    _stalled(run, plan, diagnosis)
+            if not first_step_seen and metrics.exists():
+                first_step_seen = _record_first_step(store, job_id, metrics)
+            time.sleep(POLL_S)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        if cleanup is not None:
+            cleanup()
+        if not first_step_seen and metrics.exists():
+            _record_first_step(store, job_id, metrics)
+    outcome = run.outcome()
+    sink.note(f"attempt ended {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
+    sink.close()
+    return outcome
+
+
+@dataclass
+class Launched:
+    """One attempt's ranks, ready to start: the handles, what to run after them, the log."""
+
+    handles: Sequence[RankHandle]
+    cleanup: Callable[[], None] | None = None
+    sink: LogSink | None = None
+    evidence: Evidence | None = None  # where the stall watch reads heartbeats
+
+
+def run_with_restarts(
+    job_id: str,
+    run_dir: Path,
+    store: Store,
+    plan: Plan,
+    stop: StopRequest,
+    grace_s: float,
+    launch: Callable[[int, tuple[str, ...]], tuple[Plan, Launched]],
+    progress: Callable[[Plan], dict[str, int | None]],
+) -> Outcome:
+    """Run the job's attempts until one ends for good; record the job's end.
+
+    ``launch(attempt, excluded_nodes)`` readies an attempt's ranks (re-planning where the
+    backend must: other hosts, a node excluded) and returns its plan; ``progress(plan)`` reads
+    how far training got (:func:`orchestrate.core.plan.restart.progress_marker`, on the right host).
+    The restart policy of :mod:`orchestrate.core.plan.restart` decides between attempts; a cancel
+    during
+    the wait ends the job for good.
+    """
+    record = store.get(job_id)
+    attempt = record.attempt if record is not None else 1
+    restarts = 0
+    excluded: tuple[str, ...] = ()
+    expects = plan.train_config is not None
+    before = progress(plan)
+    while True:
+        try:
+            plan, launched = launch(attempt, excluded)
+        except Exception as exc:  # a restart that cannot launch ends the job, saying why
+            why = f"attempt {attempt} could not start: {_launch_error(exc)}"
+            store.end_attempt(job_id, time.time(), why)
+            _note(run_dir, f"job {job_id} FAILED: {why}")
+            store.finish(job_id, "FAILED", why)
+            final_report(store, job_id)
+            return Outcome("FAILED", why, None)
+        outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
+                            launched.cleanup, launched.sink, launched.evidence)
+        after = progress(plan)
+        if stop.reason and outcome.state != "CANCELLED":
+            outcome = Outcome("CANCELLED", stop.reason, None)
+        decision = decide(plan.restart, outcome.ending(), restarts,
+                          progressed(before, after, expects))
+        resumed = _resumed_from(run_dir)
+        if not decision.restart:
+            # Say why not, unless the policy never covered this ending anyway.
+            quiet = outcome.state in ("COMPLETED", "CANCELLED", "TIMEOUT") or \
+                decision.why.startswith("not restarted: restart.on does not include")
+            reason = outcome.reason if quiet else f"{outcome.reason}; {decision.why}"
+            store.end_attempt(job_id, time.time(), reason, resumed)
+            _note(run_dir, f"job {job_id} {outcome.state}" + (f": {reason}" if reason else ""))
+            store.finish(job_id, outcome.state, reason, failure=outcome.failure)
+            final_report(store, job_id)
+            return outcome
+        why = f"{outcome.reason}; {decision.why}"
+        store.end_attempt(job_id, time.time(), why, resumed, decision.exclude)
+        store.update(job_id, state=RESTARTING, reason=why, failure=outcome.failure)
+        _note(run_dir, f"attempt {attempt} ended {outcome.state}: {why}")
+        deadline = time.monotonic() + decision.wait_s
+        while time.monotonic() < deadline and not stop.reason:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        if stop.reason:
+            store.finish(job_id, "CANCELLED", f"{stop.reason} (between attempts: nothing "
+                         "restarted)")
+            _note(run_dir, f"job {job_id} CANCELLED between attempts")
+            final_report(store, job_id)
+            return Outcome("CANCELLED", stop.reason, None)
+        restarts += 1
+        attempt += 1
+        excluded = (*excluded, *decision.exclude)
+        before = after
+        store.reopen(job_id, Attempt(attempt, time.time(), excluded_nodes=excluded))
+
+
+def _launch_error(exc: Exception) -> str:
+    problems = getattr(exc, "problems", None)
+    if problems:
+        return "; ".join(p.render().replace("\n", " ") for p in problems)
+    failures = getattr(getattr(exc, "verdict", None), "failures", None)
+    if failures:
+        return "preflight: " + "; ".join(f"{t.label}: {check}: {detail}"
+                                         for t, check, detail in failures)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def final_report(store: Store, job_id: str) -> None:
+    """The job's HTML report (``report.html`` in its run directory), written when it ends; a
+    report that cannot be written never fails the job."""
+    from orchestrate.report.runfiles import write_report
+
+    record = store.get(job_id)
+    if record is None:
+        return
+    try:
+        write_report(Path(record.run_dir), record.to_json())
+    except Exception as exc:  # any failure here is the report's, never the job's
+        _note(Path(record.run_dir), f"no report: {type(exc).__name__}: {exc}")
+
+
+def _note(run_dir: Path, text: str) -> None:
+    """A line from orchestrate in the merged log, between attempts (no sink is open then)."""
+    try:
+        with open(run_dir / MERGED_LOG, "a", encoding="utf-8") as merged:
+            merged.write(f"[orchestrate] {text}\n")
+    except OSError:
+        pass
+
+
+def _resumed_from(run_dir: Path) -> int | None:
+    """The step the last attempt's trainer resumed from (its latest metrics "start" record)."""
+    try:
+        lines = (run_dir / METRICS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "start":
+            value = record.get("resumed_from_step")
+            return int(value) if isinstance(value, int) else None
+    return None
+
+
+def _emitter(sink: LogSink, rank: int) -> Callable[[str], None]:
+    def emit(text: str) -> None:
+        sink.line(rank, text)
+
+    return emit
+
+
+def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:
+    try:
+        first = metrics.read_text(encoding="utf-8").splitlines()[:1]
+        if not first:
+            return False
+        stamp = float(json.loads(first[0]).get("time", time.time()))
+    except (OSError, ValueError, AttributeError):
+        return False
+    store.update(job_id, first_step_at=stamp)
+    return True
+
