@@ -1,6 +1,6 @@
 """Time from a stall to its diagnosis, on each backend (issue 11's benchmark).
 
-A 2-rank job runs tests/diag/programs/steps.py (a plain Python program, steps of one
+A 2-rank job runs tests/diagnosis/programs/steps.py (a plain Python program, steps of one
 all_reduce); at step 8 rank 1 stops in its data loading and writes the time into a mark file.
 The job has ``distributed.stall_s`` = ``--stall-s`` and ``on_stall: kill``; the figure is
 ``diagnosis.at`` (when the watch had named the rank, written by the watch) minus the mark's

@@ -25,8 +25,9 @@ def chdir_tmp(tmp_path: Path) -> Iterator[Path]:
 
 
 def _slurm_fixtures() -> Any:
-    """The real Slurm test cluster fixture of tests/slurm, for the few tests here that submit."""
-    path = REPO / "tests" / "slurm" / "conftest.py"
+    """The real Slurm test cluster fixture of tests/backends/slurm, for the few tests here that
+    submit."""
+    path = REPO / "tests" / "backends" / "slurm" / "conftest.py"
     spec = importlib.util.spec_from_file_location("orchestrate_slurm_fixtures", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.local.conftest import Cli
+from tests.backends.local.conftest import Cli
 
 pytestmark = pytest.mark.torch
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from tests.backends.local.conftest import Cli, cli
 from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
-from tests.local.conftest import Cli, cli
 
 __all__ = ["cli"]  # the fixture, imported for this module
 

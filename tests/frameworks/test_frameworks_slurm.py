@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.backends.slurm.conftest import OrchestrateCli, ocli, slurm_cluster
 from tests.frameworks.probes import assert_believes_plan, copy_probes, job_text
-from tests.slurm.conftest import OrchestrateCli, ocli, slurm_cluster
 
 __all__ = ["ocli", "slurm_cluster"]  # the fixtures, imported for this module
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.local.conftest import Cli
+from tests.backends.local.conftest import Cli
 
 PACE_DATA = '''
 """Points in 32 dimensions labelled by a fixed random linear map (learnable, no download)."""

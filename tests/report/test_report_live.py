@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.local.conftest import Cli
+from tests.backends.local.conftest import Cli
 from tests.report.conftest import SLOW_ITEM_S, make_cli, pace_job, reap_all
 
 pytestmark = pytest.mark.torch

@@ -1,0 +1,193 @@
+"""A stuck local job names the stuck rank: the stall watch in the supervisor, ``diagnose``.
+
+Real ranks (gloo on CPU) started by ``orchestrate submit`` run a plain Python program that
+imports nothing of orchestrate (tests/diagnosis/programs/steps.py: steps of one all_reduce each; a
+scenario in its environment makes one rank misbehave), or the built-in trainer with a dataset
+whose read never returns on one rank. The sidecar reaches them as sitecustomize, the supervisor's
+watch names the stall, and the job record, ``diag/diagnosis.json`` and ``orchestrate diagnose``
+say the same sentence. ``stall_s`` is 10 s here (the least allowed) to keep the tests short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.backends.local.conftest import Cli
+
+pytestmark = pytest.mark.torch
+
+PROGRAMS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits"
+STALL_S = 10
+
+
+def _steps_job(cli: Cli, name: str, scenario: str, *, on_stall: str = "kill",
+               restart: str = "{max: 0}", extra_env: str = "") -> Path:
+    marks = cli.work / f"marks-{name}"
+    marks.mkdir(exist_ok=True)
+    return cli.write(f"{name}.yaml", f"""
+        name: {name}
+        resources: {{nodes: 1, gpus_per_node: 2}}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: {on_stall}, timeout_s: 300}}
+        restart: {restart}
+        env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'{extra_env}}}
+        command: [python3, '{PROGRAMS / "steps.py"}']
+        """)
+
+
+def _until(cli: Cli, job: str, done: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = cli.status(job)
+        if done(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.3)
+
+
+def _trigger_time(cli: Cli, name: str, mark: str = "trigger", timeout: float = 90) -> float:
+    path = cli.work / f"marks-{name}" / mark
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"the program never reached its {mark} mark"
+        time.sleep(0.1)
+    time.sleep(0.05)
+    return float(path.read_text())
+
+
+def test_a_laggard_is_named_and_killed_within_the_bound(cli: Cli) -> None:
+    job = cli.id("lag")
+    cli.run("submit", str(_steps_job(cli, "lag", "laggard")), "--detach", "--job-id", job,
+            check=True)
+    began = _trigger_time(cli, "lag")
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    took = (status["diagnosis"] or {}).get("at", float("inf")) - began
+    assert status["state"] == "FAILED", status
+    diagnosis = status["diagnosis"]
+    assert diagnosis["kind"] == "laggard" and diagnosis["ranks"] == [1], diagnosis
+    summary = diagnosis["summary"]
+    assert summary.startswith("rank 1 (node localhost) has not reached collective #")
+    assert "steps.py" in summary and "rank 0 waits in all_reduce" in summary
+    assert status["reason"] == f"stalled: {summary}"
+    # The rule's bound plus the collection, with slack for a loaded 2-core machine.
+    assert took < STALL_S + 30, took
+    run_dir = Path(status["run_dir"])
+    assert json.loads((run_dir / "diag" / "diagnosis.json").read_text())["summary"] == summary
+    stacks = [Path(f) for f in diagnosis["files"] if f.endswith("rank-1.stacks.txt")]
+    assert stacks and "steps.py" in stacks[0].read_text()
+    # Every rank was stopped: none is left.
+    assert all(r["state"] in ("STOPPED", "FAILED") for r in status["ranks"]), status["ranks"]
+
+
+def test_a_mismatched_collective_is_named(cli: Cli) -> None:
+    job = cli.id("mis")
+    cli.run("submit", str(_steps_job(cli, "mis", "mismatch")), "--detach", "--job-id", job,
+            check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    diagnosis = status["diagnosis"]
+    assert diagnosis["kind"] == "mismatch", diagnosis
+    assert diagnosis["ranks"] == [1]
+    assert "rank 1 (node localhost) is in barrier #" in diagnosis["summary"]
+    assert "rank 0 is in all_reduce #" in diagnosis["summary"]
+
+
+def test_a_frozen_rank_is_named_while_the_job_goes_on_and_diagnose_answers(cli: Cli) -> None:
+    """``on_stall: report``: named, not killed; ``diagnose`` answers in seconds although one
+    rank cannot answer at all."""
+    job = cli.id("frz")
+    cli.run("submit", str(_steps_job(cli, "frz", "frozen", on_stall="report")), "--detach",
+            "--job-id", job, check=True)
+    _trigger_time(cli, "frz", mark="ready")
+    status = cli.status(job)
+    pid = next(r["pid"] for r in status["ranks"] if r["rank"] == 1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status = _until(cli, job, lambda s: s["diagnosis"] is not None, 90)
+        diagnosis = status["diagnosis"]
+        assert diagnosis is not None, status
+        assert diagnosis["kind"] == "frozen" and diagnosis["ranks"] == [1], diagnosis
+        assert f"rank 1 (node localhost, pid {pid}) stopped answering" in diagnosis["summary"]
+        assert status["state"] == "RUNNING"  # report: the job goes on
+        started = time.monotonic()
+        found = cli.run("diagnose", job, "--json", check=True, timeout=60)
+        assert time.monotonic() - started < 15
+        table = json.loads(found.stdout)
+        rows = {r["rank"]: r for r in table["ranks"]}
+        assert rows[1]["answered"] is False and rows[0]["answered"] is True
+        assert any("all_reduce" in c for c in rows[0]["collectives"]), rows[0]
+        assert table["diagnosis"]["kind"] == "frozen"
+        text = cli.run("diagnose", job, check=True, timeout=60).stdout
+        assert "stopped answering" in text and "(silent)" in text
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        cli.run("cancel", job, timeout=60)
+
+
+def test_a_rank_that_never_joins_is_named(cli: Cli) -> None:
+    job = cli.id("rdv")
+    cli.run("submit", str(_steps_job(cli, "rdv", "rendezvous")), "--detach", "--job-id", job,
+            check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    diagnosis = status["diagnosis"]
+    assert diagnosis["kind"] == "rendezvous", diagnosis
+    assert diagnosis["ranks"] == [1]
+    assert "never reached init_process_group" in diagnosis["summary"]
+
+
+def test_a_stall_restarts_under_the_policy(cli: Cli) -> None:
+    """``restart.on: [stall]``: the killed attempt is followed by another (which stalls too,
+    and the budget ends it)."""
+    job = cli.id("rst")
+    path = _steps_job(cli, "rst", "laggard",
+                      restart="{max: 1, on: [stall], backoff_s: [0]}")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING", "RESTARTING"),
+                    200)
+    assert status["state"] == "FAILED", status
+    attempts = status["attempts"]
+    assert len(attempts) == 2, attempts
+    assert attempts[0]["reason"].startswith("stalled: rank 1 (node localhost)")
+    assert "restart 1 of at most 1" in attempts[0]["reason"]
+
+
+def test_a_long_rank0_pause_shorter_than_the_bound_is_not_a_stall(cli: Cli) -> None:
+    job = cli.id("ok")
+    path = _steps_job(cli, "ok", "healthy", extra_env=", STEPS: 30, PAUSE_S: 6")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    assert status["state"] == "COMPLETED", status
+    assert status["diagnosis"] is None
+    assert (cli.work / "marks-ok" / "pause").exists()  # the pause happened
+
+
+def test_a_train_job_stuck_in_its_data_loading_is_named(cli: Cli) -> None:
+    job = cli.id("trn")
+    marks = cli.work / "marks-trn"
+    marks.mkdir()
+    path = cli.write("trn.yaml", f"""
+        name: trn
+        resources: {{nodes: 1, gpus_per_node: 2}}
+        workdir: {EXAMPLE}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: kill, timeout_s: 300}}
+        restart: {{max: 0}}
+        env: {{PYTHONPATH: '{PROGRAMS}', MARKS: '{marks}'}}
+        train:
+          model: digits:build_model
+          dataset: stuck_data:build_dataset
+          dataset_args: {{stuck_rank: 1, after: 300}}
+          optimizer: {{name: adamw, lr: 3.0e-3}}
+          epochs: 5
+          batch_size: 16
+        """)
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 180)
+    diagnosis = status["diagnosis"]
+    assert status["state"] == "FAILED" and diagnosis is not None, status
+    assert diagnosis["kind"] == "laggard" and diagnosis["ranks"] == [1], diagnosis
+    assert "stuck_data.py" in diagnosis["summary"], diagnosis["summary"]

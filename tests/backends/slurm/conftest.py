@@ -1,0 +1,230 @@
+"""The real Slurm test cluster (tests/clusters/slurm.sh) as a session fixture.
+
+Why a fixture that brings the cluster up itself: the Slurm tests must prove the backend works
+against real slurmctld/slurmd daemons, so a missing cluster is a failure, never a skip. A cluster
+that was already up before the session (a developer's `slurm.sh up`) is used and left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "tests" / "clusters" / "slurm.sh"
+STATE_DIR = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
+
+#: Slurm job states after which a job never runs again (requeue aside).
+FINISHED = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """What a test needs to talk to the cluster: the clients' env, the nodes, the state dir."""
+
+    state_dir: Path
+    nodes: tuple[str, ...]
+    env: dict[str, str]  # os.environ plus SLURM_CONF (from $state_dir/env.sh)
+    layout: str  # "netns": one network namespace per node; "loopback": 127.0.1.K addresses
+
+    @property
+    def slurm_conf(self) -> Path:
+        return Path(self.env["SLURM_CONF"])
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client (sbatch, scontrol, ...) against this cluster."""
+        return subprocess.run(
+            args, env=self.env, capture_output=True, text=True, check=check, timeout=timeout
+        )
+
+    def sbatch(self, script: Path, *options: str) -> str:
+        """Submit a batch script; return the job id."""
+        out = self.run("sbatch", "--parsable", *options, str(script)).stdout.strip()
+        return out.split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as a dict; works after the job ended (MinJobAge=3600)."""
+        line = self.run("scontrol", "show", "job", "--oneliner", job_id).stdout.strip()
+        fields: dict[str, str] = {}
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                fields[key] = value
+        return fields
+
+    def wait(
+        self, job_id: str, until: frozenset[str] = FINISHED, timeout: float = 60
+    ) -> dict[str, str]:
+        """Poll `scontrol show job` until the job's state is in `until`; return its fields."""
+        deadline = time.monotonic() + timeout
+        while True:
+            fields = self.job(job_id)
+            if fields.get("JobState") in until:
+                return fields
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"job {job_id} not in {sorted(until)} after {timeout}s: {fields}"
+                )
+            time.sleep(0.2)
+
+
+def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _read_env_sh(path: Path) -> dict[str, str]:
+    """The `export NAME=value` lines that slurm.sh writes, without running a shell."""
+    exported: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            name, _, value = words[1].partition("=")
+            exported[name] = value
+    return exported
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    was_up = _script("status", timeout=30).returncode == 0
+    started = time.monotonic()
+    up = _script("up", timeout=600)
+    if up.returncode != 0:
+        pytest.fail(
+            f"tests/clusters/slurm.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}",
+            pytrace=False,
+        )
+    print(f"\nslurm cluster up in {time.monotonic() - started:.2f}s: {up.stdout.strip()}")
+    exported = _read_env_sh(STATE_DIR / "env.sh")
+    conf = Path(exported["SLURM_CONF"]).read_text()
+    layout = "loopback" if "NodeAddr=127." in conf else "netns"
+    try:
+        yield SlurmCluster(
+            state_dir=STATE_DIR,
+            nodes=tuple(exported["ORCHESTRATE_SLURM_NODES"].split()),
+            env={**os.environ, **exported},
+            layout=layout,
+        )
+    finally:
+        if not was_up:
+            down = _script("down", timeout=120)
+            assert down.returncode == 0, f"slurm.sh down failed:\n{down.stdout}\n{down.stderr}"
+
+
+# ---- the orchestrate CLI against the cluster (tests/backends/slurm/test_slurm_backend.py)
+# -------------
+
+
+@dataclass
+class OrchestrateCli:
+    """``python -m orchestrate`` with a private job store, pointed at the test cluster.
+
+    ``work`` holds the job files and the inventory; run directories go to ``work/runs`` (a
+    path every node sees: the nodes share this machine's file system, as a cluster shares one).
+    """
+
+    cluster: SlurmCluster
+    home: Path
+    work: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 120, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrate", *args], cwd=self.work, env=env or self.env,
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"orchestrate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
+                f"{proc.stderr}"
+            )
+        return proc
+
+    def submit(self, job: Path, *args: str) -> str:
+        """Submit detached; the job id."""
+        return self.run("submit", str(job), "--detach", *args, check=True).stdout.strip()
+
+    def status(self, job: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.run("status", job, "--json", check=True).stdout)
+        return result
+
+    def wait(self, job: str, states: Collection[str], timeout: float = 90) -> dict[str, Any]:
+        """Poll ``orchestrate status`` until the job is in one of ``states``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status(job)
+            if status["state"] in states:
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job} not in {sorted(states)} after {timeout}s: "
+                                     f"{status['state']} ({status['reason']})\n"
+                                     + self.run("logs", job).stdout[-3000:])
+            time.sleep(0.3)
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.work / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def inventory(self, name: str = "inventory.yaml", slots: Mapping[str, int] | None = None
+                  ) -> Path:
+        """The test cluster as an inventory: CPU nodes, partition debug, this interpreter."""
+        interface = "eth0" if self.cluster.layout == "netns" else "lo"
+        nodes = "\n".join(
+            f"  - {{name: {n}, slots: {(slots or {}).get(n, 4)}}}" for n in self.cluster.nodes
+        )
+        return self.write(name, f"""\
+name: test-slurm
+defaults:
+  python: {sys.executable}
+  cpus: 4
+  network: {{interface: {interface}}}
+  slurm: {{partition: debug}}
+nodes:
+{nodes}
+""")
+
+
+@pytest.fixture
+def ocli(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[OrchestrateCli]:
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(slurm_cluster.env, ORCHESTRATE_HOME=str(home),
+               ORCHESTRATE_RUNS=str(work / "runs"))
+    for name in ("ORCHESTRATE_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    cli = OrchestrateCli(slurm_cluster, home, work, env)
+    yield cli
+    # A test that failed half way must not leave its jobs to the next one.
+    for line in slurm_cluster.run("squeue", "-h", "-o", "%i %o", check=False).stdout.splitlines():
+        job_id, _, command = line.partition(" ")
+        if command.startswith(str(work)):
+            slurm_cluster.run("scancel", job_id, check=False)

@@ -1,0 +1,93 @@
+"""A stuck Slurm job names the stuck rank and its node: the stall watch beside the step.
+
+``monitor.py watch`` runs in the batch script while the step runs and reads the ranks'
+heartbeats from the run directory every node shares; with ``on_stall: kill`` it cancels the
+step and the batch script ends the run as a stall (``restart.on: [stall]`` would requeue it).
+The ranks run tests/diagnosis/programs/steps.py, a plain Python program, one rank on each of two
+nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.backends.slurm.conftest import OrchestrateCli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+STEPS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs" / "steps.py"
+STALL_S = 10
+
+
+def _job(ocli: OrchestrateCli, name: str, scenario: str, extra_env: str = "") -> Path:
+    marks = ocli.work / f"marks-{name}"
+    marks.mkdir()
+    return ocli.write(f"{name}.yaml", f"""
+        name: {name}
+        backend: slurm
+        inventory: inventory.yaml
+        resources: {{nodes: 2, gpus_per_node: 1, time: "00:05:00"}}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: kill, timeout_s: 300}}
+        restart: {{max: 0}}
+        env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'{extra_env}}}
+        command: [python3, '{STEPS}']
+        """)
+
+
+def _gone(ocli: OrchestrateCli, external_id: str) -> None:
+    """The step was cancelled: the job leaves the queue within seconds."""
+    deadline = time.monotonic() + 30
+    while ocli.cluster.run("squeue", "-h", "-j", external_id, check=False).stdout.strip():
+        assert time.monotonic() < deadline, "the job still runs after the stall"
+        time.sleep(0.5)
+
+
+def test_a_laggard_is_named_with_its_node_and_the_step_stopped(ocli: OrchestrateCli) -> None:
+    ocli.inventory()
+    marks = ocli.work / "marks-lag"
+    job_id = ocli.submit(_job(ocli, "lag", "laggard"))
+    status = ocli.wait(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"}, timeout=180)
+    began = float((marks / "trigger").read_text())
+    diagnosis = status["diagnosis"]
+    assert status["state"] == "FAILED" and diagnosis is not None, status
+    assert diagnosis["kind"] == "laggard" and diagnosis["ranks"] == [1], diagnosis
+    host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
+    assert diagnosis["nodes"] == [host]
+    assert diagnosis["summary"].startswith(f"rank 1 (node {host}) has not reached collective")
+    assert diagnosis["at"] - began < STALL_S + 30
+    assert "stalled: rank 1" in status["reason"], status["reason"]
+    run_dir = Path(status["run_dir"])
+    assert json.loads((run_dir / "diag" / "diagnosis.json").read_text())["kind"] == "laggard"
+    merged = (run_dir / "output.log").read_text()
+    assert "stalled: rank 1" in merged and "distributed.on_stall: kill" in merged
+    _gone(ocli, str(status["external_id"]))
+
+
+def test_mismatch_frozen_and_rendezvous_are_named_side_by_side(ocli: OrchestrateCli) -> None:
+    """The rest of the matrix at once (the cluster has room for three 2-node jobs): the same
+    watch beside each step, each kind from the evidence the nodes wrote."""
+    ocli.inventory()
+    jobs = {
+        "mismatch": ocli.submit(_job(ocli, "mis", "mismatch")),
+        "frozen": ocli.submit(_job(ocli, "frz", "frozen", ", SELF_STOP: '1'")),
+        "rendezvous": ocli.submit(_job(ocli, "rdv", "rendezvous")),
+    }
+    for kind, job_id in jobs.items():
+        status = ocli.wait(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"}, timeout=180)
+        diagnosis = status["diagnosis"]
+        assert status["state"] == "FAILED" and diagnosis is not None, (kind, status)
+        assert diagnosis["kind"] == kind and diagnosis["ranks"] == [1], diagnosis
+        host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
+        assert diagnosis["nodes"] == [host], diagnosis
+        assert f"stalled: rank 1 (node {host}" in status["reason"], status["reason"]
+        _gone(ocli, str(status["external_id"]))
+    mismatch = ocli.status(jobs["mismatch"])["diagnosis"]["summary"]
+    assert " is in barrier #" in mismatch and "rank 0 is in all_reduce #" in mismatch
+    frozen = ocli.status(jobs["frozen"])["diagnosis"]["summary"]
+    assert "stopped answering" in frozen, frozen
+    rendezvous = ocli.status(jobs["rendezvous"])["diagnosis"]["summary"]
+    assert "never reached init_process_group" in rendezvous, rendezvous

@@ -1,0 +1,117 @@
+"""Restarts over SSH (issue 13): a rank killed with SIGKILL on another host restarts under the
+job's policy and ends where an uninterrupted run ends, parameter for parameter; with
+``exclude_failed_node`` the restart leaves the failed host out and lands on a spare."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.backends.ssh.conftest import SshCli, tagged_on
+from tests.support.checkpoints import differing_parameters, latest_state
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+
+REPO = Path(__file__).resolve().parents[3]
+DIGITS = REPO / "examples" / "digits"
+
+
+def _train_job(cli: SshCli, name: str) -> Path:
+    return cli.write(f"{name}.yaml", f"""
+        name: {name}
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 2, gpus_per_node: 1}}
+        workdir: {DIGITS}
+        env: {{PYTHONPATH: "{REPO}"}}
+        train:
+          model: digits:build_model
+          model_args: {{hidden: 64}}
+          dataset: digits:build_dataset
+          optimizer: {{name: adamw, lr: 3.0e-3}}
+          epochs: 12
+          batch_size: 32
+          seed: 7
+          checkpoint_every_steps: 5
+        restart: {{max: 1, on: [failure], backoff_s: [0]}}
+        """)
+
+
+def _epochs(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return text.count('"kind": "epoch"')
+
+
+@pytest.mark.timeout(360)
+def test_a_killed_rank_on_another_host_restarts_and_ends_where_a_straight_run_ends(
+    ssh_cli: SshCli,
+) -> None:
+    ssh_cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])
+    straight = "straight-" + os.urandom(3).hex()
+    killed = "killed-" + os.urandom(3).hex()
+    for job, name in ((straight, "straight"), (killed, "killed")):
+        ssh_cli.run("submit", str(_train_job(ssh_cli, name)), "--detach", "--job-id", job,
+                    check=True, timeout=120)
+    status = ssh_cli.wait_running(killed, timeout=90)
+    run_dir = Path(status["run_dir"])
+    deadline = time.monotonic() + 120
+    while _epochs(run_dir) < 2:  # checkpoints exist, training is well under way
+        assert time.monotonic() < deadline, "training never got going"
+        time.sleep(0.2)
+    rank1 = next(r for r in ssh_cli.status(killed)["ranks"] if r["rank"] == 1)
+    assert rank1["host"] == "h2"
+    os.kill(ssh_cli.hosts.root_pid("h2", int(rank1["pid"])), signal.SIGKILL)
+
+    done = ssh_cli.wait_state(killed, {"COMPLETED", "FAILED", "CANCELLED"}, 240)
+    assert done["state"] == "COMPLETED", done
+    attempts = done["attempts"]
+    assert [a["n"] for a in attempts] == [1, 2], attempts
+    assert "rank 1 on h2 failed with signal 9 (SIGKILL)" in attempts[0]["reason"], attempts
+    assert attempts[1]["resumed_from_step"], attempts
+    reference = ssh_cli.wait_state(straight, {"COMPLETED", "FAILED"}, 240)
+    assert reference["state"] == "COMPLETED", reference
+    a, b = latest_state(Path(reference["run_dir"])), latest_state(run_dir)
+    assert a["step"] == b["step"] > 0
+    assert differing_parameters(a, b) == []
+    assert not any(tagged_on(ssh_cli.hosts, killed, ["h1", "h2"]).values())  # nothing left
+
+
+FAILS_ON_H2 = """\
+import os, socket, sys, time
+if os.environ.get("ORCHESTRATE_ATTEMPT") == "1" and socket.gethostname() == "h2":
+    print("h2: giving up", flush=True)
+    sys.exit(3)
+time.sleep(1)
+print("ran on", socket.gethostname(), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_failed_host_is_left_out_and_the_restart_lands_on_a_spare(ssh_cli: SshCli) -> None:
+    ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2", "h3")])
+    (ssh_cli.work / "fails.py").write_text(FAILS_ON_H2)
+    job = ssh_cli.write("spare.yaml", f"""
+        name: spare
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 2, gpus_per_node: 1}}
+        workdir: {ssh_cli.work}
+        command: [python3, fails.py]
+        restart: {{max: 1, on: [failure], backoff_s: [0], exclude_failed_node: true}}
+        """)
+    job_id = "spare-" + os.urandom(3).hex()
+    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
+    assert done["state"] == "COMPLETED", done
+    attempts = done["attempts"]
+    assert [a["n"] for a in attempts] == [1, 2], attempts
+    assert "rank 1 on h2 failed with exit code 3" in attempts[0]["reason"], attempts
+    assert "without h2" in attempts[0]["reason"], attempts
+    assert sorted(r["host"] for r in done["ranks"]) == ["h1", "h3"], done["ranks"]
+    log = (Path(done["run_dir"]) / "output.log").read_text()
+    assert "ran on h1" in log and "ran on h3" in log

@@ -1,0 +1,290 @@
+"""Real ranks with the sidecar as ``sitecustomize``, and a small driver that plays the launcher.
+
+Each rank is a real process talking gloo over loopback; its only link to orchestrate is a folder
+on ``PYTHONPATH`` holding ``sitecustomize.py`` = the text of ``orchestrate/diagnosis/sidecar.py``,
+as a launcher will install it. The driver polls heartbeats into :class:`StallWatch`, and on a stall
+collects every rank's dump and classifies it, exactly as a launcher's loop does. Every process
+a test started is killed when it ends (a stopped one gets SIGCONT first).
+
+``DIAG_CAPTURE=<folder>`` makes the driver also write what it saw (heartbeat trace, answers,
+stall, diagnosis) as a JSON fixture for the pure tests (tests/diagnosis/captures/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrate.diagnosis import evidence
+from orchestrate.diagnosis.stall import Diagnosis, Stall, StallWatch
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PROGRAMS = HERE / "programs"
+SIDECAR = REPO / "orchestrate" / "diagnosis" / "sidecar.py"
+DIGITS = REPO / "examples" / "digits"
+
+_PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+          "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_SIDECAR_PID", "ORCHESTRATE_SIDECAR",
+          "ORCHESTRATE_TIMEOUT_S", "ORCHESTRATE_HEARTBEAT_S", "PYTHONPATH")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def install_site(folder: Path) -> Path:
+    """A folder holding ``sitecustomize.py`` = the sidecar's text, as a launcher makes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(SIDECAR, folder / "sitecustomize.py")
+    return folder
+
+
+@dataclass
+class Job:
+    """The ranks of one run."""
+
+    run_dir: Path
+    marks: Path
+    port: int
+    procs: dict[int, subprocess.Popen[bytes]]
+    logs: dict[int, Path]
+    stopped: set[int] = field(default_factory=set)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.procs)
+
+    @property
+    def master(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> dict[int, bool]:
+        return {rank: proc.poll() is None for rank, proc in self.procs.items()}
+
+    def stop(self, rank: int) -> None:
+        self.stopped.add(rank)
+        self.procs[rank].send_signal(signal.SIGSTOP)
+
+    def wait_mark(self, name: str, timeout: float = 90.0) -> float:
+        """Time written in ``marks/name`` by a rank; fails if it does not come."""
+        path = self.marks / name
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and path.read_text().strip():
+                return float(path.read_text())
+            if not any(self.alive().values()):
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no mark {name!r} after {timeout} s\n{self.output()}")
+
+    def wait(self, timeout: float) -> dict[int, int]:
+        """Exit statuses; kills everything and fails if they take longer."""
+        deadline = time.monotonic() + timeout
+        while any(self.alive().values()):
+            if time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"ranks still running after {timeout} s\n{self.output()}")
+            time.sleep(0.05)
+        return {rank: int(proc.returncode) for rank, proc in self.procs.items()}
+
+    def kill(self) -> None:
+        for rank in sorted(self.stopped):
+            if self.procs[rank].poll() is None:
+                self.procs[rank].send_signal(signal.SIGCONT)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- rank {rank} (exit {self.procs[rank].poll()}):\n"
+            + path.read_text(errors="replace")[-3000:]
+            for rank, path in sorted(self.logs.items())
+        )
+
+
+class Starter:
+    """Starts jobs for a test and remembers them so that none outlives it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.site = install_site(tmp / "site")
+        self.jobs: list[Job] = []
+
+    def start(
+        self,
+        argv: list[str],
+        world: int,
+        *,
+        name: str = "run",
+        env: dict[str, str] | None = None,
+        per_rank: dict[int, dict[str, str]] | None = None,
+        cwd: Path | None = None,
+        python_path: list[Path] | None = None,
+        heartbeat_s: float = 0.3,
+        site: bool = True,
+    ) -> Job:
+        run_dir = self.tmp / name
+        marks = self.tmp / f"{name}-marks"
+        run_dir.mkdir(parents=True)
+        marks.mkdir()
+        port = free_port()
+        procs: dict[int, subprocess.Popen[bytes]] = {}
+        logs: dict[int, Path] = {}
+        for rank in range(world):
+            rank_env = {k: v for k, v in os.environ.items() if k not in _PLACE}
+            paths = ([self.site] if site else []) + list(python_path or [])
+            rank_env.update(
+                PYTHONPATH=os.pathsep.join(str(p) for p in paths),
+                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                ORCHESTRATE_RUN_DIR=str(run_dir), ORCHESTRATE_HEARTBEAT_S=str(heartbeat_s),
+                ORCHESTRATE_TIMEOUT_S="150", MARKS=str(marks),
+            )
+            rank_env.update(env or {})
+            rank_env.update((per_rank or {}).get(rank, {}))
+            log = run_dir / f"rank-{rank}.log"
+            with open(log, "wb") as out:
+                procs[rank] = subprocess.Popen(
+                    argv, cwd=cwd or self.tmp, env=rank_env, stdout=out, stderr=subprocess.STDOUT
+                )
+            logs[rank] = log
+        job = Job(run_dir, marks, port, procs, logs)
+        self.jobs.append(job)
+        return job
+
+    def program(self, scenario: str, world: int = 3, **kwargs: Any) -> Job:
+        """``programs/steps.py`` in a scenario (see its docstring)."""
+        env = {"SCENARIO": scenario}
+        env.update(kwargs.pop("env", {}))
+        return self.start(
+            [sys.executable, str(PROGRAMS / "steps.py")], world, env=env, name=scenario, **kwargs
+        )
+
+    def kill_all(self) -> None:
+        for job in self.jobs:
+            job.kill()
+
+
+@dataclass
+class Outcome:
+    """What the driver saw."""
+
+    stall: Stall | None
+    diagnosis: Diagnosis | None
+    at: float | None  # wall time of the diagnosis
+    observed_s: float  # how long the driver watched
+    exit_codes: dict[int, int | None]
+
+
+def _compact(beat: dict[str, Any] | None) -> list[Any] | None:
+    """What StallWatch reads of a heartbeat, as one short row (a capture's trace):
+    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...], main cpu]``."""
+    if beat is None:
+        return None
+    return [
+        beat.get("pid"), beat.get("beat"), beat.get("phase"), beat.get("step"),
+        (beat.get("stack") or [None])[0],
+        [[p["pg"], p["enqueued"], p["completed"]] for p in beat.get("pgs") or []],
+        beat.get("main_cpu_s"),
+    ]
+
+
+def expand(row: list[Any] | None) -> dict[str, Any] | None:
+    """A trace row back into the heartbeat fields StallWatch reads."""
+    if row is None:
+        return None
+    pid, beat, phase, step, frame, pgs, cpu = row
+    return {
+        "pid": pid, "beat": beat, "phase": phase, "step": step, "main_cpu_s": cpu,
+        "stack": [frame] if frame else [],
+        "pgs": [{"pg": pg, "enqueued": enq, "completed": comp} for pg, enq, comp in pgs],
+    }
+
+
+def drive(
+    job: Job,
+    *,
+    stall_s: float,
+    heartbeat_s: float,
+    deadline_s: float,
+    nodes: dict[int, str] | None = None,
+    poll_s: float = 0.25,
+    capture: str | None = None,
+) -> Outcome:
+    """Play the launcher: watch until a stall is diagnosed, every rank exits, or the deadline."""
+    watch = StallWatch(stall_s, heartbeat_s)
+    nodes = nodes or {rank: "local" for rank in job.ranks}
+    started = time.monotonic()
+    trace: list[Any] = []
+    while time.monotonic() - started < deadline_s:
+        alive = job.alive()
+        now = time.time()
+        beats = evidence.read_heartbeats(job.run_dir, job.ranks)
+        if capture:
+            trace.append([now, {r: _compact(b) for r, b in beats.items()}, alive])
+        stall = watch.observe(now, beats, alive)
+        if stall is not None:
+            collected = evidence.collect(job.run_dir, job.ranks, timeout_s=4.0)
+            diagnosis = evidence.diagnose(
+                job.run_dir, job.ranks, nodes=nodes, master=job.master, interface="lo",
+                stall=stall, alive=job.alive(), collected=collected,
+            )
+            at = diagnosis.at
+            beats = evidence.read_heartbeats(job.run_dir, job.ranks)
+            if capture:
+                _save_capture(capture, job, trace, beats, collected, stall, diagnosis, at, nodes,
+                              watch)
+            return Outcome(stall, diagnosis, at, time.monotonic() - started,
+                           {r: p.poll() for r, p in job.procs.items()})
+        if not any(alive.values()):
+            break
+        time.sleep(poll_s)
+    return Outcome(None, None, None, time.monotonic() - started,
+                   {r: p.poll() for r, p in job.procs.items()})
+
+
+def _save_capture(
+    name: str, job: Job, trace: list[Any], beats: Any, collected: Any, stall: Stall,
+    diagnosis: Diagnosis, at: float, nodes: dict[int, str], watch: StallWatch,
+) -> None:
+    folder = os.environ.get("DIAG_CAPTURE")
+    if not folder:
+        return
+    record = {
+        "source": f"tests/diagnosis real run ({name}), torch "
+                  f"{__import__('torch').__version__}, Python {sys.version.split()[0]}",
+        "stall_s": watch.stall_s, "heartbeat_s": watch.heartbeat_s,
+        "master": job.master, "nodes": nodes, "now": at,
+        "heartbeats": beats,
+        "dumps": collected["ranks"],
+        "stall": {"reason": stall.reason, "since": stall.since, "idle_s": stall.idle_s,
+                  "threshold_s": stall.threshold_s, "silent": list(stall.silent),
+                  "ages": stall.ages},
+        "diagnosis": diagnosis.as_dict(),
+        "trace": "TRACE",
+    }
+    rows = ",\n".join(json.dumps(entry, separators=(",", ":")) for entry in trace)
+    text = json.dumps(record, indent=1, sort_keys=True).replace('"TRACE"', f"[\n{rows}\n]")
+    text = text.replace(str(job.run_dir), "/RUN").replace(str(REPO), "/REPO")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"{name}.json").write_text(text + "\n")
