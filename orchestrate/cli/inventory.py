@@ -52,6 +52,7 @@ from orchestrate.probe.inventoryfile import (
     render_inventory,
     unified_diff,
 )
+from orchestrate.probe.machine import LOCAL_ADDRESS, LOCAL_NAME
 
 if TYPE_CHECKING:
     from orchestrate.backends.ssh.connections import Target
@@ -59,8 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["Gathered", "Unreachable", "check_gathered", "gather_for_check", "gather_local",
            "write_probed"]
 
-#: The node name and address ``--local`` writes (the same as the local backend's machine).
-LOCAL_NAME, LOCAL_ADDRESS = "localhost", "127.0.0.1"
 EXIT_DRIFT = 1
 
 
