@@ -43,7 +43,7 @@ from orchestrate.core.spec.inventory import (
 from orchestrate.core.spec.loader import parse_yaml, validate
 from orchestrate.hostside import hostfacts
 from orchestrate.probe.drift import drift
-from orchestrate.probe.facts import HostFacts, parse_facts
+from orchestrate.probe.facts import ProbedHost, parse_facts
 from orchestrate.probe.gathering import Gathered, Unreachable
 from orchestrate.probe.inventoryfile import (
     ProbedNode,
@@ -424,7 +424,7 @@ def write_probed(
     each new node, unless its defaults already say the same."""
     addresses = addresses or {}
     extras = extras or {}
-    parsed: dict[str, HostFacts] = {}
+    parsed: dict[str, ProbedHost] = {}
     failed: dict[str, str] = {}
     for name, raw in gathered.items():
         if isinstance(raw, Unreachable):
@@ -498,7 +498,7 @@ def _check_valid(text: str, source: str) -> None:
     resolve_inventory(validate(InventorySpec, data, source, lines), source, lines)
 
 
-def findings_table(parsed: Mapping[str, HostFacts]) -> Any:
+def findings_table(parsed: Mapping[str, ProbedHost]) -> Any:
     """One row per probed node: GPUs by model with CUDA indices, link, network, CPUs, memory,
     driver and torch, and what went wrong."""
     from rich.markup import escape as markup_escape

@@ -456,7 +456,7 @@ def _known(values: Iterable[float | None]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class ConnectAttempt:
     """One TCP connection the connect tier tried
     (``orchestrate.doctor.checkup.reachability.connect``)."""
 
@@ -490,7 +490,7 @@ _OUTCOME_HINT = {
 
 
 def judge_connect(
-    shape: JobShape, listeners: Sequence[Listening], attempts: Sequence[Attempt]
+    shape: JobShape, listeners: Sequence[Listening], attempts: Sequence[ConnectAttempt]
 ) -> list[Check]:
     """Rows for the master port (every node -> the master's listener) and the ephemeral ports
     between nodes (every ordered pair)."""
@@ -527,7 +527,7 @@ def judge_connect(
     return rows
 
 
-def _judge_pair_ports(shape: JobShape, attempts: Sequence[Attempt]) -> list[Check]:
+def _judge_pair_ports(shape: JobShape, attempts: Sequence[ConnectAttempt]) -> list[Check]:
     if not attempts:
         return []
     names = [n for n in shape.names if any(n in (a.source, a.target) for a in attempts)]

@@ -1,9 +1,10 @@
 """What a host's raw facts mean: its GPUs in CUDA order, their link, its network.
 
-:func:`parse_facts` turns the dict :func:`orchestrate.hostside.hostfacts.gather` collects on a host
-into :class:`HostFacts`, the values an inventory is written from and checked against. Pure: text and
-dicts in, values out, so the real ``nvidia-smi`` outputs of machines we do not have (captured
-from public reports, in tests/probe/fixtures) can be replayed exactly.
+:func:`parse_facts` turns the dict :func:`orchestrate.hostside.hostfacts.gather` collects on a
+host into :class:`ProbedHost`, the values an inventory is written from and checked against (and
+local planning, and the doctor's static tier, read). Pure: text and dicts in, values out, so the
+real ``nvidia-smi`` outputs of machines we do not have (captured from public reports, in
+tests/probe/fixtures) can be replayed exactly.
 
 The knowledge people get wrong by hand lives here:
 
@@ -100,7 +101,10 @@ def memory_gb(mib: float) -> float:
 
 @dataclass(frozen=True)
 class GpuFact:
-    """One GPU as ``nvidia-smi`` reported it; ``cuda_index`` is its place in PCI bus order."""
+    """One GPU as ``nvidia-smi`` reported it; ``cuda_index`` is its place in PCI bus order.
+
+    The one GPU record: inventory files, drift, local planning and the doctor's static tier
+    all read GPUs as this."""
 
     cuda_index: int
     smi_index: int | None
@@ -162,7 +166,7 @@ class HcaPort:
 
 
 @dataclass(frozen=True)
-class HostFacts:
+class ProbedHost:
     """Everything the inventory needs from one host, parsed."""
 
     hostname: str
@@ -490,7 +494,7 @@ def _get(raw: Mapping[str, Any], *keys: str) -> Any:
     return value
 
 
-def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
+def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
     """Parse what :func:`orchestrate.hostside.hostfacts.gather` returned on one host."""
     problems: list[str] = []
     smi = _get(raw, "nvidia_smi") or {}
@@ -523,7 +527,7 @@ def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
     torch_error = torch.get("error") if isinstance(torch, Mapping) else None
     cpus = _get(raw, "cpus", "usable") or _get(raw, "cpus", "count")
     kib = _get(raw, "memory_kib")
-    return HostFacts(
+    return ProbedHost(
         hostname=str(raw.get("hostname") or "?"),
         time=raw.get("time"),
         gpu_status=status,

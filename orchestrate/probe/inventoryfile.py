@@ -32,7 +32,7 @@ import yaml
 from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.inventory import InventorySpec, NetworkSpec
 from orchestrate.core.spec.loader import parse_yaml, validate
-from orchestrate.probe.facts import HostFacts
+from orchestrate.probe.facts import ProbedHost
 
 #: The fields probing owns; everything else in an entry is the user's.
 PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "network")
@@ -82,7 +82,7 @@ class Provenance:
         return lines
 
 
-def provenance(facts: HostFacts) -> Provenance:
+def provenance(facts: ProbedHost) -> Provenance:
     """The provenance of freshly gathered facts (dated by the host's own clock)."""
     when = "at an unknown time"
     if facts.time:
@@ -177,12 +177,12 @@ class ProbedNode:
     ``slurm``: how it was reached), written when the node is new to the file."""
 
     name: str
-    facts: HostFacts
+    facts: ProbedHost
     address: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def probed_fields(facts: HostFacts) -> dict[str, Any]:
+def probed_fields(facts: ProbedHost) -> dict[str, Any]:
     """The entry fields probing sets, in the order a person writes them."""
     entry: dict[str, Any] = {}
     if facts.cpus:

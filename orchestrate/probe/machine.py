@@ -27,14 +27,14 @@ from typing import Any
 
 from orchestrate.core.spec.inventory import Gpu, Inventory, InventorySpec, resolve_inventory
 from orchestrate.hostside import hostfacts
-from orchestrate.probe.facts import HostFacts, parse_facts, parse_gpu_query
+from orchestrate.probe.facts import ProbedHost, parse_facts, parse_gpu_query
 from orchestrate.probe.inventoryfile import probed_fields
 
 #: The node name and address of this machine, in local plans and in ``probe --local`` files.
 LOCAL_NAME, LOCAL_ADDRESS = "localhost", "127.0.0.1"
 
 
-def local_facts() -> HostFacts:
+def local_facts() -> ProbedHost:
     """This machine's facts, gathered and parsed as ``inventory probe --local`` does (without
     looking for torch, which planning does not need)."""
     return parse_facts(hostfacts.gather((), torch=False))
@@ -51,7 +51,7 @@ def probe_gpus() -> list[Gpu]:
             for g in parse_gpu_query(smi["query"] or "", smi["fields"])]
 
 
-def node_fields(facts: HostFacts) -> dict[str, Any]:
+def node_fields(facts: ProbedHost) -> dict[str, Any]:
     """The inventory entry of this machine: what ``probe --local`` writes, less the network
     (see the module docstring)."""
     fields = {k: v for k, v in probed_fields(facts).items() if k != "network"}
