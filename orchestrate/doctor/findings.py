@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrate.core.errors import Problem
 from orchestrate.core.spec.inventory import Inventory
-from orchestrate.doctor.checkup.program import TIERS
+from orchestrate.doctor.checkup.options import TIERS
 from orchestrate.doctor.checkup.result import CheckupResult, Failure
 from orchestrate.doctor.grading import (
     Check,
