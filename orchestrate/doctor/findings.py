@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrate.core.errors import Problem
 from orchestrate.core.spec.inventory import Inventory
+from orchestrate.doctor.bandwidth import judge_bandwidth
 from orchestrate.doctor.checkup.options import TIERS
 from orchestrate.doctor.checkup.result import CheckupResult, Failure
 from orchestrate.doctor.grading import (
@@ -31,7 +32,6 @@ from orchestrate.doctor.grading import (
     JobShape,
     Listening,
     PlannedNode,
-    judge_bandwidth,
     judge_checkup,
     judge_connect,
 )

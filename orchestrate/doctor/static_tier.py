@@ -320,55 +320,55 @@ def _interface(shape: JobShape, node: PlannedNode, got: NodeFacts) -> list[Check
                       f"{wanted} does not exist on {name}{have}", measured="missing",
                       expected=wanted,
                       hint="set the node's network.interface in the inventory to one it has")]
-    rows: list[Check] = []
     label = iface.name
     if iface.up is False:
-        rows.append(Check("static", "interface", (name,), "fail", f"{label} is down on {name}",
-                          measured="down", expected="up",
-                          hint=f"bring it up (ip link set {label} up) or use another"))
-        return rows
+        return [Check("static", "interface", (name,), "fail", f"{label} is down on {name}",
+                      measured="down", expected="up",
+                      hint=f"bring it up (ip link set {label} up) or use another")]
     is_master = node is shape.nodes[0] or node.node.address == shape.master_addr
     if multi and iface.routes_to_master is False and not (is_master and iface.route_dev == "lo"):
-        rows.append(Check(
+        return [Check(
             "static", "interface", (name,), "fail",
             f"traffic from {name} to MASTER_ADDR {shape.master_addr} leaves through "
             f"{iface.route_dev or 'another interface'}, not {label}",
             measured=iface.route_dev, expected=label,
             hint="set network.interface to the interface that routes to the master, or fix "
                  "the routes",
-        ))
-        return rows
+        )]
     if multi and not wanted and iface.route_dev and _VIRTUAL.match(iface.route_dev):
-        rows.append(Check(
+        return [Check(
             "static", "interface", (name,), "warn",
             f"traffic from {name} to the master leaves through {iface.route_dev}, a virtual "
             "device", measured=iface.route_dev, expected="a physical NIC",
             hint="set network.interface in the inventory (docker0/veth carry no job traffic)",
-        ))
-        return rows
+        )]
+    return [_speed(node, iface, multi)]
+
+
+def _speed(node: PlannedNode, iface: InterfaceFact, multi: bool) -> Check:
+    """An interface that is up (and routes to the master): at the inventory's speed?"""
+    name, label = node.name, iface.name
     gbps = node.node.network.gbps if node.node.network else None
     speed = iface.speed_mbps
     if gbps is None or speed is None or speed <= 0:
-        rows.append(Check(
+        return Check(
             "static", "interface", (name,), "pass",
             f"{label} is up" + (" and routes to the master" if multi else "")
             + ("" if speed and speed > 0 else "; link speed unknown (virtual link?)"),
             measured=f"{speed} Mb/s" if speed and speed > 0 else None,
             expected=f"{gbps:g} Gb/s" if gbps else None,
-        ))
-        return rows
+        )
     share = speed / 1000.0 / gbps
     status: Status = "fail" if share < SPEED_FAIL_BELOW else (
         "warn" if share < SPEED_WARN_BELOW else "pass")
-    rows.append(Check(
+    return Check(
         "static", "interface", (name,), status,
         f"{label} is up and runs at {speed / 1000:g} Gb/s"
         + ("" if status == "pass" else f", {share:.0%} of the inventory's {gbps:g} Gb/s"),
         measured=f"{speed / 1000:g} Gb/s", expected=f"{gbps:g} Gb/s",
         hint="" if status == "pass" else
         f"check the link (ethtool {label}: negotiated speed, cable) or the declared gbps",
-    ))
-    return rows
+    )
 
 
 def _shm(shape: JobShape, node: PlannedNode, got: NodeFacts) -> Check:

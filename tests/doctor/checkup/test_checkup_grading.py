@@ -14,6 +14,7 @@ from orchestrate.core.plan.plan import make_plan
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.doctor import floors
+from orchestrate.doctor.bandwidth import judge_bandwidth
 from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, SizeTiming, Sweep
 from orchestrate.doctor.grading import (
     ConnectAttempt,
@@ -23,7 +24,6 @@ from orchestrate.doctor.grading import (
     culprits,
     document,
     exit_status,
-    judge_bandwidth,
     judge_checkup,
     judge_connect,
     shape_of,
