@@ -34,10 +34,17 @@ from orchestrate.probe.inventoryfile import probed_fields
 LOCAL_NAME, LOCAL_ADDRESS = "localhost", "127.0.0.1"
 
 
+def gather_local(peers: tuple[str, ...] = (), torch: bool = True,
+                 import_torch: bool = False) -> dict[str, Any]:
+    """This machine's raw facts, gathered in this process (``probe --local``, and ``check``
+    for an inventory's nodes on this machine)."""
+    return hostfacts.gather(peers, torch=torch, import_torch=import_torch)
+
+
 def local_facts() -> ProbedHost:
     """This machine's facts, gathered and parsed as ``inventory probe --local`` does (without
     looking for torch, which planning does not need)."""
-    return parse_facts(hostfacts.gather((), torch=False))
+    return parse_facts(gather_local(torch=False))
 
 
 def probe_gpus() -> list[Gpu]:
