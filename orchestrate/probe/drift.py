@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrate.core.spec.inventory import Inventory, Node
-from orchestrate.probe.facts import GpuFact, NicFact, ProbedHost
-from orchestrate.probe.inventoryfile import Provenance, provenance
+from orchestrate.probe.facts import GpuFact, ProbedHost
+from orchestrate.probe.network import NicFact
+from orchestrate.probe.provenance import Provenance, provenance
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,8 @@ from orchestrate.core.spec.loader import parse_yaml, validate
 from orchestrate.probe.drift import Difference, drift
 from orchestrate.probe.facts import ProbedHost, parse_facts
 from orchestrate.probe.gathering import Gathered, Unreachable
-from orchestrate.probe.inventoryfile import (
-    ProbedNode,
-    merge_inventory,
-    provenance_of,
-    render_inventory,
-)
+from orchestrate.probe.inventoryfile import ProbedNode, merge_inventory, render_inventory
+from orchestrate.probe.provenance import provenance_of
 
 #: The exit status of a probe that left a node out, and of a check that found drift.
 EXIT_DRIFT = 1
