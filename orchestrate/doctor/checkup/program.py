@@ -42,13 +42,7 @@ from typing import Any
 from orchestrate.core import layout
 from orchestrate.core.errors import UserError
 from orchestrate.doctor.checkup import transcript
-from orchestrate.doctor.checkup.blame import (
-    Member,
-    kind_of,
-    locate,
-    never_joined,
-    one_line,
-)
+from orchestrate.doctor.checkup.blame import Member, kind_of, locate, never_joined, one_line
 from orchestrate.doctor.checkup.failing import GRACE_S, FailurePath
 from orchestrate.doctor.checkup.options import (
     CPU_PAIR,
