@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--hand-loop", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from orchestrate.doctor.checkup.program import human, parse_size
+    from orchestrate.doctor.checkup.options import human, parse_size
 
     if args.hand_loop:
         hand_loop([parse_size(s) for s in args.sizes.split(",")], args.warmup, args.iters,

@@ -11,7 +11,7 @@ import click
 
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
-from orchestrate.doctor.checkup.program import TIERS  # light: the CLI's start stays so
+from orchestrate.doctor.checkup.options import TIERS  # light: the CLI's start stays so
 
 if TYPE_CHECKING:
     from rich.table import Table

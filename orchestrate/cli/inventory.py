@@ -2,29 +2,27 @@
 
 ``probe`` and ``check`` are built in two halves so that each transport only has to gather:
 
-- gathering runs :func:`orchestrate.hostside.hostfacts.gather` on every node and returns a mapping
-of
-  node name -> raw facts dict, or :class:`~orchestrate.probe.gathering.Unreachable` for a node that
-  could not be probed. This machine (``--local``; inventory nodes at 127.0.0.1/localhost) is
-  gathered in this process; hosts over SSH (``probe HOST...``, ``--from``) by
-  :mod:`orchestrate.backends.ssh.probe`; a Slurm cluster's nodes (``--slurm``) by
-  :mod:`orchestrate.backends.slurm.probe`. ``check`` reaches each node the way its file says;
-- :func:`write_probed` and :func:`check_gathered` do everything after that: parse, fold,
-  merge, diff, ask, write, report, and choose the exit status (0 all matched / written,
-  1 drift or a node that could not be probed, 2 a user error).
+- gathering returns a mapping of node name -> the raw facts of
+  :func:`orchestrate.hostside.hostfacts.gather` run on that node, or
+  :class:`~orchestrate.probe.gathering.Unreachable`. This machine (``--local``) is gathered in
+  this process (:func:`orchestrate.probe.machine.gather_local`); hosts over SSH (``probe
+  HOST...``, ``--from``) by :mod:`orchestrate.backends.ssh.probe`; a Slurm cluster's nodes
+  (``--slurm``) by :mod:`orchestrate.backends.slurm.probe`; ``check`` reaches each node the way
+  its file says (:mod:`orchestrate.backends.probe`);
+- :func:`write_probed` and :func:`check_gathered` do everything after that: what to write and
+  what differs come from :mod:`orchestrate.probe.write`; here the findings table is drawn, the
+  diff shown, the user asked, the file written, and the exit status chosen (0 all matched /
+  written, 1 drift or a node that could not be probed, 2 a user error).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 import sys
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -33,35 +31,19 @@ from orchestrate.cli import cli
 from orchestrate.cli.tables import console, inventory_table
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec import hostlist
-from orchestrate.core.spec.inventory import (
-    Inventory,
-    InventorySpec,
-    Node,
-    load_inventory,
-    resolve_inventory,
+from orchestrate.core.spec.inventory import Inventory, load_inventory, resolve_inventory
+from orchestrate.probe.facts import ProbedHost
+from orchestrate.probe.gathering import (
+    DEFAULT_BOUND_S,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PYTHON,
+    Gathered,
 )
-from orchestrate.core.spec.loader import parse_yaml, validate
-from orchestrate.hostside import hostfacts
-from orchestrate.probe.drift import drift
-from orchestrate.probe.facts import HostFacts, parse_facts
-from orchestrate.probe.gathering import Gathered, Unreachable
-from orchestrate.probe.inventoryfile import (
-    ProbedNode,
-    merge_inventory,
-    provenance_of,
-    render_inventory,
-    unified_diff,
-)
+from orchestrate.probe.inventoryfile import unified_diff
+from orchestrate.probe.machine import LOCAL_ADDRESS, LOCAL_NAME, gather_local
+from orchestrate.probe.write import EXIT_DRIFT, check, inventory_text, read_gathered
 
-if TYPE_CHECKING:
-    from orchestrate.backends.ssh.connections import Target
-
-__all__ = ["Gathered", "Unreachable", "check_gathered", "gather_for_check", "gather_local",
-           "write_probed"]
-
-#: The node name and address ``--local`` writes (the same as the local backend's machine).
-LOCAL_NAME, LOCAL_ADDRESS = "localhost", "127.0.0.1"
-EXIT_DRIFT = 1
+__all__ = ["check_gathered", "findings_table", "write_probed"]
 
 
 @cli.group()
@@ -107,15 +89,8 @@ def inventory_show(file: Path, as_json: bool) -> None:
 
 # ------------------------------------------------------------------------------------ probe
 
-#: The interpreter a node runs the probe with unless told otherwise (as the SSH backend).
-DEFAULT_PYTHON = "python3"
-#: Seconds a node may take to answer once logged in (or once its Slurm task started). The
-#: gatherer's own steps stop sooner (nvidia-smi 20 s, torch 120 s): this catches the rest.
-DEFAULT_BOUND_S = 150.0
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
 _SSH_FLAGS = ("ssh_config", "user", "port", "identity", "known_hosts", "accept_unknown_host_keys",
               "connect_timeout", "fanout")
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 
 
 @inventory.command("probe")
@@ -212,9 +187,10 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
         "accept_unknown_host_keys": accept_unknown_host_keys or None,
         "connect_timeout_s": connect_timeout,
     }
+    from orchestrate.backends.ssh.probe import gather_over_ssh, ssh_reach
+
     reach = ssh_reach(hosts, from_file, {k: v for k, v in settings.items() if v is not None},
                       python)
-    from orchestrate.backends.ssh.probe import gather_over_ssh
 
     gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout, torch=torch,
                                     import_torch=import_torch))
@@ -232,108 +208,14 @@ def _path(path: Path | None) -> str | None:
     return text if text.startswith("~") else os.path.abspath(text)
 
 
-@dataclass(frozen=True)
-class SshReach:
-    """How to reach each host to probe, and what the written inventory keeps of it."""
-
-    targets: list[Target]
-    addresses: dict[str, str]  # node -> address, where it is not the node's name
-    extras: dict[str, dict[str, Any]]  # node -> its own ssh/python (from --from)
-    defaults: dict[str, Any]  # the written file's defaults: ssh settings, python
-
-
-def ssh_reach(hosts: Sequence[str], from_file: Path | None, settings: Mapping[str, Any],
-              python: str | None) -> SshReach:
-    """Targets for ``hosts`` (hostlists expanded) from the command line's ssh ``settings`` over
-    ``from_file``'s (per node where it has the node, else its defaults). With ``from_file`` and
-    no hosts: all its nodes."""
-    from orchestrate.backends.ssh.connections import target
-    from orchestrate.core.spec.inventory import SSHSpec, load_inventory_spec
-
-    names = _host_names(hosts)
-    base_ssh: dict[str, Any] = {}
-    base_python: str | None = None
-    base_slurm: dict[str, Any] | None = None
-    specs: dict[str, Any] = {}
-    inv: Inventory | None = None
-    if from_file is not None:
-        spec, lines = load_inventory_spec(from_file)
-        inv = resolve_inventory(spec, str(from_file), lines)
-        if spec.defaults.ssh is not None:
-            base_ssh = spec.defaults.ssh.model_dump(exclude_unset=True)
-        base_python = spec.defaults.python
-        if spec.defaults.slurm is not None:
-            base_slurm = spec.defaults.slurm.model_dump(exclude_unset=True)
-        for entry in spec.nodes:
-            for node_name in hostlist.expand(entry.name):
-                specs[node_name] = entry
-        names = names or [n.name for n in inv.nodes]
-    timeout = float(settings.get("connect_timeout_s") or DEFAULT_CONNECT_TIMEOUT_S)
-    targets, addresses, extras = [], {}, {}
-    for node_name in names:
-        node = inv.node(node_name) if inv is not None else None
-        if node is not None:
-            ssh = SSHSpec(**{**node.ssh.model_dump(exclude_unset=True), **settings})
-            own = specs[node_name]
-            extra: dict[str, Any] = {}
-            if own.ssh is not None:
-                extra["ssh"] = {**own.ssh.model_dump(exclude_unset=True), **settings}
-            if own.python is not None:
-                extra["python"] = own.python
-            if own.slurm is not None:
-                extra["slurm"] = own.slurm.model_dump(exclude_unset=True)
-            extras[node_name] = extra
-            if node.address != node_name:
-                addresses[node_name] = node.address
-            targets.append(target(node_name, node.address,
-                                  python or node.python or DEFAULT_PYTHON, ssh, timeout))
-        else:
-            ssh = SSHSpec(**{**base_ssh, **settings})
-            targets.append(target(node_name, node_name, python or base_python or DEFAULT_PYTHON,
-                                  ssh, timeout))
-    defaults: dict[str, Any] = {}
-    written_ssh = {**base_ssh, **settings}
-    if written_ssh:
-        defaults["ssh"] = written_ssh
-    if python or base_python:
-        defaults["python"] = python or base_python
-    if base_slurm is not None:
-        defaults["slurm"] = base_slurm
-    return SshReach(targets, addresses, extras, defaults)
-
-
-def _host_names(hosts: Sequence[str]) -> list[str]:
-    """HOST arguments as node names: hostlists expanded, duplicates dropped."""
-    names: list[str] = []
-    for host in hosts:
-        if "@" in host:
-            raise UserError.single("a HOST is a host name or address", source="command line",
-                                   got=host, hint="give the user with --user")
-        try:
-            expanded = hostlist.expand(host)
-        except ValueError as exc:
-            raise UserError.single(f"not a hostlist: {exc}", source="command line",
-                                   got=host) from None
-        for name in expanded:
-            if not _HOST.match(name):
-                raise UserError.single(
-                    "not a host name or IPv4 address (it becomes the node's name)",
-                    source="command line", got=name,
-                    hint="name the host in an ssh_config (Host/HostName) and probe that name",
-                )
-            if name not in names:
-                names.append(name)
-    return names
-
-
 def _probe_slurm(partition: str | None, node_list: str | None, python: str | None,
                  bound_s: float, torch: bool, import_torch: bool, *, output: Path | None,
                  yes: bool, name: str) -> int:
     """``probe --slurm``: the cluster's nodes (in ``partition``, among ``node_list``), each
     written with its partition and GRES type."""
-    from orchestrate.backends.slurm.probe import Group, gather_through_slurm
+    from orchestrate.backends.slurm.probe import gather_cluster, known_nodes
 
-    nodes = _slurm_nodes()
+    nodes = known_nodes()
     if partition is not None:
         nodes = [n for n in nodes if partition in n.partitions]
         if not nodes:
@@ -354,54 +236,11 @@ def _probe_slurm(partition: str | None, node_list: str | None, python: str | Non
                 source="command line", field="--nodes", got=hostlist.compress(missing),
                 hint="`sinfo -N` lists the nodes")
         nodes = [n for n in nodes if n.name in wanted]
-    interpreter = python or DEFAULT_PYTHON
-    by_partition: dict[str | None, list[Any]] = {}
-    for node in nodes:
-        chosen = partition or (node.partitions[0] if node.partitions else None)
-        by_partition.setdefault(chosen, []).append(node)
-    groups = [Group(tuple(members), part, interpreter) for part, members in by_partition.items()]
-    gathered = gather_through_slurm(groups, bound_s=bound_s, torch=torch,
-                                    import_torch=import_torch)
-    extras: dict[str, dict[str, Any]] = {}
-    for group in groups:
-        for node in group.nodes:
-            slurm = {k: v for k, v in (("partition", group.partition),
-                                       ("gres_type", node.gres_type)) if v is not None}
-            extras[node.name] = {"slurm": slurm}
+    gathered, extras = gather_cluster(nodes, partition, python, bound_s=bound_s, torch=torch,
+                                      import_torch=import_torch)
     defaults = {"python": python} if python else {}
     return write_probed(gathered, output=output, yes=yes, inventory_name=name, extras=extras,
                         defaults=defaults)
-
-
-def _slurm_nodes() -> list[Any]:
-    from orchestrate.backends.slurm.ctl import SlurmClient, SlurmError
-    from orchestrate.backends.slurm.probe import cluster_nodes
-
-    try:
-        return cluster_nodes(SlurmClient())
-    except SlurmError as exc:
-        raise UserError.single(f"cannot ask Slurm for its nodes: {exc}", source="slurm",
-                               hint="run this where Slurm's commands work (scontrol, srun; "
-                                    "SLURM_CONF, munge)") from None
-
-
-def gather_local(peers: tuple[str, ...] = (), torch: bool = True,
-                 import_torch: bool = False) -> dict[str, Any]:
-    """This machine's raw facts, gathered in this process."""
-    return hostfacts.gather(peers, torch=torch, import_torch=import_torch)
-
-
-def _lift(extras: Mapping[str, Mapping[str, Any]], names: Sequence[str]
-          ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """User fields every written node shares become defaults; the rest stay with their node."""
-    common: dict[str, Any] = {}
-    if names:
-        first = extras.get(names[0], {})
-        for key, value in first.items():
-            if all(key in extras.get(n, {}) and extras[n][key] == value for n in names):
-                common[key] = value
-    rest = {n: {k: v for k, v in extras.get(n, {}).items() if k not in common} for n in names}
-    return common, rest
 
 
 def write_probed(
@@ -417,71 +256,53 @@ def write_probed(
     """Everything ``probe`` does after gathering: the table of findings, then the inventory on
     stdout or into ``output`` (merged into it when it exists, after showing the diff and, unless
     ``yes``, asking). Nodes that could not be probed, or whose nvidia-smi fails, are reported
-    and left out (kept as they were when merging); then the exit status is 1.
-
-    ``extras``: per node, the user fields its transport knows (``ssh``, ``python``, ``slurm``);
-    ``defaults``: the ``defaults:`` of a new file (how all nodes were reached). Fields every
-    written node shares move into a new file's defaults; into an existing file they go with
-    each new node, unless its defaults already say the same."""
-    addresses = addresses or {}
-    extras = extras or {}
-    parsed: dict[str, HostFacts] = {}
-    failed: dict[str, str] = {}
-    for name, raw in gathered.items():
-        if isinstance(raw, Unreachable):
-            failed[name] = raw.reason
-            continue
-        facts = parse_facts(raw)
-        parsed[name] = facts
-        if facts.gpu_status == "failed":
-            failed[name] = f"nvidia-smi failed: {facts.gpu_error}"
+    and left out (kept as they were when merging); then the exit status is 1. ``addresses``,
+    ``extras`` and ``defaults``: as :func:`orchestrate.probe.write.inventory_text` takes them."""
+    probed = read_gathered(gathered)
     out = console(stderr=output is None)
-    out.print(findings_table(parsed))
+    out.print(findings_table(probed.parsed))
     from rich.markup import escape  # rich only when a table is drawn (tables.py)
 
-    for name, reason in failed.items():
+    for name, reason in probed.failed.items():
         out.print(f"[red]{escape(name)}:[/] {escape(reason)} (left out of the inventory)",
                   highlight=False)
-    kept = [name for name in parsed if name not in failed]
-    status = EXIT_DRIFT if failed else 0
-    if not kept:
+    if not probed.kept:
         out.print("nothing to write: no node was probed", highlight=False)
         return EXIT_DRIFT
-    name = inventory_name or (output.stem if output is not None else "local")
     old = _read(output) if output is not None else None
-    if old is None:
-        common, own = _lift(extras, kept)
-        probed = {n: ProbedNode(n, parsed[n], addresses.get(n), own[n]) for n in kept}
-        text = render_inventory(name, probed.values(), {**common, **(defaults or {})})
-        _check_valid(text, str(output) if output is not None else "<probed inventory>")
-        if output is None:
-            click.echo(text, nl=False)
-        else:
-            output.write_text(text, encoding="utf-8")
-            out.print(f"wrote {output}", highlight=False)
-        return status
-    assert output is not None
-    probed = {n: ProbedNode(n, parsed[n], addresses.get(n), dict(extras.get(n, {})))
-              for n in kept}
-    text = merge_inventory(old, str(output), probed)
-    _check_valid(text, str(output))
-    if text == old:
+    text = inventory_text(
+        probed, old=old, source=str(output) if output is not None else "<probed inventory>",
+        name=inventory_name or (output.stem if output is not None else "local"),
+        addresses=addresses, extras=extras, defaults=defaults)
+    if output is None:
+        click.echo(text, nl=False)
+    elif old is None:
+        output.write_text(text, encoding="utf-8")
+        out.print(f"wrote {output}", highlight=False)
+    elif text == old:
         out.print(f"{output} is up to date", highlight=False)
-        return status
+    elif _confirmed(output, old, text, yes, out):
+        output.write_text(text, encoding="utf-8")
+        out.print(f"updated {output}", highlight=False)
+    return probed.status
+
+
+def _confirmed(output: Path, old: str, text: str, yes: bool, out: Any) -> bool:
+    """Show what writing ``text`` over ``output`` changes; then whether to write it (``yes``,
+    or the user said so; without a terminal to ask, a UserError)."""
     click.echo(unified_diff(old, text, str(output)), nl=False)
-    if not yes:
-        if not sys.stdin.isatty():
-            raise UserError.single(
-                "exists and would change; not overwriting it without a yes",
-                source=str(output),
-                hint="read the diff above, then run again with --yes (or from a terminal)",
-            )
-        if not click.confirm(f"write these changes to {output}?", default=False):
-            out.print(f"{output} left as it was", highlight=False)
-            return status
-    output.write_text(text, encoding="utf-8")
-    out.print(f"updated {output}", highlight=False)
-    return status
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UserError.single(
+            "exists and would change; not overwriting it without a yes",
+            source=str(output),
+            hint="read the diff above, then run again with --yes (or from a terminal)",
+        )
+    if click.confirm(f"write these changes to {output}?", default=False):
+        return True
+    out.print(f"{output} left as it was", highlight=False)
+    return False
 
 
 def _read(path: Path) -> str | None:
@@ -493,13 +314,7 @@ def _read(path: Path) -> str | None:
         raise UserError.single(f"cannot read: {exc.strerror}", source=str(path)) from None
 
 
-def _check_valid(text: str, source: str) -> None:
-    """What probe writes must pass ``orchestrate validate``: checked before any write."""
-    data, lines = parse_yaml(text, source)
-    resolve_inventory(validate(InventorySpec, data, source, lines), source, lines)
-
-
-def findings_table(parsed: Mapping[str, HostFacts]) -> Any:
+def findings_table(parsed: Mapping[str, ProbedHost]) -> Any:
     """One row per probed node: GPUs by model with CUDA indices, link, network, CPUs, memory,
     driver and torch, and what went wrong."""
     from rich.markup import escape as markup_escape
@@ -550,6 +365,7 @@ def inventory_check(file: Path, as_json: bool, no_torch: bool, import_torch: boo
     everything matches, 1 on drift or a node that could not be probed, 2 on a mistake in the
     file or the command. Nodes are reached the way the file says: Slurm's through srun, this
     machine's in this process, the others over SSH with the file's ssh settings."""
+    from orchestrate.backends.probe import gather_for_check, slurm_nodes_of
     from orchestrate.core.spec.inventory import load_inventory_spec
 
     spec, lines = load_inventory_spec(file)
@@ -560,92 +376,13 @@ def inventory_check(file: Path, as_json: bool, no_torch: bool, import_torch: boo
     return check_gathered(inv, text, str(file), gathered, as_json=as_json)
 
 
-def is_this_machine(address: str) -> bool:
-    """Whether ``address`` names this machine: loopback, or its own host name."""
-    if address in ("localhost", "::1") or address.startswith("127."):
-        return True
-    return address in (socket.gethostname(), socket.getfqdn())
-
-
-def slurm_nodes_of(spec: InventorySpec) -> set[str]:
-    """The nodes the file says Slurm runs: those whose entry, or the defaults, have a
-    ``slurm:`` block (even an empty one). Their jobs go through Slurm, so their probe does too:
-    compute nodes often refuse SSH from outside a job (pam_slurm_adopt), and srun reaches
-    them wherever the controller is configured."""
-    names: set[str] = set()
-    for entry in spec.nodes:
-        if entry.slurm is not None or spec.defaults.slurm is not None:
-            names.update(hostlist.expand(entry.name))
-    return names
-
-
-def gather_for_check(inv: Inventory, slurm: Collection[str] = (), *, torch: bool = True,
-                     import_torch: bool = False, bound_s: float = DEFAULT_BOUND_S,
-                     fanout: int = 32) -> dict[str, Gathered]:
-    """Raw facts for every node of ``inv``, each reached as the file says: the ``slurm`` nodes
-    through srun (in their partition, with their python), nodes on this machine in this
-    process (gathered once), the others over SSH with their ssh settings and python."""
-    on_slurm = [n for n in inv.nodes if n.name in slurm]
-    here = [n for n in inv.nodes if n.name not in slurm and is_this_machine(n.address)]
-    remote = [n for n in inv.nodes if n.name not in slurm and not is_this_machine(n.address)]
-    gathered: dict[str, Gathered] = {}
-    if here:
-        facts = gather_local(torch=torch, import_torch=import_torch)
-        gathered.update({node.name: facts for node in here})
-    if remote:
-        from orchestrate.backends.ssh.connections import target
-        from orchestrate.backends.ssh.probe import gather_over_ssh
-
-        targets = [target(n.name, n.address, n.python or DEFAULT_PYTHON, n.ssh,
-                          DEFAULT_CONNECT_TIMEOUT_S) for n in remote]
-        gathered.update(gather_over_ssh(targets, bound_s=bound_s, fanout=fanout, torch=torch,
-                                        import_torch=import_torch))
-    if on_slurm:
-        gathered.update(_gather_slurm_nodes(on_slurm, bound_s, torch, import_torch))
-    return {node.name: gathered[node.name] for node in inv.nodes}
-
-
-def _gather_slurm_nodes(nodes: Sequence[Node], bound_s: float, torch: bool,
-                        import_torch: bool) -> dict[str, Gathered]:
-    """Inventory nodes probed through Slurm: one srun per partition and python."""
-    from orchestrate.backends.slurm.probe import Group, gather_through_slurm
-
-    known = {n.name: n for n in _slurm_nodes()}
-    gathered: dict[str, Gathered] = {}
-    grouped: dict[tuple[str | None, str], list[Any]] = {}
-    for node in nodes:
-        found = known.get(node.name)
-        if found is None:
-            gathered[node.name] = Unreachable("Slurm has no node of this name (`sinfo -N`)")
-            continue
-        partition = node.partition or (found.partitions[0] if found.partitions else None)
-        grouped.setdefault((partition, node.python or DEFAULT_PYTHON), []).append(found)
-    groups = [Group(tuple(members), partition, python)
-              for (partition, python), members in grouped.items()]
-    if groups:
-        gathered.update(gather_through_slurm(groups, bound_s=bound_s, torch=torch,
-                                             import_torch=import_torch))
-    return gathered
-
-
 def check_gathered(inv: Inventory, text: str, source: str, gathered: Mapping[str, Gathered],
                    *, as_json: bool = False) -> int:
     """Everything ``check`` does after gathering: compare, print, and the exit status."""
-    parsed = {n: parse_facts(r) for n, r in gathered.items() if not isinstance(r, Unreachable)}
-    unreachable = {n: r.reason for n, r in gathered.items() if isinstance(r, Unreachable)}
-    differences = drift(inv, parsed, provenance_of(text, source), unreachable)
+    report = check(inv, text, source, gathered)
     if as_json:
-        click.echo(json.dumps({
-            "file": source,
-            "nodes": [n.name for n in inv.nodes if n.name in gathered],
-            "ok": not differences,
-            "differences": [d.to_json() for d in differences],
-        }, indent=2))
-    elif differences:
-        for difference in differences:
-            click.echo(difference.message)
-        nodes = len({d.node for d in differences})
-        click.echo(f"{len(differences)} difference(s) on {nodes} node(s) of {source}")
+        click.echo(json.dumps(report.to_json(), indent=2))
     else:
-        click.echo(f"{source}: all {len(parsed)} node(s) match")
-    return EXIT_DRIFT if differences else 0
+        for line in report.lines():
+            click.echo(line)
+    return report.status

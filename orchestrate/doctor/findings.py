@@ -23,15 +23,15 @@ from typing import Any
 
 from orchestrate.core.errors import Problem
 from orchestrate.core.spec.inventory import Inventory
-from orchestrate.doctor.checkup.program import TIERS
+from orchestrate.doctor.bandwidth import judge_bandwidth
+from orchestrate.doctor.checkup.options import TIERS
 from orchestrate.doctor.checkup.result import CheckupResult, Failure
 from orchestrate.doctor.grading import (
-    Attempt,
     Check,
+    ConnectAttempt,
     JobShape,
     Listening,
     PlannedNode,
-    judge_bandwidth,
     judge_checkup,
     judge_connect,
 )
@@ -223,7 +223,7 @@ def _connect(shape: JobShape, nodes: Mapping[str, Mapping[str, Any]], end: JobEn
         if report.get("master_port"):
             port = int(report["master_port"])
     listeners: list[Listening] = []
-    attempts: list[Attempt] = []
+    attempts: list[ConnectAttempt] = []
     rows: list[Check] = []
     for name, report in nodes.items():
         heard = report.get("master_listener") or {}
@@ -234,13 +234,13 @@ def _connect(shape: JobShape, nodes: Mapping[str, Mapping[str, Any]], end: JobEn
             listeners.append(Listening(name, 0, "pair", str(pair["error"])))
         roll = report.get("rollcall") or {}
         if roll:
-            attempts.append(Attempt(name, master, int(roll.get("port") or port), "master",
-                                    str(roll.get("outcome")), float(roll.get("seconds") or 0),
-                                    str(roll.get("detail") or "")))
+            attempts.append(ConnectAttempt(
+                name, master, int(roll.get("port") or port), "master", str(roll.get("outcome")),
+                float(roll.get("seconds") or 0), str(roll.get("detail") or "")))
         for item in report.get("pairs") or []:
-            attempts.append(Attempt(name, str(item["target"]), int(item["port"]), "pair",
-                                    str(item["outcome"]), float(item.get("seconds") or 0),
-                                    str(item.get("detail") or "")))
+            attempts.append(ConnectAttempt(
+                name, str(item["target"]), int(item["port"]), "pair", str(item["outcome"]),
+                float(item.get("seconds") or 0), str(item.get("detail") or "")))
     rows.extend(judge_connect(shape, listeners, attempts))
     # A node that got no directory back could not test its pairs, and no one knew its port.
     untested = [n.name for n in shape.nodes

@@ -5,49 +5,29 @@ A :class:`Check` is one row of the doctor's table and one element of ``--json``'
 pass / warn / fail. The verdict is the worst status; the exit status is 1 when a check failed,
 else 0 (a warning does not stop a job; user errors exit 2 before any check runs).
 
-This module grades the checkup's result (:mod:`orchestrate.doctor.checkup`: smoke and bandwidth) and
-the connect tier's attempts (:mod:`orchestrate.doctor.checkup.reachability`) against the planned job
-(:class:`JobShape`); :mod:`orchestrate.doctor.static_tier` grades the static tier. Bandwidth floors
-come from :mod:`orchestrate.doctor.floors`. A slow or unreachable *node* (every pair with it bad,
-the
-others fine) is named as the node; a bad pair that no node explains is named as a link; healthy
-pairs
-are never blamed.
+This module grades the checkup's smoke result (:mod:`orchestrate.doctor.checkup`) and the
+connect tier's attempts (:mod:`orchestrate.doctor.checkup.reachability`) against the planned job
+(:class:`JobShape`), and names the culprits among bad node pairs (:func:`culprits`: a slow or
+unreachable *node*, every pair with it bad and the others fine, is named as the node; a bad pair
+that no node explains is named as a link; healthy pairs are never blamed).
+:mod:`orchestrate.doctor.static_tier` grades the static tier, :mod:`orchestrate.doctor.bandwidth`
+the measured figures against :mod:`orchestrate.doctor.floors`.
 
 Pure: values in, values out.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.spec.inventory import Inventory, Node
-from orchestrate.doctor import floors
-from orchestrate.doctor.checkup.result import CheckupResult, PairMatrix, SizeTiming, Sweep
+from orchestrate.doctor.checkup.result import CheckupResult
 
 Status = Literal["pass", "warn", "fail"]
 _ORDER: dict[str, int] = {"pass": 0, "warn": 1, "fail": 2}
-#: Without a declared floor, a node pair below this fraction of the best pair is a warning.
-RELATIVE_BELOW = 0.25
-
-HINT_NODE_LINK = (
-    "check that node's NIC (ethtool <interface>: speed, errors), cable and switch port, and "
-    "that GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME name its fast interface"
-)
-HINT_TCP = (
-    "NCCL over TCP sockets often stays under half of a fast Ethernet link (NCCL #450): try "
-    "NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, or RDMA (RoCE/InfiniBand)"
-)
-HINT_INTRA = (
-    "check `nvidia-smi topo -m` (NVLink where the inventory says nvlink/nvswitch), GPU clocks "
-    "and throttling, and that NCCL_P2P_DISABLE is not set"
-)
-
-
 @dataclass(frozen=True)
 class Check:
     """One row: a check on some nodes, its status, and what to do about it."""
@@ -233,230 +213,11 @@ def _smoke_hint(step: str) -> str:
     return "read the named ranks' output"
 
 
-# -- bandwidth -----------------------------------------------------------------------------------
-
-
-def _gb(value: float) -> str:
-    return f"{value:.3g} GB/s"
-
-
-def _size(nbytes: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:g} {unit}"
-    return f"{nbytes} B"
-
-
-def _band(floor: floors.Floor | None, scale: float = 1.0) -> dict[str, Any] | None:
-    if floor is None:
-        return None
-    value = floor.GBps * scale
-    return {
-        "floor_GBps": round(value, 4),
-        "warn_below_GBps": round(value * floors.WARN_BELOW, 4),
-        "fail_below_GBps": round(value * floors.FAIL_BELOW, 4),
-        "basis": floor.basis,
-    }
-
-
-def _graded(
-    name: str, nodes: tuple[str, ...], measured: float, shown: str, floor: floors.Floor | None,
-    unknown: str, hint: str,
-) -> Check:
-    if floor is None:
-        return Check("bandwidth", name, nodes, "pass", f"{shown}; not graded: {unknown}",
-                     measured=_gb(measured))
-    status = floors.grade(measured, floor.GBps)
-    share = measured / floor.GBps if floor.GBps > 0 else 0.0
-    detail = f"{shown}: {share:.0%} of the floor"
-    if status != "pass":
-        detail += f" (warn below {floors.WARN_BELOW:.0%}, fail below {floors.FAIL_BELOW:.0%})"
-    return Check("bandwidth", name, nodes, status, detail, measured=_gb(measured),
-                 expected=f">= {_gb(floor.GBps)} ({floor.basis})",
-                 hint=hint if status != "pass" else "")
-
-
-def _why_no_floor(shape: JobShape, nodes: Sequence[PlannedNode], inter: bool) -> str:
-    if shape.backend != "nccl":
-        return ("gloo reduces on the CPUs, which bound it before the link (0.5-0.95 GB/s on "
-                "loopback here); the node pairs measure the links")
-    if inter:
-        return "the inventory declares no network.gbps for " + ", ".join(
-            n.name for n in nodes if floors.nic_GBps(n.node) is None)
-    return "no public figure for this GPU model and gpu_link"
-
-
-def judge_bandwidth(
-    result: CheckupResult, shape: JobShape
-) -> tuple[list[Check], dict[str, Any]]:
-    """Rows for the all_reduce sweeps and the node pairs, and the ``bandwidth`` section of the
-    doctor's JSON (the measured figures with each chart's expected band)."""
-    rows: list[Check] = []
-    section: dict[str, Any] = {"backend": result.backend}
-    planned = planned_by_name(result.nodes, shape)
-    used = [planned[n] for n in result.nodes if n in planned]
-    if result.world is not None and (best := result.world.best()) is not None:
-        rows_, section["all_reduce"] = _judge_world(result.world, best, used, shape)
-        rows.extend(rows_)
-    section["intra_node"] = {}
-    for name, sweep in result.intra.items():
-        node = planned.get(name)
-        best = sweep.best()
-        if node is None or best is None:
-            continue
-        floor = floors.intra_node_floor(node.node, node.gpu_models, shape.backend)
-        rows.append(_graded(
-            "all_reduce inside " + name, (name,), best.busbw_GBps,
-            f"busbw {_gb(best.busbw_GBps)} at {_size(best.bytes)} over {sweep.ranks} ranks",
-            floor, _why_no_floor(shape, [node], inter=False), HINT_INTRA,
-        ))
-        section["intra_node"][name] = {**sweep.to_json(), "expected": _band(floor)}
-    if result.pairs is not None:
-        rows_, section["pairs"] = _judge_pairs(result.pairs, planned)
-        rows.extend(rows_)
-    return rows, section
-
-
-def planned_by_name(names: Sequence[str], shape: JobShape) -> dict[str, PlannedNode]:
-    """The planned node behind each node name of a checkup result: by name, or by position
-    when the ranks did not know the names (``node <GROUP_RANK>``, ORCHESTRATE_NODE_NAMES
-    unset) and the counts agree."""
-    by_name = {n.name: n for n in shape.nodes}
-    if all(name in by_name for name in names) or len(names) != len(shape.nodes):
-        return by_name
-    return dict(zip(names, shape.nodes, strict=True))
-
-
-def _judge_world(
-    sweep: Sweep, best: SizeTiming, used: Sequence[PlannedNode], shape: JobShape
-) -> tuple[list[Check], dict[str, Any]]:
-    names = tuple(n.name for n in used)
-    if sweep.nodes < 2:
-        node = used[0] if used else None
-        floor = None if node is None else floors.intra_node_floor(
-            node.node, node.gpu_models, shape.backend)
-        row = _graded(
-            "all_reduce", names, best.busbw_GBps,
-            f"busbw {_gb(best.busbw_GBps)} at {_size(best.bytes)} over {sweep.ranks} rank(s)",
-            floor, "one rank: nothing crosses a link" if sweep.ranks < 2 else
-            _why_no_floor(shape, used, inter=False), HINT_INTRA,
-        )
-        return [row], {**sweep.to_json(), "expected": _band(floor)}
-    floor = floors.inter_node_floor([n.node for n in used], [n.nproc for n in used],
-                                    shape.backend)
-    wire = floors.wire_rate(best.busbw_GBps, sweep.nodes, sweep.ranks)
-    fabric = {n.node.network.fabric for n in used if n.node.network is not None}
-    row = _graded(
-        "all_reduce across nodes", names, wire,
-        f"busbw {_gb(best.busbw_GBps)} at {_size(best.bytes)} over {sweep.ranks} ranks on "
-        f"{sweep.nodes} nodes = {_gb(wire)} per rank on the wire (busbw x (k-1)/(n-1))",
-        floor, _why_no_floor(shape, used, inter=True),
-        HINT_TCP if fabric <= {"ethernet"} else HINT_NODE_LINK,
-    )
-    # The chart plots busbw: scale the per-rank wire floor back into busbw.
-    scale = (sweep.ranks - 1) / (sweep.nodes - 1)
-    return [row], {**sweep.to_json(), "expected": _band(floor, scale)}
-
-
-def _judge_pairs(
-    pairs: PairMatrix, planned: Mapping[str, PlannedNode]
-) -> tuple[list[Check], dict[str, Any]]:
-    names = pairs.nodes
-    count = len(names)
-    rates: dict[tuple[str, str], float | None] = {}
-    status: dict[tuple[str, str], Status] = {}
-    floor_of: dict[tuple[str, str], floors.Floor | None] = {}
-    for i in range(count):
-        for j in range(i + 1, count):
-            key = (names[i], names[j])
-            rates[key] = pairs.rate(i, j)
-            a, b = planned.get(names[i]), planned.get(names[j])
-            floor_of[key] = None if a is None or b is None else floors.link_floor(a.node, b.node)
-    measured = [r for r in rates.values() if r is not None]
-    best = max(measured, default=0.0)
-    for key, rate in rates.items():
-        floor = floor_of[key]
-        if rate is None:
-            status[key] = "fail"
-        elif floor is not None:
-            status[key] = floors.grade(rate, floor.GBps)
-        else:
-            status[key] = "warn" if rate < RELATIVE_BELOW * best else "pass"
-    bad = [k for k, s in status.items() if s != "pass"]
-    blamed, links = culprits(names, bad)
-    index = {n: i for i, n in enumerate(names)}
-
-    def directions(a: str, b: str) -> str:
-        ab, ba = pairs.GBps[index[a]][index[b]], pairs.GBps[index[b]][index[a]]
-        return (f"{a}->{b} {'-' if ab is None else _gb(ab)}, "
-                f"{b}->{a} {'-' if ba is None else _gb(ba)}")
-
-    def expected(keys: Iterable[tuple[str, str]]) -> str | None:
-        fl = [f for f in (floor_of[k] for k in keys) if f is not None]
-        if not fl:
-            return f"within {1 / RELATIVE_BELOW:g}x of the best pair ({_gb(best)})"
-        low = min(fl, key=lambda f: f.GBps)
-        return f">= {_gb(low.GBps)} ({low.basis})"
-
-    rows: list[Check] = []
-    healthy = [k for k, s in status.items() if s == "pass"]
-    for node in blamed:
-        keys = [k for k in rates if node in k]
-        values = _known(rates[k] for k in keys)
-        others = _known(rates[k] for k in healthy)
-        i = index[node]
-        sends = _known(pairs.GBps[i][j] for j in range(count) if j != i)
-        receives = _known(pairs.GBps[j][i] for j in range(count) if j != i)
-        detail = (
-            f"every pair with {node} is slow ({len(keys)} of {len(keys)}): {node} sends at "
-            + (f"{_gb(min(sends))}" if sends else "-")
-            + ", receives at " + (f"{_gb(min(receives))}" if receives else "-")
-            + " (slowest peer); "
-            + "; ".join(directions(*sorted(k, key=lambda n: n != node)) for k in keys)
-        )
-        if others:
-            detail += f"; the other pairs reach {_gb(statistics.median(others))} (median)"
-        rows.append(Check(
-            "bandwidth", f"node {node}", (node,), worst(status[k] for k in keys), detail,
-            measured=_gb(min(values)) if values else "not measured",
-            expected=expected(keys), hint=HINT_NODE_LINK,
-        ))
-    for key in links:
-        rate = rates[key]
-        detail = ("slow link: " if rate is not None else "not measured: ") + directions(*key)
-        if count == 2:
-            detail += " (with two nodes the doctor cannot tell which end is slow)"
-        rows.append(Check(
-            "bandwidth", f"link {key[0]} <-> {key[1]}", key, status[key], detail,
-            measured=None if rate is None else _gb(rate), expected=expected([key]),
-            hint=HINT_NODE_LINK,
-        ))
-    if healthy:
-        values = _known(rates[k] for k in healthy)
-        rows.append(Check(
-            "bandwidth", "node pairs", tuple(names), "pass",
-            f"{len(healthy)} of {len(rates)} node pair(s) healthy, {_size(pairs.bytes)} per "
-            f"transfer: {_gb(min(values))} to {_gb(max(values))} (slower direction)",
-            measured=_gb(statistics.median(values)) + " median", expected=expected(healthy),
-        ))
-    matrix_floor = [
-        [None if i == j else _band(floor_of[(names[min(i, j)], names[max(i, j)])])
-         for j in range(count)] for i in range(count)
-    ]
-    section = {**pairs.to_json(), "expected": matrix_floor,
-               "blamed_nodes": blamed, "blamed_links": [list(k) for k in links]}
-    return rows, section
-
-
-def _known(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
-
-
 # -- connect -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Attempt:
+class ConnectAttempt:
     """One TCP connection the connect tier tried
     (``orchestrate.doctor.checkup.reachability.connect``)."""
 
@@ -490,7 +251,7 @@ _OUTCOME_HINT = {
 
 
 def judge_connect(
-    shape: JobShape, listeners: Sequence[Listening], attempts: Sequence[Attempt]
+    shape: JobShape, listeners: Sequence[Listening], attempts: Sequence[ConnectAttempt]
 ) -> list[Check]:
     """Rows for the master port (every node -> the master's listener) and the ephemeral ports
     between nodes (every ordered pair)."""
@@ -527,7 +288,7 @@ def judge_connect(
     return rows
 
 
-def _judge_pair_ports(shape: JobShape, attempts: Sequence[Attempt]) -> list[Check]:
+def _judge_pair_ports(shape: JobShape, attempts: Sequence[ConnectAttempt]) -> list[Check]:
     if not attempts:
         return []
     names = [n for n in shape.names if any(n in (a.source, a.target) for a in attempts)]

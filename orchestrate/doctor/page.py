@@ -101,48 +101,64 @@ def _bandwidth(section: Mapping[str, Any]) -> list[str]:
     if not rows and not isinstance(pairs, Mapping):
         return []
     out = ['<section id="bandwidth"><h2>Bandwidth</h2>']
+    out.extend(_busbw_chart(rows, section.get("expected")))
+    if isinstance(pairs, Mapping) and pairs.get("nodes"):
+        out.extend(_pairs_chart(pairs))
+    out.append("</section>")
+    return out
+
+
+def _expected_band(expected: Any, sizes: list[float]) -> svg.Band | None:
+    """The floor's band across the sweep's sizes, when the section has one."""
+    if not isinstance(expected, Mapping) or not sizes:
+        return None
+    floor, warn = _number(expected.get("floor_GBps")), _number(expected.get("warn_below_GBps"))
+    if floor is None:
+        return None
+    low = warn if warn is not None else floor * 0.5
+    return svg.Band(f"expected: floor {floor:.3g} GB/s (warn below {low:.3g})",
+                    [(sizes[0], low, floor), (sizes[-1], low, floor)])
+
+
+def _busbw_chart(rows: list[Mapping[str, Any]], expected: Any) -> list[str]:
+    """busbw against message size, one line per backend, inside the expected band."""
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         size, busbw = _number(row.get("size_bytes")), _number(row.get("busbw_GBps"))
         if size and busbw is not None and size > 0:
             series.setdefault(str(row.get("backend") or "all_reduce"), []).append((size, busbw))
-    if series:
-        sizes = sorted({s for points in series.values() for s, _ in points})
-        band = None
-        expected = section.get("expected")
-        if isinstance(expected, Mapping) and sizes:
-            floor, warn = _number(expected.get("floor_GBps")), _number(
-                expected.get("warn_below_GBps"))
-            if floor is not None:
-                low = warn if warn is not None else floor * 0.5
-                band = svg.Band(f"expected: floor {floor:.3g} GB/s (warn below {low:.3g})",
-                                [(sizes[0], low, floor), (sizes[-1], low, floor)])
-        lines = [svg.Series(name, sorted(points), svg.PALETTE[i % len(svg.PALETTE)], dots=True,
-                            data={"series": name})
-                 for i, (name, points) in enumerate(series.items())]
-        out.append(svg.line_chart(lines, chart_id="busbw", title="all_reduce bus bandwidth "
-                                  "against message size", x_label="message size",
-                                  y_label="busbw (GB/s)", log_x=True, log_base=2, band=band,
-                                  x_format=svg.size_bytes, y_zero=True))
-        if band is None:
-            out.append('<p class="sub">No expected band: the inventory gives no floor for '
-                       "this link (see the all_reduce rows).</p>")
-    if isinstance(pairs, Mapping) and pairs.get("nodes"):
-        names = [str(n) for n in pairs["nodes"]]
-        values = [[_number(v) for v in row] for row in pairs.get("GBps") or []]
-        size = _number(pairs.get("bytes"))
-        title = "point-to-point bandwidth between nodes (GB/s, row sends to column)"
-        out.append(svg.heatmap(names, names, values, chart_id="pairs", title=title,
-                               value_format=lambda v: f"{v:.3g}"))
-        notes = []
-        if size:
-            notes.append(f"{svg.size_bytes(size)} per transfer")
-        if pairs.get("blamed_nodes"):
-            notes.append("slow node(s): " + ", ".join(str(n) for n in pairs["blamed_nodes"]))
-        if pairs.get("blamed_links"):
-            notes.append("slow link(s): " + ", ".join(
-                " <-> ".join(str(n) for n in link) for link in pairs["blamed_links"]))
-        if notes:
-            out.append(f'<p class="sub">{escape("; ".join(notes))}</p>')
-    out.append("</section>")
+    if not series:
+        return []
+    band = _expected_band(expected, sorted({s for points in series.values() for s, _ in points}))
+    lines = [svg.Series(name, sorted(points), svg.PALETTE[i % len(svg.PALETTE)], dots=True,
+                        data={"series": name})
+             for i, (name, points) in enumerate(series.items())]
+    out = [svg.line_chart(lines, chart_id="busbw", title="all_reduce bus bandwidth "
+                          "against message size", x_label="message size",
+                          y_label="busbw (GB/s)", log_x=True, log_base=2, band=band,
+                          x_format=svg.size_bytes, y_zero=True)]
+    if band is None:
+        out.append('<p class="sub">No expected band: the inventory gives no floor for '
+                   "this link (see the all_reduce rows).</p>")
+    return out
+
+
+def _pairs_chart(pairs: Mapping[str, Any]) -> list[str]:
+    """The node-by-node matrix, and which nodes and links were blamed."""
+    names = [str(n) for n in pairs["nodes"]]
+    values = [[_number(v) for v in row] for row in pairs.get("GBps") or []]
+    size = _number(pairs.get("bytes"))
+    title = "point-to-point bandwidth between nodes (GB/s, row sends to column)"
+    out = [svg.heatmap(names, names, values, chart_id="pairs", title=title,
+                       value_format=lambda v: f"{v:.3g}")]
+    notes = []
+    if size:
+        notes.append(f"{svg.size_bytes(size)} per transfer")
+    if pairs.get("blamed_nodes"):
+        notes.append("slow node(s): " + ", ".join(str(n) for n in pairs["blamed_nodes"]))
+    if pairs.get("blamed_links"):
+        notes.append("slow link(s): " + ", ".join(
+            " <-> ".join(str(n) for n in link) for link in pairs["blamed_links"]))
+    if notes:
+        out.append(f'<p class="sub">{escape("; ".join(notes))}</p>')
     return out

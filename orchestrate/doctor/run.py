@@ -97,7 +97,7 @@ def checkup_argv(plan: Plan, settings: Settings, with_deadline: bool = True) -> 
 
 def checkup_deadline_s(plan: Plan, settings: Settings) -> float:
     """The hard bound of every rank's checkup (the rank program's own rule)."""
-    from orchestrate.doctor.checkup.program import deadline_s, parse_options
+    from orchestrate.doctor.checkup.options import deadline_s, parse_options
 
     options = parse_options(checkup_argv(plan, settings, with_deadline=False), {})
     return deadline_s(options, len(options.sizes or ()) or DEFAULT_SIZES, len(plan.nodes))

@@ -23,6 +23,8 @@ raw host-facts gatherer run through the job's backend) turns them into this shap
 
 ``model`` is the inventory's spelling (normalised, e.g. ``NVIDIA A100-SXM4-80GB`` ->
 ``A100-80GB``); GPUs are compared in PCI bus order, the CUDA order the plan's indices use.
+Each GPU becomes the probe's :class:`orchestrate.probe.facts.GpuFact`, the one GPU record
+(``index`` is its ``cuda_index``).
 
 :func:`from_host` makes this shape from what the doctor's checkup gathers on a node (the raw
 facts of :func:`orchestrate.hostside.hostfacts.gather`, parsed by
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrate.doctor.grading import Check, JobShape, PlannedNode, Status
-from orchestrate.probe.facts import parse_facts
+from orchestrate.probe.facts import GpuFact, parse_facts
 
 VERSIONS = ("python", "torch", "cuda", "nccl", "driver")
 GPU_ONLY = frozenset({"cuda", "nccl", "driver"})
@@ -64,16 +66,6 @@ SPEED_WARN_BELOW = 0.95
 SPEED_FAIL_BELOW = 0.2
 MEMORY_TOLERANCE = 0.05
 _VIRTUAL = re.compile(r"^(lo|docker\d*|veth.*|br-.*|virbr\d*|cni\d*|flannel.*|cali.*)$")
-
-
-@dataclass(frozen=True)
-class GpuFact:
-    """One GPU as the node reports it."""
-
-    index: int
-    model: str
-    memory_gb: float
-    bus_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,8 +152,7 @@ def from_host(
         )
     memlock = raw.get("memlock")
     soft = memlock.get("soft") if isinstance(memlock, Mapping) else None
-    gpus = None if parsed.gpu_status == "missing" and not parsed.gpus else tuple(
-        GpuFact(g.cuda_index, g.model, g.memory_gb, g.bus_id) for g in parsed.gpus)
+    gpus = None if parsed.gpu_status == "missing" and not parsed.gpus else parsed.gpus
     return NodeFacts(
         versions=versions,
         interface=iface,
@@ -173,11 +164,15 @@ def from_host(
 
 
 def _gpu(item: Any) -> GpuFact:
+    """A GPU of the JSON shape (the module docstring): what it says, nothing more (an unknown
+    bus id is empty; the reported model stands for the product name too)."""
     if isinstance(item, Mapping):
-        return GpuFact(int(item["index"]), str(item["model"]), float(item["memory_gb"]),
-                       item.get("bus_id"))
-    index, model, memory = item[:3]
-    return GpuFact(int(index), str(model), float(memory))
+        index, model, memory = item["index"], item["model"], item["memory_gb"]
+        bus_id = item.get("bus_id") or ""
+    else:
+        (index, model, memory), bus_id = item[:3], ""
+    return GpuFact(cuda_index=int(index), smi_index=None, bus_id=str(bus_id), name=str(model),
+                   model=str(model), memory_gb=float(memory))
 
 
 def judge_static(shape: JobShape, facts: Mapping[str, NodeFacts]) -> list[Check]:
@@ -276,7 +271,7 @@ def _gpus(node: PlannedNode, got: NodeFacts) -> Check:
                      f"{name} shows no GPUs (nvidia-smi found none or failed)",
                      expected=f"GPUs {list(node.gpu_indices)}",
                      hint="check the driver (nvidia-smi) on the node")
-    in_order = sorted(got.gpus, key=lambda g: (g.bus_id is None, g.bus_id or "", g.index))
+    in_order = sorted(got.gpus, key=lambda g: (not g.bus_id, g.bus_id, g.cuda_index))
     problems: list[str] = []
     planned = dict(zip(node.gpu_indices, node.gpu_models, strict=True))
     inventory = {g.index: g for g in node.node.gpus}
@@ -325,55 +320,55 @@ def _interface(shape: JobShape, node: PlannedNode, got: NodeFacts) -> list[Check
                       f"{wanted} does not exist on {name}{have}", measured="missing",
                       expected=wanted,
                       hint="set the node's network.interface in the inventory to one it has")]
-    rows: list[Check] = []
     label = iface.name
     if iface.up is False:
-        rows.append(Check("static", "interface", (name,), "fail", f"{label} is down on {name}",
-                          measured="down", expected="up",
-                          hint=f"bring it up (ip link set {label} up) or use another"))
-        return rows
+        return [Check("static", "interface", (name,), "fail", f"{label} is down on {name}",
+                      measured="down", expected="up",
+                      hint=f"bring it up (ip link set {label} up) or use another")]
     is_master = node is shape.nodes[0] or node.node.address == shape.master_addr
     if multi and iface.routes_to_master is False and not (is_master and iface.route_dev == "lo"):
-        rows.append(Check(
+        return [Check(
             "static", "interface", (name,), "fail",
             f"traffic from {name} to MASTER_ADDR {shape.master_addr} leaves through "
             f"{iface.route_dev or 'another interface'}, not {label}",
             measured=iface.route_dev, expected=label,
             hint="set network.interface to the interface that routes to the master, or fix "
                  "the routes",
-        ))
-        return rows
+        )]
     if multi and not wanted and iface.route_dev and _VIRTUAL.match(iface.route_dev):
-        rows.append(Check(
+        return [Check(
             "static", "interface", (name,), "warn",
             f"traffic from {name} to the master leaves through {iface.route_dev}, a virtual "
             "device", measured=iface.route_dev, expected="a physical NIC",
             hint="set network.interface in the inventory (docker0/veth carry no job traffic)",
-        ))
-        return rows
+        )]
+    return [_speed(node, iface, multi)]
+
+
+def _speed(node: PlannedNode, iface: InterfaceFact, multi: bool) -> Check:
+    """An interface that is up (and routes to the master): at the inventory's speed?"""
+    name, label = node.name, iface.name
     gbps = node.node.network.gbps if node.node.network else None
     speed = iface.speed_mbps
     if gbps is None or speed is None or speed <= 0:
-        rows.append(Check(
+        return Check(
             "static", "interface", (name,), "pass",
             f"{label} is up" + (" and routes to the master" if multi else "")
             + ("" if speed and speed > 0 else "; link speed unknown (virtual link?)"),
             measured=f"{speed} Mb/s" if speed and speed > 0 else None,
             expected=f"{gbps:g} Gb/s" if gbps else None,
-        ))
-        return rows
+        )
     share = speed / 1000.0 / gbps
     status: Status = "fail" if share < SPEED_FAIL_BELOW else (
         "warn" if share < SPEED_WARN_BELOW else "pass")
-    rows.append(Check(
+    return Check(
         "static", "interface", (name,), status,
         f"{label} is up and runs at {speed / 1000:g} Gb/s"
         + ("" if status == "pass" else f", {share:.0%} of the inventory's {gbps:g} Gb/s"),
         measured=f"{speed / 1000:g} Gb/s", expected=f"{gbps:g} Gb/s",
         hint="" if status == "pass" else
         f"check the link (ethtool {label}: negotiated speed, cable) or the declared gbps",
-    ))
-    return rows
+    )
 
 
 def _shm(shape: JobShape, node: PlannedNode, got: NodeFacts) -> Check:
@@ -444,5 +439,5 @@ def facts_from_json(data: Mapping[str, Mapping[str, Any]]) -> dict[str, NodeFact
     return {name: NodeFacts.from_json(item) for name, item in data.items()}
 
 
-__all__: Sequence[str] = ["GpuFact", "InterfaceFact", "NodeFacts", "facts_from_json",
+__all__: Sequence[str] = ["InterfaceFact", "NodeFacts", "facts_from_json",
                           "from_host", "judge_static"]

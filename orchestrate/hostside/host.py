@@ -298,7 +298,12 @@ def run_text(argv: list[str], timeout: float = 20.0) -> str:
 def gpus() -> dict[str, Any]:
     """The GPUs ``nvidia-smi`` lists, in its order (PCI bus order): ``{"ok": True, "present":
     [[index, name, memory_mib], ...]}``, or ``{"ok": False, "detail": why}``. No nvidia-smi
-    means no GPUs, said as such."""
+    means no GPUs, said as such.
+
+    The SSH agent's check that a plan's GPU indices exist on its host, nothing more: what a GPU
+    *is* (model, memory, link) is read in one place, :mod:`orchestrate.probe.facts` from
+    :mod:`orchestrate.hostside.hostfacts`, for local planning, inventory files and the doctor
+    alike."""
     try:
         out = run_text(["nvidia-smi", "--query-gpu=index,name,memory.total",
                         "--format=csv,noheader,nounits"])

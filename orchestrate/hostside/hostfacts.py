@@ -41,6 +41,7 @@ one; ``ORCHESTRATE_PROC_ROOT`` (default ``/proc``) does the same for /proc.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -133,20 +134,46 @@ def read(path: str) -> str | None:
         return None
 
 
-def run(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
-    """Exit status (None: not found), stdout and stderr of a bounded command."""
+def start(argv: list[str]) -> subprocess.Popen[bytes] | tuple[int | None, str, str]:
+    """A command started in the background, or (when it cannot start) what :func:`run` says:
+    ``(None, "", "")`` for a program not found, ``(-1, "", why)`` otherwise."""
     try:
-        proc = subprocess.run(
-            argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
-        )
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
     except FileNotFoundError:
         return None, "", ""
-    except subprocess.TimeoutExpired:
-        return -1, "", f"{argv[0]} did not answer within {timeout:.0f}s"
     except OSError as exc:
         return -1, "", f"{argv[0]}: {exc}"
-    return (proc.returncode, proc.stdout.decode("utf-8", "replace"),
-            proc.stderr.decode("utf-8", "replace"))
+
+
+def finish(started: subprocess.Popen[bytes] | tuple[int | None, str, str], timeout: float,
+           program: str) -> tuple[int | None, str, str]:
+    """Exit status, stdout and stderr of ``program``, which :func:`start` started, waiting at
+    most ``timeout`` seconds (then it is killed: a timeout is an answer, never a hang)."""
+    if isinstance(started, tuple):
+        return started
+    try:
+        out, err = started.communicate(timeout=max(0.1, timeout))
+    except subprocess.TimeoutExpired:
+        stop(started)
+        return -1, "", f"{program} did not answer within {timeout:.0f}s"
+    return (started.returncode, out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"))
+
+
+def stop(started: subprocess.Popen[bytes] | tuple[int | None, str, str]) -> None:
+    """Kill a command :func:`start` started that is no longer wanted (and reap it, unless even
+    SIGKILL does not end it soon: a process stuck in the driver)."""
+    if isinstance(started, tuple) or started.poll() is not None:
+        return
+    started.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        started.communicate(timeout=1.0)
+
+
+def run(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """Exit status (None: not found), stdout and stderr of a bounded command."""
+    return finish(start(argv), timeout, argv[0])
 
 
 def _message(code: int | None, out: str, err: str) -> str:
@@ -154,36 +181,40 @@ def _message(code: int | None, out: str, err: str) -> str:
     return f"{text} (exit status {code})" if text else f"exit status {code}"
 
 
-def nvidia_smi() -> dict[str, Any]:
-    """The --query-gpu CSV and the topology matrix, or why there are none."""
+def nvidia_smi(topo: bool = True) -> dict[str, Any]:
+    """The --query-gpu CSV and (unless not ``topo``) the topology matrix, or why there are
+    none. ``topo -m`` runs alongside the query (each nvidia-smi start costs the driver's
+    initialisation), so the two cost one bound, not two."""
     report: dict[str, Any] = {"status": "ok", "fields": None, "query": None, "topo": None,
                               "error": None, "topo_error": None}
+    matrix = start(["nvidia-smi", "topo", "-m"]) if topo else None
+    deadline = time.monotonic() + NVIDIA_SMI_TIMEOUT_S
     for fields in (GPU_FIELDS, GPU_FIELDS_OLD):
         code, out, err = run(
             ["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,nounits"],
             NVIDIA_SMI_TIMEOUT_S,
         )
-        if code is None:
-            report["status"] = "missing"
-            report["error"] = "nvidia-smi not found on PATH"
-            return report
         if code == 0:
             report["fields"] = list(fields)
             report["query"] = out
             break
-        report["status"] = "failed"
-        report["error"] = _message(code, out, err)
-        if "not a valid field" not in out + err:
-            return report
-    else:
+        report["status"] = "missing" if code is None else "failed"
+        report["error"] = "nvidia-smi not found on PATH" if code is None \
+            else _message(code, out, err)
+        if code is None or "not a valid field" not in out + err:
+            break
+    if report["query"] is None:
+        if matrix is not None:
+            stop(matrix)
         return report
     report["status"] = "ok"
     report["error"] = None
-    code, out, err = run(["nvidia-smi", "topo", "-m"], NVIDIA_SMI_TIMEOUT_S)
-    if code == 0:
-        report["topo"] = out
-    else:
-        report["topo_error"] = _message(code, out, err)
+    if matrix is not None:
+        code, out, err = finish(matrix, deadline - time.monotonic(), "nvidia-smi")
+        if code == 0:
+            report["topo"] = out
+        else:
+            report["topo_error"] = _message(code, out, err)
     return report
 
 

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrate.core.spec.inventory import Inventory, Node
-from orchestrate.probe.facts import GpuFact, HostFacts, NicFact
-from orchestrate.probe.inventoryfile import Provenance, provenance
+from orchestrate.probe.facts import GpuFact, ProbedHost
+from orchestrate.probe.network import NicFact
+from orchestrate.probe.provenance import Provenance, provenance
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Difference:
 
 def drift(
     inventory: Inventory,
-    facts: Mapping[str, HostFacts],
+    facts: Mapping[str, ProbedHost],
     provenances: Mapping[str, Provenance] | None = None,
     unreachable: Mapping[str, str] | None = None,
 ) -> list[Difference]:
@@ -60,7 +61,7 @@ def drift(
     return out
 
 
-def node_drift(node: Node, facts: HostFacts, prov: Provenance | None = None) -> list[Difference]:
+def node_drift(node: Node, facts: ProbedHost, prov: Provenance | None = None) -> list[Difference]:
     """The differences of one node."""
     out = _gpus(node, facts)
     out += _link(node, facts)
@@ -85,7 +86,7 @@ def _text(value: object) -> str | None:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _gpus(node: Node, facts: HostFacts) -> list[Difference]:
+def _gpus(node: Node, facts: ProbedHost) -> list[Difference]:
     out: list[Difference] = []
     if facts.gpu_status == "failed":
         return [_diff(node, "gpus", f"nvidia-smi failed: {facts.gpu_error}")]
@@ -136,7 +137,7 @@ def _pcie(node: Node, gpu: GpuFact) -> list[Difference]:
     return out
 
 
-def _link(node: Node, facts: HostFacts) -> list[Difference]:
+def _link(node: Node, facts: ProbedHost) -> list[Difference]:
     if not node.gpus or not facts.gpus or node.gpu_link == facts.link.link:
         return []
     return [_diff(node, "gpu_link", f"the GPUs are linked by {facts.link.link} "
@@ -144,7 +145,7 @@ def _link(node: Node, facts: HostFacts) -> list[Difference]:
                   node.gpu_link, facts.link.link)]
 
 
-def _network(node: Node, facts: HostFacts) -> list[Difference]:
+def _network(node: Node, facts: ProbedHost) -> list[Difference]:
     net = node.network
     if net is None:
         return []
@@ -182,7 +183,7 @@ def _network(node: Node, facts: HostFacts) -> list[Difference]:
 
 
 def _speed(fabric: str, hca: str | None, nic: NicFact | None,
-           facts: HostFacts) -> tuple[float | None, str]:
+           facts: ProbedHost) -> tuple[float | None, str]:
     """The measured speed of what the inventory declares: the HCA ports' rate for InfiniBand,
     else the interface's link speed."""
     if fabric == "infiniband" or (fabric == "roce" and hca):
@@ -196,7 +197,7 @@ def _speed(fabric: str, hca: str | None, nic: NicFact | None,
     return None, ""
 
 
-def _provenance(node: Node, facts: HostFacts, prov: Provenance) -> list[Difference]:
+def _provenance(node: Node, facts: ProbedHost, prov: Provenance) -> list[Difference]:
     now = provenance(facts)
     out = []
     if prov.driver and now.driver != prov.driver and facts.gpu_status == "ok":

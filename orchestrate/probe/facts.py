@@ -1,9 +1,10 @@
 """What a host's raw facts mean: its GPUs in CUDA order, their link, its network.
 
-:func:`parse_facts` turns the dict :func:`orchestrate.hostside.hostfacts.gather` collects on a host
-into :class:`HostFacts`, the values an inventory is written from and checked against. Pure: text and
-dicts in, values out, so the real ``nvidia-smi`` outputs of machines we do not have (captured
-from public reports, in tests/probe/fixtures) can be replayed exactly.
+:func:`parse_facts` turns the dict :func:`orchestrate.hostside.hostfacts.gather` collects on a
+host into :class:`ProbedHost`, the values an inventory is written from and checked against (and
+local planning, and the doctor's static tier, read). Pure: text and dicts in, values out, so the
+real ``nvidia-smi`` outputs of machines we do not have (captured from public reports, in
+tests/probe/fixtures) can be replayed exactly.
 
 The knowledge people get wrong by hand lives here:
 
@@ -15,7 +16,7 @@ The knowledge people get wrong by hand lives here:
 - ``nvidia-smi topo -m`` cells ``NV#`` become ``nvswitch`` (more links per GPU than a GPU has
   ports: they go through a switch), ``nvlink`` (some pairs; recorded in CUDA indices) or ``pcie``;
 - the network is the interface that routes to the other nodes, never a bridge or loopback, and
-  its fabric comes from the InfiniBand HCAs behind it.
+  its fabric comes from the InfiniBand HCAs behind it (:mod:`orchestrate.probe.network`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrate.core.spec.inventory import GpuLink, NetworkSpec
+from orchestrate.probe.network import HcaPort, NicFact, choose_network, hcas_of, nics_of
 
 GpuStatus = Literal["ok", "missing", "failed"]
 
@@ -100,7 +102,10 @@ def memory_gb(mib: float) -> float:
 
 @dataclass(frozen=True)
 class GpuFact:
-    """One GPU as ``nvidia-smi`` reported it; ``cuda_index`` is its place in PCI bus order."""
+    """One GPU as ``nvidia-smi`` reported it; ``cuda_index`` is its place in PCI bus order.
+
+    The one GPU record: inventory files, drift, local planning and the doctor's static tier
+    all read GPUs as this."""
 
     cuda_index: int
     smi_index: int | None
@@ -132,37 +137,7 @@ class LinkFact:
 
 
 @dataclass(frozen=True)
-class NicFact:
-    """One network interface from sysfs."""
-
-    name: str
-    operstate: str | None
-    speed_mbps: int | None
-    mtu: int | None
-    kind: Literal["physical", "infiniband", "virtual", "bridge", "loopback"]
-    addresses: tuple[str, ...] = ()
-
-    @property
-    def up(self) -> bool:
-        """Whether the link carries traffic."""
-        return self.operstate == "up"
-
-
-@dataclass(frozen=True)
-class HcaPort:
-    """One port of an InfiniBand/RoCE HCA."""
-
-    hca: str
-    port: int | None
-    active: bool
-    state: str | None
-    gbps: float | None
-    link_layer: str | None
-    netdevs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostFacts:
+class ProbedHost:
     """Everything the inventory needs from one host, parsed."""
 
     hostname: str
@@ -359,125 +334,6 @@ def gpu_link(gpus: tuple[GpuFact, ...] | list[GpuFact], topo: str | None) -> Lin
     return LinkFact("nvlink", detail + (f"; others {others}" if others else ""), pairs)
 
 
-# ------------------------------------------------------------------------------------- network
-
-
-def _nics(raw: list[dict[str, Any]]) -> tuple[NicFact, ...]:
-    out = []
-    for item in raw:
-        name = str(item.get("name", ""))
-        kind: Literal["physical", "infiniband", "virtual", "bridge", "loopback"]
-        if item.get("type") == 772 or name == "lo":
-            kind = "loopback"
-        elif item.get("bridge"):
-            kind = "bridge"
-        elif item.get("type") == 32:  # ARPHRD_INFINIBAND: an IPoIB interface
-            kind = "infiniband"
-        elif item.get("physical"):
-            kind = "physical"
-        else:
-            kind = "virtual"
-        speed = item.get("speed_mbps")
-        out.append(NicFact(
-            name=name,
-            operstate=item.get("operstate"),
-            speed_mbps=int(speed) if isinstance(speed, int | float) and speed > 0 else None,
-            mtu=item.get("mtu"),
-            kind=kind,
-            addresses=tuple(item.get("addresses") or ()),
-        ))
-    return tuple(out)
-
-
-def _rate_gbps(rate: str | None) -> float | None:
-    """``400 Gb/sec (4X NDR)`` -> 400."""
-    found = re.match(r"^\s*([\d.]+)\s*Gb/sec", rate or "")
-    return float(found.group(1)) if found else None
-
-
-def _hcas(raw: list[dict[str, Any]]) -> tuple[HcaPort, ...]:
-    out = []
-    for hca in raw:
-        for port in hca.get("ports") or []:
-            state = port.get("state")
-            out.append(HcaPort(
-                hca=str(hca.get("name")),
-                port=port.get("port"),
-                active="ACTIVE" in str(state or "").upper(),
-                state=state,
-                gbps=_rate_gbps(port.get("rate")),
-                link_layer=port.get("link_layer"),
-                netdevs=tuple(hca.get("netdevs") or ()),
-            ))
-    return tuple(out)
-
-
-def _whole(value: float) -> float | int:
-    return int(value) if float(value).is_integer() else value
-
-
-def choose_network(
-    nics: tuple[NicFact, ...], hcas: tuple[HcaPort, ...], routes: Mapping[str, str]
-) -> tuple[NetworkSpec | None, str]:
-    """The network DDP should use, and a note on how it was chosen.
-
-    The interface is the one the routes to the other nodes leave by (most peers win); a bridge
-    (docker0) or loopback there is refused. Without usable routes it is the fastest physical
-    interface that is up (InfiniBand first). Active InfiniBand ports make the fabric
-    ``infiniband`` with their HCAs, whatever carries the bootstrap traffic (else NCCL would be
-    told to leave IB alone); an HCA port with an Ethernet link layer behind the chosen interface
-    makes it ``roce``.
-    """
-    by_name = {n.name: n for n in nics}
-    note = ""
-    chosen: NicFact | None = None
-    counts = Counter(routes.values())
-    for name, _ in counts.most_common():
-        nic = by_name.get(name)
-        if nic is None:
-            note = f"the route to the other nodes leaves by {name}, which sysfs does not list"
-            continue
-        if nic.kind == "loopback":
-            continue  # the peers are this host
-        if nic.kind == "bridge":
-            note = (f"the route to the other nodes goes through the bridge {name} "
-                    "(a container network?); not used")
-            continue
-        chosen = nic
-        note = f"{name} carries the route to the other nodes"
-        break
-    if chosen is None:
-        candidates = [n for n in nics if n.kind in ("physical", "infiniband") and n.up]
-        if any(n.addresses for n in nics):
-            candidates = [n for n in candidates if n.addresses] or candidates
-        candidates.sort(key=lambda n: (n.kind != "infiniband", -(n.speed_mbps or 0), n.name))
-        if not candidates:
-            return None, note or "no physical network interface is up"
-        chosen = candidates[0]
-        note = (note + "; " if note else "") + f"{chosen.name}: the fastest physical interface up"
-    ib = [p for p in hcas if p.active and (p.link_layer or "").lower() == "infiniband"]
-    if ib:
-        names = list(dict.fromkeys(p.hca for p in ib))
-        gbps = next((p.gbps for p in ib if chosen.name in p.netdevs and p.gbps), None)
-        gbps = gbps or next((p.gbps for p in ib if p.gbps), None)
-        return NetworkSpec(
-            interface=chosen.name, fabric="infiniband",
-            gbps=None if gbps is None else _whole(gbps), hca=",".join(names),
-        ), note
-    roce = [p for p in hcas if p.active and chosen.name in p.netdevs
-            and (p.link_layer or "").lower() == "ethernet"]
-    if roce:
-        gbps = (chosen.speed_mbps / 1000 if chosen.speed_mbps else None) or roce[0].gbps
-        return NetworkSpec(
-            interface=chosen.name, fabric="roce",
-            gbps=None if gbps is None else _whole(gbps), hca=roce[0].hca,
-        ), note
-    gbps = chosen.speed_mbps / 1000 if chosen.speed_mbps else None
-    return NetworkSpec(
-        interface=chosen.name, fabric="ethernet", gbps=None if gbps is None else _whole(gbps)
-    ), note
-
-
 # --------------------------------------------------------------------------------------- facts
 
 
@@ -490,7 +346,7 @@ def _get(raw: Mapping[str, Any], *keys: str) -> Any:
     return value
 
 
-def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
+def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
     """Parse what :func:`orchestrate.hostside.hostfacts.gather` returned on one host."""
     problems: list[str] = []
     smi = _get(raw, "nvidia_smi") or {}
@@ -508,8 +364,8 @@ def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
     if gpus and smi.get("topo_error"):
         problems.append(f"nvidia-smi topo -m failed: {smi.get('topo_error')}")
     raw_hcas = _get(raw, "net", "infiniband") or []
-    hcas = _hcas(raw_hcas)
-    nics = _nics(_get(raw, "net", "interfaces") or [])
+    hcas = hcas_of(raw_hcas)
+    nics = nics_of(_get(raw, "net", "interfaces") or [])
     routes = {
         str(peer): str(found["interface"])
         for peer, found in (_get(raw, "routes") or {}).items()
@@ -523,7 +379,7 @@ def parse_facts(raw: Mapping[str, Any]) -> HostFacts:
     torch_error = torch.get("error") if isinstance(torch, Mapping) else None
     cpus = _get(raw, "cpus", "usable") or _get(raw, "cpus", "count")
     kib = _get(raw, "memory_kib")
-    return HostFacts(
+    return ProbedHost(
         hostname=str(raw.get("hostname") or "?"),
         time=raw.get("time"),
         gpu_status=status,

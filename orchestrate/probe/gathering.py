@@ -48,6 +48,13 @@ from orchestrate.hostside.hostfacts import main
 sys.exit(main(args))
 """
 
+#: The interpreter a node runs the probe with unless told otherwise (as the SSH backend).
+DEFAULT_PYTHON = "python3"
+#: Seconds a node may take to answer once logged in (or once its Slurm task started). The
+#: gatherer's own steps stop sooner (nvidia-smi 20 s, torch 120 s): this catches the rest.
+DEFAULT_BOUND_S = 150.0
+#: Seconds to reach and log into a host over SSH, unless its settings say otherwise.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
 #: The exit status of a node that ran out of its bound.
 EXIT_EXPIRED = 124
 #: How many other nodes each node asks its route to (see :func:`peers_of`).

@@ -5,7 +5,8 @@ Pure: facts and text in, text out (reading and writing files is the CLI's job). 
 - :func:`render_inventory` writes a new inventory from :class:`ProbedNode` values: GPUs grouped
   by model with CUDA indices, ``slots`` for CPU nodes, identical nodes folded into one hostlist
   entry (``gpu[01-16]``), and above each entry a provenance comment saying when it was probed
-  and from which driver and torch (``inventory check`` reads it back with :func:`provenance_of`).
+  and from which driver and torch (:mod:`orchestrate.probe.provenance`; ``inventory check``
+  reads it back).
 - :func:`merge_inventory` updates an existing file in place: only the fields probing knows
   (``cpus``, ``gpus``/``slots``, ``gpu_link``, ``network``) change; names, addresses, ``ssh``,
   ``python``, ``slurm``, ``defaults`` and the comments above entries are kept, an entry whose
@@ -19,7 +20,6 @@ The YAML is written by hand, not by a dumper, so that it reads like the README's
 
 from __future__ import annotations
 
-import datetime
 import difflib
 import json
 import re
@@ -32,7 +32,14 @@ import yaml
 from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.inventory import InventorySpec, NetworkSpec
 from orchestrate.core.spec.loader import parse_yaml, validate
-from orchestrate.probe.facts import HostFacts
+from orchestrate.probe.facts import ProbedHost
+from orchestrate.probe.provenance import (
+    Provenance,
+    comment_block,
+    is_provenance,
+    provenance,
+    read_provenance,
+)
 
 #: The fields probing owns; everything else in an entry is the user's.
 PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "network")
@@ -46,127 +53,6 @@ HEADER = (
     "# machines. Edit freely: probing again keeps names, addresses, ssh, python and slurm.\n"
 )
 
-_PROBED_LINE = re.compile(r"^\s*#\s*probed (?P<when>[^:]+?(?::\d\d)?(?: UTC)?): (?P<rest>.*)$")
-_TOPOLOGY_LINE = re.compile(r"^\s*#\s*topology: (?P<rest>.*)$")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a node's values came from, as its comment says."""
-
-    when: str
-    driver: str | None = None
-    torch: str | None = None
-    topology: str | None = None
-
-    @property
-    def pcie(self) -> str | None:
-        """The ``PCIe GenN xW`` part of the topology line."""
-        found = re.search(r"PCIe Gen[\d/?]+ x[\d/?]+", self.topology or "")
-        return found.group(0) if found else None
-
-    def key(self) -> tuple[str | None, ...]:
-        """What must match for two nodes to share one entry (not the minute they answered)."""
-        return (self.driver, self.torch, self.topology)
-
-    def comment(self) -> list[str]:
-        """The comment lines, without indentation."""
-        head = f"# probed {self.when}: " + (
-            f"driver {self.driver}" if self.driver else "no NVIDIA GPU"
-        )
-        if self.torch:
-            head += f", torch {self.torch}"
-        lines = [head]
-        if self.topology:
-            lines.append(f"# topology: {self.topology}")
-        return lines
-
-
-def provenance(facts: HostFacts) -> Provenance:
-    """The provenance of freshly gathered facts (dated by the host's own clock)."""
-    when = "at an unknown time"
-    if facts.time:
-        stamp = datetime.datetime.fromtimestamp(facts.time, tz=datetime.timezone.utc)
-        when = stamp.strftime("%Y-%m-%d %H:%M UTC")
-    torch = None
-    if facts.torch:
-        extras = [f"CUDA {facts.torch_cuda}" if facts.torch_cuda else "",
-                  f"NCCL {facts.nccl}" if facts.nccl else ""]
-        extra = ", ".join(x for x in extras if x)
-        torch = facts.torch + (f" ({extra})" if extra else "")
-    elif facts.torch_error:
-        torch = "none"
-    topology = None
-    if facts.gpus:
-        parts = [facts.link.detail]
-        pcie = facts.pcie()
-        if pcie:
-            parts.append(pcie)
-        topology = "; ".join(parts)
-    return Provenance(when=when, driver=facts.driver, torch=torch, topology=topology)
-
-
-def provenance_of(text: str, source: str = "") -> dict[str, Provenance]:
-    """Node name -> the provenance comment above its entry (hostlists expanded)."""
-    data, lines = parse_yaml(text, source)
-    out: dict[str, Provenance] = {}
-    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
-        return out
-    text_lines = text.splitlines()
-    for i, entry in enumerate(data["nodes"]):
-        start = lines.get(("nodes", str(i)))
-        if start is None or not isinstance(entry, Mapping) or "name" not in entry:
-            continue
-        found = _read_provenance(_comment_block(text_lines, start - 1))
-        if found is None:
-            continue
-        try:
-            names = hostlist.expand(str(entry["name"]))
-        except ValueError:
-            continue
-        for name in names:
-            out[name] = found
-    return out
-
-
-def _read_provenance(comments: list[str]) -> Provenance | None:
-    when = driver = torch = topology = None
-    for line in comments:
-        probed = _PROBED_LINE.match(line)
-        if probed:
-            when = probed.group("when")
-            rest = probed.group("rest")
-            found = re.search(r"\bdriver (\S+?)(?:,|$|\s)", rest)
-            driver = found.group(1) if found else None
-            found = re.search(r"\btorch (\S+)", rest)
-            torch = None
-            if found:
-                torch = found.group(1).rstrip(",")
-                extra = re.search(r"\btorch \S+ (\([^)]*\))", rest)
-                if extra:
-                    torch += " " + extra.group(1)
-        topo = _TOPOLOGY_LINE.match(line)
-        if topo:
-            topology = topo.group("rest").strip()
-    if when is None:
-        return None
-    return Provenance(when=when, driver=driver, torch=torch, topology=topology)
-
-
-def _is_provenance(line: str) -> bool:
-    return bool(_PROBED_LINE.match(line) or _TOPOLOGY_LINE.match(line))
-
-
-def _comment_block(text_lines: list[str], index: int) -> list[str]:
-    """The comment lines right above line ``index`` (0-based), top first."""
-    block: list[str] = []
-    i = index - 1
-    while i >= 0 and text_lines[i].strip().startswith("#"):
-        block.insert(0, text_lines[i])
-        i -= 1
-    return block
-
-
 # ------------------------------------------------------------------------------------- entries
 
 
@@ -177,12 +63,12 @@ class ProbedNode:
     ``slurm``: how it was reached), written when the node is new to the file."""
 
     name: str
-    facts: HostFacts
+    facts: ProbedHost
     address: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def probed_fields(facts: HostFacts) -> dict[str, Any]:
+def probed_fields(facts: ProbedHost) -> dict[str, Any]:
     """The entry fields probing sets, in the order a person writes them."""
     entry: dict[str, Any] = {}
     if facts.cpus:
@@ -377,85 +263,124 @@ class _Entry:
     indent: int
 
 
-def merge_inventory(old_text: str, source: str, probed: Mapping[str, ProbedNode]) -> str:
-    """``old_text`` with the probed nodes updated and new ones appended (see the module doc).
+@dataclass(frozen=True)
+class _Layout:
+    """Where the file's node entries are: its lines, each entry's first line, the ``nodes:``
+    key's line and the first line after the list (0-based). ``block``: the nodes are a plain
+    block list (``- name: ...`` items), whose text can be kept entry by entry."""
 
-    Nodes of the file that are not in ``probed`` (unreachable ones) stay as they were."""
-    data, lines = parse_yaml(old_text, source)
-    validate(InventorySpec, data, source, lines)  # a broken file is the user's to fix first
-    text_lines = old_text.splitlines()
-    raw_nodes: list[dict[str, Any]] = data["nodes"]
-    defaults: Mapping[str, Any] = data.get("defaults") or {}
-    starts = [lines[("nodes", str(i))] - 1 for i in range(len(raw_nodes))]
-    nodes_key = lines[("nodes",)] - 1
-    after = [v - 1 for k, v in lines.items() if len(k) == 1 and v - 1 > nodes_key]
-    nodes_end = min(after) if after else len(text_lines)
-    block = len(set(starts)) == len(starts) and all(
-        text_lines[s].lstrip().startswith("-") for s in starts
-    ) and starts[0] > nodes_key
+    lines: list[str]
+    starts: list[int]
+    nodes_key: int
+    nodes_end: int
+    block: bool
 
-    entries: list[_Entry] = []
-    seen: set[str] = set()
-    for i, raw in enumerate(raw_nodes):
-        start = starts[i]
-        comments = _comment_block(text_lines, start) if block else []
+    @classmethod
+    def of(cls, text: str, lines: Mapping[tuple[str, ...], int], count: int) -> _Layout:
+        text_lines = text.splitlines()
+        starts = [lines[("nodes", str(i))] - 1 for i in range(count)]
+        nodes_key = lines[("nodes",)] - 1
+        after = [v - 1 for k, v in lines.items() if len(k) == 1 and v - 1 > nodes_key]
+        block = len(set(starts)) == len(starts) and all(
+            text_lines[s].lstrip().startswith("-") for s in starts) and starts[0] > nodes_key
+        return cls(text_lines, starts, nodes_key, min(after) if after else len(text_lines),
+                   block)
+
+    def entry(self, i: int) -> tuple[list[str], list[str] | None, int]:
+        """Entry ``i``'s comments above it, its text (None: not a block list) and indent."""
+        if not self.block:
+            return [], None, 2
+        start = self.starts[i]
+        end = (self.starts[i + 1] - len(comment_block(self.lines, self.starts[i + 1]))
+               if i + 1 < len(self.starts) else self.nodes_end)
+        body = self.lines[start:end]
+        while body and not body[-1].strip():
+            body.pop()
+        indent = len(self.lines[start]) - len(self.lines[start].lstrip())
+        return comment_block(self.lines, start), body, indent
+
+    def around(self, data: Mapping[str, Any], entries: list[_Entry]) -> str:
+        """The whole file again with these entries as its nodes."""
+        block, lines = self.block, self.lines
+        out = lines[:self.nodes_key] if block else _preamble(lines, data)
+        out.append(lines[self.nodes_key].split("#")[0].rstrip() if block else "nodes:")
+        for item in entries:
+            out.extend(item.comments)
+            out.extend(item.body if item.body is not None else entry_lines(item.data,
+                                                                           item.indent))
         if block:
-            end = (starts[i + 1] - len(_comment_block(text_lines, starts[i + 1]))
-                   if i + 1 < len(raw_nodes) else nodes_end)
-            body: list[str] | None = text_lines[start:end]
-            while body and not body[-1].strip():
-                body.pop()
-            indent = len(text_lines[start]) - len(text_lines[start].lstrip())
+            out.extend(lines[self.nodes_end:])
+        return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _merge_entry(raw: Mapping[str, Any], comments: list[str], body: list[str] | None,
+                 indent: int, probed: Mapping[str, ProbedNode], defaults: Mapping[str, Any]
+                 ) -> list[_Entry]:
+    """One entry of the file with its probed nodes' fields: split where its nodes now differ
+    (a hostlist), its text and comments kept where nothing changed."""
+    groups: dict[str, tuple[list[str], ProbedNode | None]] = {}
+    for node_name in hostlist.expand(str(raw["name"])):
+        node = probed.get(node_name)
+        key = "old" if node is None else json.dumps(
+            [probed_fields(node.facts), provenance(node.facts).key()], sort_keys=True)
+        groups.setdefault(key, ([], node))[0].append(node_name)
+    whole = len(groups) == 1
+    out = []
+    for members, node in groups.values():
+        entry = dict(raw)
+        entry["name"] = raw["name"] if whole else hostlist.compress(members)
+        if node is None:
+            out.append(_Entry(comments, body if whole else None, entry, indent))
+            continue
+        updated = apply_probed(entry, probed_fields(node.facts), defaults)
+        prov = provenance(node.facts)
+        old_prov = read_provenance(comments)
+        new_comments = [c for c in comments if not is_provenance(c)] + [
+            " " * indent + c for c in prov.comment()]
+        if whole and _same(updated, raw) and old_prov is not None \
+                and old_prov.key() == prov.key():
+            out.append(_Entry(comments, body, entry, indent))  # nothing changed
+        elif whole and _same(updated, raw):
+            out.append(_Entry(new_comments, body, entry, indent))
         else:
-            body, indent = None, 2
-        names = hostlist.expand(str(raw["name"]))
-        seen.update(names)
-        groups: dict[str, tuple[list[str], ProbedNode | None]] = {}
-        for node_name in names:
-            node = probed.get(node_name)
-            key = "old" if node is None else json.dumps(
-                [probed_fields(node.facts), provenance(node.facts).key()], sort_keys=True)
-            groups.setdefault(key, ([], node))[0].append(node_name)
-        for members, node in groups.values():
-            entry = dict(raw)
-            entry["name"] = raw["name"] if len(groups) == 1 else hostlist.compress(members)
-            if node is None:
-                entries.append(_Entry(comments, body if len(groups) == 1 else None, entry, indent))
-                continue
-            fields = probed_fields(node.facts)
-            updated = apply_probed(entry, fields, defaults)
-            prov = provenance(node.facts)
-            user = [c for c in comments if not _is_provenance(c)]
-            old_prov = _read_provenance(comments)
-            pad = " " * indent
-            new_comments = user + [pad + c for c in prov.comment()]
-            if len(groups) == 1 and _same(updated, raw) and old_prov is not None \
-                    and old_prov.key() == prov.key():
-                entries.append(_Entry(comments, body, entry, indent))  # nothing changed
-            elif len(groups) == 1 and _same(updated, raw):
-                entries.append(_Entry(new_comments, body, entry, indent))
-            else:
-                entries.append(_Entry(new_comments, None, updated, indent))
-    new_nodes = [node for node_name, node in probed.items() if node_name not in seen]
-    indent = entries[0].indent if entries else 2
-    for entry_name, node, prov, fields in _fold(new_nodes):
+            out.append(_Entry(new_comments, None, updated, indent))
+    return out
+
+
+def _new_entries(nodes: Iterable[ProbedNode], defaults: Mapping[str, Any], indent: int
+                 ) -> list[_Entry]:
+    """Nodes the file did not have, folded, as they would be written into it (a value its
+    defaults already give is not repeated)."""
+    out = []
+    for entry_name, node, prov, fields in _fold(nodes):
         fresh: dict[str, Any] = {"name": entry_name}
         if node.address is not None:
             fresh["address"] = node.address
         fresh.update(apply_probed({}, fields, defaults))
         fresh.update({k: v for k, v in node.extra.items()
                       if k not in fresh and not _same(v, defaults.get(k))})
-        entries.append(_Entry([" " * indent + c for c in prov.comment()], None,
-                              _ordered(fresh), indent))
+        out.append(_Entry([" " * indent + c for c in prov.comment()], None, _ordered(fresh),
+                          indent))
+    return out
 
-    out = text_lines[:nodes_key] if block else _preamble(text_lines, data)
-    out.append(text_lines[nodes_key].split("#")[0].rstrip() if block else "nodes:")
-    for item in entries:
-        out.extend(item.comments)
-        out.extend(item.body if item.body is not None else entry_lines(item.data, item.indent))
-    if block:
-        out.extend(text_lines[nodes_end:])
-    return "\n".join(out).rstrip("\n") + "\n"
+
+def merge_inventory(old_text: str, source: str, probed: Mapping[str, ProbedNode]) -> str:
+    """``old_text`` with the probed nodes updated and new ones appended (see the module doc).
+
+    Nodes of the file that are not in ``probed`` (unreachable ones) stay as they were."""
+    data, lines = parse_yaml(old_text, source)
+    validate(InventorySpec, data, source, lines)  # a broken file is the user's to fix first
+    raw_nodes: list[dict[str, Any]] = data["nodes"]
+    defaults: Mapping[str, Any] = data.get("defaults") or {}
+    layout = _Layout.of(old_text, lines, len(raw_nodes))
+    entries: list[_Entry] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_nodes):
+        seen.update(hostlist.expand(str(raw["name"])))
+        entries.extend(_merge_entry(raw, *layout.entry(i), probed, defaults))
+    new_nodes = [node for node_name, node in probed.items() if node_name not in seen]
+    entries.extend(_new_entries(new_nodes, defaults, entries[0].indent if entries else 2))
+    return layout.around(data, entries)
 
 
 def _preamble(text_lines: list[str], data: Mapping[str, Any]) -> list[str]:

@@ -200,7 +200,7 @@ def test_node_facts_from_a_gathered_h100_box(tmp_path: Path) -> None:
     facts = from_host(raw, interface="eno1", master_addr="127.0.0.1", clock_offset_s=0.2)
     assert facts.gpus is not None and len(facts.gpus) == 8
     assert {g.model for g in facts.gpus} == {"H100-80GB"}
-    assert [g.index for g in facts.gpus] == list(range(8))
+    assert [g.cuda_index for g in facts.gpus] == list(range(8))
     assert facts.versions["driver"] and facts.versions["python"]
     assert facts.interface is not None
     assert facts.interface.exists and facts.interface.up is True

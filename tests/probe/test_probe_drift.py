@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from probe_support import cli, machine
 
-from orchestrate.cli.inventory import Unreachable, check_gathered, gather_local
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.probe.drift import node_drift
 from orchestrate.probe.facts import parse_facts
+from orchestrate.probe.gathering import Unreachable
+from orchestrate.probe.machine import gather_local
+from orchestrate.probe.write import check
 
 CHECK = ("inventory", "check", "--no-torch")
 
@@ -123,9 +125,9 @@ def test_a_failing_nvidia_smi_and_a_host_without_one(tmp_path: Path, lab: Path) 
 
 def test_an_unreachable_node_is_drift(tmp_path: Path, lab: Path) -> None:
     inv = load_inventory(lab)
-    code = check_gathered(inv, lab.read_text(), str(lab),
-                          {"localhost": Unreachable("ssh: connect timed out after 10s")})
-    assert code == 1
+    report = check(inv, lab.read_text(), str(lab),
+                   {"localhost": Unreachable("ssh: connect timed out after 10s")})
+    assert report.status == 1
 
 
 def test_a_pcie_link_below_its_width_or_generation(tmp_path: Path, lab: Path) -> None:

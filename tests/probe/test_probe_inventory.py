@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from probe_support import check_golden, cli, machine, normalise
 
-from orchestrate.cli.inventory import Unreachable, gather_local, write_probed
+from orchestrate.cli.inventory import write_probed
 from orchestrate.core.spec.inventory import load_inventory
+from orchestrate.probe.gathering import Unreachable
+from orchestrate.probe.machine import gather_local
 
 
 def probe(tmp: Path, box: str | None, **env: str) -> dict[str, Any]:

@@ -8,9 +8,6 @@ import pytest
 from probe_support import FIXTURES
 
 from orchestrate.probe.facts import (
-    HcaPort,
-    NicFact,
-    choose_network,
     gpu_link,
     memory_gb,
     normalise_model,
@@ -18,6 +15,7 @@ from orchestrate.probe.facts import (
     parse_gpu_query,
     parse_topo_matrix,
 )
+from orchestrate.probe.network import HcaPort, NicFact, choose_network
 
 
 @pytest.mark.parametrize(("name", "gb", "model"), [

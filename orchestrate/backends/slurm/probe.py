@@ -16,6 +16,10 @@
   step, then SIGKILL). Each task's facts name their node (``SLURMD_NODENAME``); the output of
   a task that failed is told apart by ``--label`` and srun's ``task N`` error lines.
 - Slurm's CPU count replaces the task's own (a task sees only the CPUs it was given).
+
+:func:`gather_cluster` is ``probe --slurm`` (chosen nodes, one srun per partition, each node
+written with its partition and GRES type); :func:`gather_inventory_nodes` is ``check`` for an
+inventory's Slurm nodes (in their partition, with their python).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrate.backends.slurm.ctl import SlurmClient, SlurmError, parse_show_node
+from orchestrate.core.errors import UserError
 from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.inventory import Node
 from orchestrate.probe.gathering import (
+    DEFAULT_PYTHON,
     Gathered,
     Unreachable,
     facts_argv,
@@ -132,6 +139,17 @@ def cluster_nodes(client: SlurmClient) -> list[SlurmNode]:
     if done.returncode != 0:
         raise SlurmError(done.describe())
     return [SlurmNode.from_record(r) for r in parse_show_node(done.stdout) if "NodeName" in r]
+
+
+def known_nodes() -> list[SlurmNode]:
+    """Every node this machine's Slurm controller knows; a UserError when Slurm cannot be
+    asked (no scontrol, no controller, no munge)."""
+    try:
+        return cluster_nodes(SlurmClient())
+    except SlurmError as exc:
+        raise UserError.single(f"cannot ask Slurm for its nodes: {exc}", source="slurm",
+                               hint="run this where Slurm's commands work (scontrol, srun; "
+                                    "SLURM_CONF, munge)") from None
 
 
 @dataclass(frozen=True)
@@ -289,3 +307,51 @@ def _with_slurm_cpus(facts: Mapping[str, Any], group: Group, name: str) -> dict[
                        "task": (facts.get("cpus") or {}).get("usable")}
     out["slurm"] = {"partition": group.partition, "state": node.state, "gres": node.gres}
     return out
+
+
+# ------------------------------------------------------------------------ what probe and check do
+
+
+def gather_cluster(nodes: Sequence[SlurmNode], partition: str | None, python: str | None, *,
+                   bound_s: float, torch: bool = True, import_torch: bool = False
+                   ) -> tuple[dict[str, Gathered], dict[str, dict[str, Any]]]:
+    """``probe --slurm``: facts for ``nodes``, one srun per partition (``partition``, else each
+    node's first), and what the written file keeps of each node: its partition and GRES type
+    under ``slurm:``."""
+    by_partition: dict[str | None, list[SlurmNode]] = {}
+    for node in nodes:
+        chosen = partition or (node.partitions[0] if node.partitions else None)
+        by_partition.setdefault(chosen, []).append(node)
+    groups = [Group(tuple(members), part, python or DEFAULT_PYTHON)
+              for part, members in by_partition.items()]
+    gathered = gather_through_slurm(groups, bound_s=bound_s, torch=torch,
+                                    import_torch=import_torch)
+    extras: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        for node in group.nodes:
+            slurm = {k: v for k, v in (("partition", group.partition),
+                                       ("gres_type", node.gres_type)) if v is not None}
+            extras[node.name] = {"slurm": slurm}
+    return gathered, extras
+
+
+def gather_inventory_nodes(nodes: Sequence[Node], *, bound_s: float, torch: bool = True,
+                           import_torch: bool = False) -> dict[str, Gathered]:
+    """Inventory nodes probed through Slurm: one srun per partition and python (a node Slurm
+    does not know is Unreachable, with why)."""
+    known = {n.name: n for n in known_nodes()}
+    gathered: dict[str, Gathered] = {}
+    grouped: dict[tuple[str | None, str], list[SlurmNode]] = {}
+    for node in nodes:
+        found = known.get(node.name)
+        if found is None:
+            gathered[node.name] = Unreachable("Slurm has no node of this name (`sinfo -N`)")
+            continue
+        partition = node.partition or (found.partitions[0] if found.partitions else None)
+        grouped.setdefault((partition, node.python or DEFAULT_PYTHON), []).append(found)
+    groups = [Group(tuple(members), partition, python)
+              for (partition, python), members in grouped.items()]
+    if groups:
+        gathered.update(gather_through_slurm(groups, bound_s=bound_s, torch=torch,
+                                             import_torch=import_torch))
+    return gathered

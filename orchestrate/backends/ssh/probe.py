@@ -16,15 +16,42 @@ steps over all hosts at once (at most ``fanout`` at a time, like pdsh):
 
 A host costs its connect timeout plus its run bound at most, and hosts do not wait for each
 other, so 16 hosts take about as long as one.
+
+:func:`ssh_reach` builds the targets of ``inventory probe HOST...`` / ``--from FILE``: the
+command line's ssh settings over the file's (its node's, else its defaults), and what the
+written inventory keeps of how each host was reached; :func:`node_targets` those of an
+inventory's nodes, as ``inventory check`` reaches them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from orchestrate.backends.ssh.connections import ConnectError, Link, Links, Target, fan_out
+from orchestrate.backends.ssh.connections import (
+    ConnectError,
+    Link,
+    Links,
+    Target,
+    fan_out,
+    target,
+)
+from orchestrate.core.errors import UserError
+from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.inventory import (
+    Inventory,
+    Node,
+    NodeSpec,
+    SSHSpec,
+    load_inventory_spec,
+    resolve_inventory,
+)
 from orchestrate.probe.gathering import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_PYTHON,
     Gathered,
     Unreachable,
     facts_argv,
@@ -90,3 +117,119 @@ def _reason(error: Any) -> str:
     if isinstance(error, TimeoutError):
         return f"no answer: {error}"
     return f"{type(error).__name__}: {error}"
+
+
+# ------------------------------------------------------------------------------- targets
+
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+
+
+@dataclass(frozen=True)
+class SshReach:
+    """How to reach each host to probe, and what the written inventory keeps of it."""
+
+    targets: list[Target]
+    addresses: dict[str, str]  # node -> address, where it is not the node's name
+    extras: dict[str, dict[str, Any]]  # node -> its own ssh/python/slurm (from --from)
+    defaults: dict[str, Any]  # the written file's defaults: ssh settings, python, slurm
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The ``--from`` inventory: its nodes, each node's own entry, and its defaults."""
+
+    inv: Inventory | None = None
+    entries: dict[str, NodeSpec] = field(default_factory=dict)
+    ssh: dict[str, Any] = field(default_factory=dict)
+    python: str | None = None
+    slurm: dict[str, Any] | None = None
+
+
+def _source(from_file: Path | None) -> _Source:
+    if from_file is None:
+        return _Source()
+    spec, lines = load_inventory_spec(from_file)
+    d = spec.defaults
+    return _Source(
+        inv=resolve_inventory(spec, str(from_file), lines),
+        entries={name: entry for entry in spec.nodes for name in hostlist.expand(entry.name)},
+        ssh=d.ssh.model_dump(exclude_unset=True) if d.ssh is not None else {},
+        python=d.python,
+        slurm=d.slurm.model_dump(exclude_unset=True) if d.slurm is not None else None,
+    )
+
+
+def _own_settings(entry: NodeSpec, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """What the written file keeps of a ``--from`` node's own entry: its ssh (under the
+    command line's settings), python and slurm."""
+    extra: dict[str, Any] = {}
+    if entry.ssh is not None:
+        extra["ssh"] = {**entry.ssh.model_dump(exclude_unset=True), **settings}
+    if entry.python is not None:
+        extra["python"] = entry.python
+    if entry.slurm is not None:
+        extra["slurm"] = entry.slurm.model_dump(exclude_unset=True)
+    return extra
+
+
+def ssh_reach(hosts: Sequence[str], from_file: Path | None, settings: Mapping[str, Any],
+              python: str | None) -> SshReach:
+    """Targets for ``hosts`` (hostlists expanded) from the command line's ssh ``settings`` over
+    ``from_file``'s (per node where it has the node, else its defaults). With ``from_file`` and
+    no hosts: all its nodes."""
+    names = host_names(hosts)
+    src = _source(from_file)
+    names = names or ([n.name for n in src.inv.nodes] if src.inv else [])
+    timeout = float(settings.get("connect_timeout_s") or DEFAULT_CONNECT_TIMEOUT_S)
+    targets, addresses, extras = [], {}, {}
+    for name in names:
+        node = src.inv.node(name) if src.inv is not None else None
+        if node is None:
+            targets.append(target(name, name, python or src.python or DEFAULT_PYTHON,
+                                  SSHSpec(**{**src.ssh, **settings}), timeout))
+            continue
+        extras[name] = _own_settings(src.entries[name], settings)
+        if node.address != name:
+            addresses[name] = node.address
+        ssh = SSHSpec(**{**node.ssh.model_dump(exclude_unset=True), **settings})
+        targets.append(target(name, node.address, python or node.python or DEFAULT_PYTHON,
+                              ssh, timeout))
+    defaults: dict[str, Any] = {}
+    if {**src.ssh, **settings}:
+        defaults["ssh"] = {**src.ssh, **settings}
+    if python or src.python:
+        defaults["python"] = python or src.python
+    if src.slurm is not None:
+        defaults["slurm"] = src.slurm
+    return SshReach(targets, addresses, extras, defaults)
+
+
+def host_names(hosts: Sequence[str]) -> list[str]:
+    """HOST arguments as node names: hostlists expanded, duplicates dropped."""
+    names: list[str] = []
+    for host in hosts:
+        if "@" in host:
+            raise UserError.single("a HOST is a host name or address", source="command line",
+                                   got=host, hint="give the user with --user")
+        try:
+            expanded = hostlist.expand(host)
+        except ValueError as exc:
+            raise UserError.single(f"not a hostlist: {exc}", source="command line",
+                                   got=host) from None
+        for name in expanded:
+            if not _HOST.match(name):
+                raise UserError.single(
+                    "not a host name or IPv4 address (it becomes the node's name)",
+                    source="command line", got=name,
+                    hint="name the host in an ssh_config (Host/HostName) and probe that name",
+                )
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def node_targets(nodes: Sequence[Node]) -> list[Target]:
+    """How ``inventory check`` reaches inventory nodes over SSH: each node's address, ssh
+    settings and python."""
+    return [target(n.name, n.address, n.python or DEFAULT_PYTHON, n.ssh,
+                   DEFAULT_CONNECT_TIMEOUT_S) for n in nodes]

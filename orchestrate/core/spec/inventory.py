@@ -246,29 +246,8 @@ def resolve_inventory(
     seen: dict[str, int] = {}
     for i, ns in enumerate(spec.nodes):
         names = hostlist.expand(ns.name)
-        if ns.address is not None and len(names) > 1:
-            problems.append(
-                Problem(
-                    "a hostlist node cannot share one address",
-                    source=source,
-                    field=f"nodes.{i}.address",
-                    line=lines.get(("nodes", str(i), "address")),
-                    got=ns.address,
-                    hint="drop 'address' (each name is its own address) or list nodes singly",
-                )
-            )
         gpus = _gpus(ns)
-        indices = [g.index for g in gpus]
-        if len(set(indices)) != len(indices):
-            problems.append(
-                Problem(
-                    "a CUDA index is used by two GPU groups",
-                    source=source,
-                    field=f"nodes.{i}.gpus",
-                    line=lines.get(("nodes", str(i), "gpus")),
-                    got=str(sorted(indices)),
-                )
-            )
+        problems.extend(_entry_problems(i, ns, len(names), gpus, source, lines))
         ssh = _merge_ssh(d.ssh, ns.ssh)  # once per entry: a hostlist may name thousands
         slurm = ns.slurm or d.slurm or SlurmNodeSpec()
         for name in names:
@@ -300,6 +279,36 @@ def resolve_inventory(
     if problems:
         raise UserError(problems)
     return Inventory(name=spec.name, nodes=tuple(nodes), source=source)
+
+
+def _entry_problems(i: int, ns: NodeSpec, count: int, gpus: tuple[Gpu, ...], source: str,
+                    lines: Lines) -> list[Problem]:
+    """What is wrong with entry ``i`` itself: one address for a hostlist of ``count`` names,
+    a CUDA index in two GPU groups."""
+    problems = []
+    if ns.address is not None and count > 1:
+        problems.append(
+            Problem(
+                "a hostlist node cannot share one address",
+                source=source,
+                field=f"nodes.{i}.address",
+                line=lines.get(("nodes", str(i), "address")),
+                got=ns.address,
+                hint="drop 'address' (each name is its own address) or list nodes singly",
+            )
+        )
+    indices = [g.index for g in gpus]
+    if len(set(indices)) != len(indices):
+        problems.append(
+            Problem(
+                "a CUDA index is used by two GPU groups",
+                source=source,
+                field=f"nodes.{i}.gpus",
+                line=lines.get(("nodes", str(i), "gpus")),
+                got=str(sorted(indices)),
+            )
+        )
+    return problems
 
 
 def _gpus(ns: NodeSpec) -> tuple[Gpu, ...]:

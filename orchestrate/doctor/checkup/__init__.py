@@ -20,12 +20,15 @@ judges.
 Rank 0's result is printed the same way: the output is what comes back on every backend.
 
 Modules: :mod:`~orchestrate.doctor.checkup.program` (the steps),
+:mod:`~orchestrate.doctor.checkup.options` (the tiers, the options, the bounds),
+:mod:`~orchestrate.doctor.checkup.failing` (the failure path),
 :mod:`~orchestrate.doctor.checkup.measure` (timing), :mod:`~orchestrate.doctor.checkup.control` (the
 store protocol and the watchdog),
 :mod:`~orchestrate.doctor.checkup.blame` (whom a failure names),
 :mod:`~orchestrate.doctor.checkup.schedule` (pair rounds, iteration counts),
 :mod:`~orchestrate.doctor.checkup.result` (the value written). Only
-program, measure and control import torch, and only when run.
+program, measure and control import torch (and blame.kind_of, which classifies an error), and
+only when run.
 
 The result, ``$ORCHESTRATE_RUN_DIR/checkup.json`` (``--out``), written by rank 0::
 

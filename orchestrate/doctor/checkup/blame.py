@@ -13,6 +13,7 @@ When one rank dies or hangs, every other rank fails too (a closed connection, a 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -172,3 +173,28 @@ def _common(reports: Mapping[int, Report]) -> str:
         if counts[reports[r].detail] == best:
             return reports[r].detail
     return ""
+
+
+def kind_of(exc: BaseException) -> Kind:
+    """How a step failed: a checked result differed (wrong), this rank's own trouble (local:
+    memory, a bug), or a collective that broke, usually because of a peer."""
+    import torch
+
+    from orchestrate.doctor.checkup.measure import CheckFailed
+
+    if isinstance(exc, CheckFailed):
+        return "wrong"
+    if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError, ValueError, TypeError,
+                        AttributeError, KeyError, IndexError, AssertionError)):
+        return "local"
+    return "collective"
+
+
+_SOURCE_REF = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one short line: c10d's source references and gloo's boilerplate go."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = _SOURCE_REF.sub("", text).split(" This is typically caused by")[0]
+    return text if len(text) < 400 else text[:397] + "..."

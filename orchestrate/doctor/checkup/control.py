@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any
 
@@ -185,6 +185,33 @@ class Control:
             if side.check([_key("step", rank)]):
                 return str(side.get(_key("step", rank)).decode())
             return None
+
+    def accounts(self, grace_s: float
+                 ) -> tuple[dict[int, dict[str, Any]], list[int], dict[int, str]]:
+        """Rank 0, after a failure: within ``grace_s``, every rank's failure report as it comes
+        (rank -> ``{"step", "kind", "detail"}``), the ranks that gave no account at all (no
+        report, no result: silent), and the last step each silent rank entered."""
+        failed: dict[int, dict[str, Any]] = {}
+        pending = set(range(self.world_size))
+        deadline = time.monotonic() + grace_s
+        while pending and time.monotonic() < deadline:
+            for r in sorted(pending):
+                with suppress(Exception):
+                    state = self.accounted(r)
+                    if state == "fail":
+                        failed[r] = dict(self.read("fail", r))
+                    if state is not None:
+                        pending.discard(r)
+            if pending:
+                time.sleep(0.1)
+        last: dict[int, str] = {}
+        for r in sorted(pending):
+            seen = None
+            with suppress(Exception):
+                seen = self.last_step(r)
+            if seen:
+                last[r] = seen
+        return failed, sorted(pending), last
 
     def results(self, timeout_s: float) -> dict[int, dict[str, Any]]:
         """Every rank's result part (rank 0); raises TimeoutError with the missing ranks."""

@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrate.doctor.checkup import rollcall, transcript
@@ -37,6 +37,52 @@ from orchestrate.hostside import hostfacts
 PAIR_GRACE_S = 5.0
 #: The gatherer's slowest step is nvidia-smi (20 s bound) or finding torch (120 s bound).
 FACTS_BOUND_S = 150.0
+
+
+def _start(name: str, work: Callable[[], Mapping[str, Any]]
+           ) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``work`` in a daemon thread; its answer fills the dict once it ends."""
+    found: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: found.update(work()), name=name, daemon=True)
+    thread.start()
+    return thread, found
+
+
+def _listen_for_pairs(nodes: int, window_s: float, stop: threading.Event
+                      ) -> tuple[Listener | None, threading.Thread | None, dict[str, Any]]:
+    """connect: this node's listener on a kernel-chosen port, serving the other nodes' hellos
+    in the background (or why it could not listen)."""
+    try:
+        pair = Listener(0)
+    except OSError as exc:
+        return None, None, {"error": str(exc)}
+    thread, served = _start("checkup-pairs", lambda: pair.serve(
+        max(0, nodes - 1), window_s + PAIR_GRACE_S + 5, stop))
+    return pair, thread, served
+
+
+def _host_roll_call(master_port: int, nodes: int, window_s: float
+                    ) -> tuple[threading.Thread | None, dict[str, Any]]:
+    """Node 0: the roll call on MASTER_PORT, in the background (or why it could not listen)."""
+    try:
+        roll = rollcall.RollCall(master_port)
+    except OSError as exc:
+        return None, {"error": str(exc)}
+    return _start("checkup-rollcall", lambda: roll.serve(nodes, window_s))
+
+
+def _test_pairs(directory: Sequence[Mapping[str, Any]], node: str, serving: threading.Thread,
+                stop: threading.Event) -> list[dict[str, Any]]:
+    """connect: this node to every other node's listener; then a grace for theirs to reach
+    this one's, and the listener stops."""
+    peers = [d for d in directory if d.get("node") != node and d.get("pair_port")]
+    results = connect_all([(str(d["address"]), int(d["pair_port"])) for d in peers], hello=node)
+    until = time.monotonic() + PAIR_GRACE_S
+    while serving.is_alive() and time.monotonic() < until:
+        serving.join(0.05)
+    stop.set()
+    serving.join(2.0)
+    return [{"target": str(d["node"]), **r} for d, r in zip(peers, results, strict=True)]
 
 
 def run(
@@ -59,48 +105,13 @@ def run(
         "master_addr": master_addr, "master_port": master_port,
         "interface": environ.get("GLOO_SOCKET_IFNAME") or None,
     }
-    facts: dict[str, Any] = {}
-    gatherer = None
-    if "static" in tiers:
-        def gather() -> None:
-            facts.update(hostfacts.gather(peers=[master_addr], torch=True))
-
-        gatherer = threading.Thread(target=gather, name="checkup-facts", daemon=True)
-        gatherer.start()
-
-    pair: Listener | None = None
-    pair_report: dict[str, Any] = {}
-    pair_stop = threading.Event()
-    pair_thread = None
-    if "connect" in tiers:
-        try:
-            pair = Listener(0)
-        except OSError as exc:
-            pair_report["error"] = str(exc)
-        if pair is not None:
-            listener = pair
-
-            def serve_pairs() -> None:
-                pair_report.update(listener.serve(max(0, nodes - 1), window_s + PAIR_GRACE_S + 5,
-                                                  pair_stop))
-
-            pair_thread = threading.Thread(target=serve_pairs, name="checkup-pairs", daemon=True)
-            pair_thread.start()
-
-    roll_report: dict[str, Any] = {}
-    roll_thread = None
-    if rank == 0:
-        try:
-            roll = rollcall.RollCall(master_port)
-        except OSError as exc:
-            roll_report["error"] = str(exc)
-        else:
-            def serve_roll() -> None:
-                roll_report.update(roll.serve(nodes, window_s))
-
-            roll_thread = threading.Thread(target=serve_roll, name="checkup-rollcall",
-                                           daemon=True)
-            roll_thread.start()
+    gatherer, facts = _start("checkup-facts", lambda: hostfacts.gather(
+        peers=[master_addr], torch=True)) if "static" in tiers else (None, {})
+    stop_pairs = threading.Event()
+    pair, serving, served = _listen_for_pairs(nodes, window_s, stop_pairs) \
+        if "connect" in tiers else (None, None, {})
+    roll, roll_report = _host_roll_call(master_port, nodes, window_s) if rank == 0 \
+        else (None, {})
 
     hello = {"node": node, "group_rank": group_rank,
              "pair_port": pair.port if pair is not None else None}
@@ -108,23 +119,12 @@ def run(
     directory = answer.pop("directory") or []
     report["rollcall"] = answer
     report["directory"] = directory
-
-    if pair is not None:
-        peers = [d for d in directory if d.get("node") != node and d.get("pair_port")]
-        results = connect_all([(str(d["address"]), int(d["pair_port"])) for d in peers],
-                              hello=node)
-        report["pairs"] = [{"target": str(d["node"]), **r}
-                           for d, r in zip(peers, results, strict=True)]
-        assert pair_thread is not None
-        until = time.monotonic() + PAIR_GRACE_S
-        while pair_thread.is_alive() and time.monotonic() < until:
-            pair_thread.join(0.05)
-        pair_stop.set()
-        pair_thread.join(2.0)
+    if serving is not None:
+        report["pairs"] = _test_pairs(directory, node, serving, stop_pairs)
     if "connect" in tiers:
-        report["pair_listener"] = pair_report
-    if roll_thread is not None:
-        roll_thread.join(max(0.1, began + window_s + 3 - time.monotonic()))
+        report["pair_listener"] = served
+    if roll is not None:
+        roll.join(max(0.1, began + window_s + 3 - time.monotonic()))
     if rank == 0:
         report["master_listener"] = roll_report
     if gatherer is not None:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from orchestrate.doctor.checkup.options import human
 
 #: Bumped when the JSON shape changes incompatibly.
 FORMAT_VERSION = 1
@@ -237,3 +240,52 @@ def combine(
     if not values:
         return SizeTiming(bytes_, iters, 0.0, 0.0, ranks)
     return SizeTiming(bytes_, iters, sum(values) / len(values), max(values), ranks)
+
+
+def figures_of(parts: Mapping[int, Mapping[str, Any]], roster: Sequence[Mapping[str, Any]],
+               world_size: int, pair_bytes: int) -> dict[str, Any]:
+    """Rank 0: every rank's timings (``parts``: rank -> its ``world``, ``intra`` and ``pairs``
+    rows) into the sweeps and the node matrix of a :class:`CheckupResult`; ``roster`` names
+    each rank's node, in node order."""
+    nodes = list(dict.fromkeys(m["node"] for m in roster))
+    ranks_of = {n: sorted(int(m["rank"]) for m in roster if m["node"] == n) for n in nodes}
+    world = Sweep(world_size, len(nodes), tuple(
+        combine(int(nbytes), int(iters),
+                [float(parts[r]["world"][i][2]) for r in range(world_size)], world_size)
+        for i, (nbytes, iters, _) in enumerate(parts[0]["world"])
+    ))
+    intra: dict[str, Sweep] = {}
+    for n, ranks in ranks_of.items():
+        rows = parts[ranks[0]]["intra"]
+        if len(ranks) > 1 and rows:
+            intra[n] = Sweep(len(ranks), 1, tuple(
+                combine(int(nbytes), int(iters),
+                        [float(parts[r]["intra"][i][2]) for r in ranks], len(ranks))
+                for i, (nbytes, iters, _) in enumerate(rows)
+            ))
+    pairs = None
+    if len(nodes) > 1:
+        matrix: list[list[float | None]] = [[None] * len(nodes) for _ in nodes]
+        for i, n in enumerate(nodes):
+            for receiver, nbytes, _iters, mean in parts[ranks_of[n][0]]["pairs"]:
+                if mean > 0:
+                    matrix[i][int(receiver)] = nbytes / mean / 1e9
+        pairs = PairMatrix(tuple(nodes), pair_bytes, tuple(tuple(row) for row in matrix))
+    return {"world": world, "intra": intra, "pairs": pairs}
+
+
+def summary(result: CheckupResult, path: Path) -> str:
+    """Rank 0's one line."""
+    nodes = len(result.nodes)
+    text = (f"checkup: smoke passed on {result.world_size} rank(s), {nodes} node(s) "
+            f"({result.backend})")
+    best = result.world.best() if result.world is not None else None
+    if best is not None and result.world_size > 1:
+        text += f"; all_reduce busbw {best.busbw_GBps:.3g} GB/s at {human(best.bytes)}"
+    elif best is not None:
+        text += f"; all_reduce algbw {best.algbw_GBps:.3g} GB/s at {human(best.bytes)} (1 rank)"
+    if result.pairs is not None:
+        rates = [v for row in result.pairs.GBps for v in row if v is not None]
+        if rates:
+            text += f"; node pairs {min(rates):.3g}-{max(rates):.3g} GB/s"
+    return text + f"; {result.elapsed_s:.1f} s; wrote {path}"

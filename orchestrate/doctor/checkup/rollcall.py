@@ -67,80 +67,111 @@ class RollCall:
         """
         began = time.monotonic()
         deadline = began + seconds
-        selector = selectors.DefaultSelector()
-        self.sock.setblocking(False)
-        selector.register(self.sock, selectors.EVENT_READ)
-        pending: dict[socket.socket, tuple[float, bytearray, str]] = {}
-        members: list[tuple[socket.socket, dict[str, Any]]] = []
-        silent = 0
-
-        def drop(conn: socket.socket) -> None:
-            selector.unregister(conn)
-            pending.pop(conn, None)
-            conn.close()
-
+        hearing = _Hearing(self.sock)
         try:
-            while len(members) < expect:
+            while len(hearing.members) < expect:
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                for conn, (opened, _, _) in list(pending.items()):
-                    if now - opened > FIRST_LINE_S:
-                        silent += 1
-                        drop(conn)
-                for key, _ in selector.select(min(0.1, deadline - now)):
-                    if key.fileobj is self.sock:
-                        try:
-                            conn, address = self.sock.accept()
-                        except OSError:
-                            continue
-                        conn.setblocking(False)
-                        selector.register(conn, selectors.EVENT_READ)
-                        pending[conn] = (time.monotonic(), bytearray(), str(address[0]))
-                        continue
-                    conn = key.fileobj  # type: ignore[assignment]
-                    _, buffer, peer = pending[conn]
-                    try:
-                        chunk = conn.recv(4096)
-                    except OSError:
-                        chunk = b""
-                    buffer += chunk
-                    if not buffer.startswith(HELLO[: len(buffer)]) or not chunk \
-                            or len(buffer) > _MAX_LINE:
-                        silent += 1
-                        drop(conn)
-                        continue
-                    if b"\n" not in buffer:
-                        continue
-                    line = bytes(buffer).split(b"\n", 1)[0][len(HELLO):]
-                    selector.unregister(conn)
-                    pending.pop(conn, None)
-                    try:
-                        info = dict(json.loads(line.decode("utf-8", "replace")))
-                    except ValueError:
-                        silent += 1
-                        conn.close()
-                        continue
-                    info["address"] = info.get("address") or peer
-                    members.append((conn, info))
+                hearing.listen(now, deadline)
         finally:
-            for conn in list(pending):
-                drop(conn)
-            selector.close()
+            hearing.close()
             self.sock.close()
-        reply = (json.dumps({"directory": [info for _, info in members], "time": time.time()})
-                 + "\n").encode()
-        for conn, _ in members:
-            try:
-                conn.setblocking(True)
-                conn.settimeout(2.0)
-                conn.sendall(reply)
-            except OSError:
-                pass
-            finally:
-                conn.close()
-        return {"port": self.port, "heard": [str(info.get("node")) for _, info in members],
-                "silent": silent, "seconds": round(time.monotonic() - began, 4)}
+        _send_directory(hearing.members)
+        return {"port": self.port,
+                "heard": [str(info.get("node")) for _, info in hearing.members],
+                "silent": hearing.silent, "seconds": round(time.monotonic() - began, 4)}
+
+
+class _Hearing:
+    """What node 0 hears on its port: connections that have not sent their first line yet,
+    the leaders that said hello (each with its connection, answered at the end), and how many
+    connections were not a leader's (closed at once)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.selector = selectors.DefaultSelector()
+        sock.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ)
+        self.pending: dict[socket.socket, tuple[float, bytearray, str]] = {}
+        self.members: list[tuple[socket.socket, dict[str, Any]]] = []
+        self.silent = 0
+
+    def listen(self, now: float, deadline: float) -> None:
+        """One turn: close connections silent for :data:`FIRST_LINE_S`, then accept and read
+        what arrives within 0.1 s."""
+        for conn, (opened, _, _) in list(self.pending.items()):
+            if now - opened > FIRST_LINE_S:
+                self._refuse(conn)
+        for key, _ in self.selector.select(min(0.1, deadline - now)):
+            if key.fileobj is self.sock:
+                self._accept()
+            else:
+                self._read(key.fileobj)  # type: ignore[arg-type]
+
+    def _accept(self) -> None:
+        try:
+            conn, address = self.sock.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ)
+        self.pending[conn] = (time.monotonic(), bytearray(), str(address[0]))
+
+    def _read(self, conn: socket.socket) -> None:
+        """More of a connection's first line; a whole hello makes it a member."""
+        _, buffer, peer = self.pending[conn]
+        try:
+            chunk = conn.recv(4096)
+        except OSError:
+            chunk = b""
+        buffer += chunk
+        if not buffer.startswith(HELLO[: len(buffer)]) or not chunk or len(buffer) > _MAX_LINE:
+            self._refuse(conn)
+            return
+        if b"\n" not in buffer:
+            return
+        line = bytes(buffer).split(b"\n", 1)[0][len(HELLO):]
+        self.selector.unregister(conn)
+        self.pending.pop(conn, None)
+        try:
+            info = dict(json.loads(line.decode("utf-8", "replace")))
+        except ValueError:
+            self.silent += 1
+            conn.close()
+            return
+        info["address"] = info.get("address") or peer
+        self.members.append((conn, info))
+
+    def _drop(self, conn: socket.socket) -> None:
+        self.selector.unregister(conn)
+        self.pending.pop(conn, None)
+        conn.close()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        self.silent += 1
+        self._drop(conn)
+
+    def close(self) -> None:
+        """Close every connection that never said hello, and stop selecting."""
+        for conn in list(self.pending):
+            self._drop(conn)
+        self.selector.close()
+
+
+def _send_directory(members: list[tuple[socket.socket, dict[str, Any]]]) -> None:
+    """Answer every leader that said hello with the directory and node 0's clock."""
+    reply = (json.dumps({"directory": [info for _, info in members], "time": time.time()})
+             + "\n").encode()
+    for conn, _ in members:
+        try:
+            conn.setblocking(True)
+            conn.settimeout(2.0)
+            conn.sendall(reply)
+        except OSError:
+            pass
+        finally:
+            conn.close()
 
 
 def answer(host: str, port: int, hello: dict[str, Any], window_s: float,

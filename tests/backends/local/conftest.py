@@ -76,10 +76,14 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
 
 
 def fake_nvidia_smi(folder: Path, gpus: list[tuple[int, str, int]]) -> Path:
-    """A stand-in ``nvidia-smi`` (GPUs cannot exist here) answering the planner's query."""
+    """A stand-in ``nvidia-smi`` (GPUs cannot exist here) answering the planner's query: the
+    GPUs' index, name and memory, under nvidia-smi's CSV header (unless ``noheader``), which
+    names the columns it answers."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "nvidia-smi"
     rows = "\\n".join(f"{i}, {name}, {mib}" for i, name, mib in gpus)
-    script.write_text(f"#!/bin/sh\nprintf '{rows}\\n'\n")
+    header = "index, name, memory.total [MiB]"
+    script.write_text(f"#!/bin/sh\ncase \"$*\" in *noheader*) ;; *) echo '{header}' ;; esac\n"
+                      f"printf '{rows}\\n'\n")
     script.chmod(0o755)
     return folder

@@ -14,16 +14,16 @@ from orchestrate.core.plan.plan import make_plan
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.doctor import floors
+from orchestrate.doctor.bandwidth import judge_bandwidth
 from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, SizeTiming, Sweep
 from orchestrate.doctor.grading import (
-    Attempt,
+    ConnectAttempt,
     JobShape,
     Listening,
     PlannedNode,
     culprits,
     document,
     exit_status,
-    judge_bandwidth,
     judge_checkup,
     judge_connect,
     shape_of,
@@ -295,12 +295,12 @@ def test_document_shape() -> None:
 def test_firewalled_node_is_named_for_the_ephemeral_ports() -> None:
     inv = inventory([{"name": "n[1-3]", "slots": 1}])
     job = shape(inv, "gloo")
-    attempts = [Attempt(n, "n1", 29500, "master", "ok", 0.001) for n in ("n1", "n2", "n3")]
+    attempts = [ConnectAttempt(n, "n1", 29500, "master", "ok", 0.001) for n in ("n1", "n2", "n3")]
     for a in ("n1", "n2", "n3"):
         for b in ("n1", "n2", "n3"):
             if a != b:
                 outcome = "timeout" if b == "n3" else "ok"
-                attempts.append(Attempt(a, b, 41000, "pair", outcome, 3.0))
+                attempts.append(ConnectAttempt(a, b, 41000, "pair", outcome, 3.0))
     rows = judge_connect(job, [], attempts)
     assert [(r.name, r.status) for r in rows] == [
         ("master port", "pass"), ("node n3", "fail"), ("node-to-node ports", "pass")]
@@ -312,7 +312,7 @@ def test_master_port_problems() -> None:
     inv = inventory([{"name": "n[1-2]", "slots": 1}])
     job = shape(inv, "gloo")
     rows = judge_connect(job, [Listening("n1", 29500, "master", error="address in use")], [
-        Attempt("n2", "n1", 29500, "master", "refused", 0.001, "connection refused")])
+        ConnectAttempt("n2", "n1", 29500, "master", "refused", 0.001, "connection refused")])
     assert [(r.name, r.nodes, r.status) for r in rows] == [
         ("listen on n1", ("n1",), "fail"), ("master port", ("n2",), "fail")]
     assert "address in use" in rows[0].detail

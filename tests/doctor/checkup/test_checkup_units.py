@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from orchestrate.core.errors import UserError
 from orchestrate.doctor.checkup.blame import Member, Report, blame, locate, never_joined, ranks_text
 from orchestrate.doctor.checkup.measure import expected_sums
-from orchestrate.doctor.checkup.program import human, parse_options, parse_size
+from orchestrate.doctor.checkup.options import human, parse_options, parse_size
 from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
 from orchestrate.doctor.checkup.schedule import pair_rounds, plan_iters
 
