@@ -100,6 +100,61 @@ def test_roll_call_closes_a_store_client_and_ends_at_its_window() -> None:
     rollcall.RollCall(port).sock.close()
 
 
+def _say(port: int, line: bytes) -> bytes:
+    """Send one line to the roll call as a stranger would; what comes back before it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(line)
+        sock.settimeout(3)
+        return sock.recv(100)
+
+
+def test_malformed_and_foreign_hellos_are_refused_and_the_planned_nodes_still_heard() -> None:
+    """#25 item 6: one ``orchestrate-rollcall null`` line used to kill node 0's roll call
+    (TypeError), and two hellos from names outside the plan used to fill it: the doctor then
+    failed a healthy cluster and blamed the first node."""
+    port = _free_port()
+    master = rollcall.RollCall(port)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(master.serve(2, 8, ("a", "b"))))
+    thread.start()
+    for line in (b"orchestrate-rollcall null\n", b"orchestrate-rollcall [1, 2]\n",
+                 b'orchestrate-rollcall {"node": "intruder"}\n',
+                 b'orchestrate-rollcall {"node": "mallory", "group_rank": 0}\n',
+                 b'orchestrate-rollcall {"node": "b", "group_rank": 7}\n'):
+        assert _say(port, line) == b""  # closed without the directory
+    answers: dict[str, dict[str, Any]] = {}
+    leaders = [threading.Thread(target=lambda n=name, g=group: answers.update(
+        {n: rollcall.answer("127.0.0.1", port, {"node": n, "group_rank": g}, window_s=8)}))
+        for name, group in (("a", 0), ("b", 1))]
+    for leader in leaders:
+        leader.start()
+    for leader in leaders:
+        leader.join(10)
+    thread.join(10)
+    assert sorted(result["heard"]) == ["a", "b"]
+    assert len(result["refused"]) == 5 and any("intruder" in r for r in result["refused"])
+    for name in ("a", "b"):
+        assert answers[name]["outcome"] == "ok", answers[name]
+        assert sorted(d["node"] for d in answers[name]["directory"]) == ["a", "b"]
+
+
+def test_a_node_says_hello_once() -> None:
+    port = _free_port()
+    master = rollcall.RollCall(port)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(master.serve(2, 3, ("a", "b"))))
+    thread.start()
+    first = threading.Thread(target=lambda: rollcall.answer(
+        "127.0.0.1", port, {"node": "a", "group_rank": 0}, window_s=5))
+    first.start()
+    time.sleep(0.5)
+    assert _say(port, b'orchestrate-rollcall {"node": "a", "group_rank": 0}\n') == b""
+    thread.join(6)
+    first.join(6)
+    assert result["heard"] == ["a"]
+    assert ["already said hello" in r for r in result["refused"]] == [True]
+
+
 def test_a_leader_that_finds_no_roll_call_reports_refused_within_its_window() -> None:
     began = time.monotonic()
     answer = rollcall.answer("127.0.0.1", _free_port(), {"node": "a"}, window_s=1.2)

@@ -61,14 +61,15 @@ def _listen_for_pairs(nodes: int, window_s: float, stop: threading.Event
     return pair, thread, served
 
 
-def _host_roll_call(master_port: int, nodes: int, window_s: float
+def _host_roll_call(master_port: int, nodes: int, names: Sequence[str], window_s: float
                     ) -> tuple[threading.Thread | None, dict[str, Any]]:
-    """Node 0: the roll call on MASTER_PORT, in the background (or why it could not listen)."""
+    """Node 0: the roll call on MASTER_PORT, in the background (or why it could not listen);
+    only the planned nodes (``names``, when the plan names them) are heard."""
     try:
         roll = rollcall.RollCall(master_port)
     except OSError as exc:
         return None, {"error": str(exc)}
-    return _start("checkup-rollcall", lambda: roll.serve(nodes, window_s))
+    return _start("checkup-rollcall", lambda: roll.serve(nodes, window_s, names))
 
 
 def _test_pairs(directory: Sequence[Mapping[str, Any]], node: str, serving: threading.Thread,
@@ -96,8 +97,10 @@ def run(
     master_port: int,
     window_s: float,
     environ: Mapping[str, str],
+    names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run the node tiers on this leader; returns (and prints) the node's marked report."""
+    """Run the node tiers on this leader; returns (and prints) the node's marked report.
+    ``names``: the plan's node names, where the plan chose the hosts (not on Slurm)."""
     began = time.monotonic()
     report: dict[str, Any] = {
         "kind": "node", "node": node, "group_rank": group_rank, "rank": rank,
@@ -110,7 +113,7 @@ def run(
     stop_pairs = threading.Event()
     pair, serving, served = _listen_for_pairs(nodes, window_s, stop_pairs) \
         if "connect" in tiers else (None, None, {})
-    roll, roll_report = _host_roll_call(master_port, nodes, window_s) if rank == 0 \
+    roll, roll_report = _host_roll_call(master_port, nodes, names, window_s) if rank == 0 \
         else (None, {})
 
     hello = {"node": node, "group_rank": group_rank,

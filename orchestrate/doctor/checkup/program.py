@@ -417,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         leader.run(options.tiers, node=node, group_rank=place.group_rank or 0, rank=place.rank,
                    nodes=node_count(options, place), master_addr=place.master_addr,
                    master_port=place.master_port, window_s=options.window_s,
-                   environ=os.environ)
+                   environ=os.environ, names=options.names)
         print(f"checkup: node tiers ({', '.join(t for t in options.tiers if t in NODE_TIERS)})"
               f" done on {node}", flush=True)
     if not options.rank_tiers:

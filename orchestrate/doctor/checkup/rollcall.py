@@ -19,8 +19,11 @@ ends: node 0 may not listen yet), sends one line ``orchestrate-rollcall {json}``
 one JSON line ``{"directory": [...], "time": t}``, which node 0 sends to everyone once all
 expected nodes said hello or its window ended (so a leader, once connected, waits up to one
 window: node 0's began before the connection). Anything else that connects (a rank's store
-client, early) is closed at once. Node 0 then releases the port, so the smoke tier's store can
-bind it.
+client, early) is closed at once, and so is a hello that is not one of the planned nodes': not a
+JSON object, a node name outside the plan's (when the plan names its nodes; Slurm chooses the
+hosts, so there the group rank must be one of the plan's), or a node that already said hello.
+Whatever reaches the port, the roll call goes on and names only the nodes it heard. Node 0 then
+releases the port, so the smoke tier's store can bind it.
 
 Standard library only (it runs before torch is imported; the connect tier stays cheap).
 """
@@ -31,6 +34,7 @@ import json
 import selectors
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrate.doctor.checkup.reachability import CONNECT_TIMEOUT_S, open_connection
@@ -58,16 +62,17 @@ class RollCall:
             raise
         self.port = int(self.sock.getsockname()[1])
 
-    def serve(self, expect: int, seconds: float) -> dict[str, Any]:
+    def serve(self, expect: int, seconds: float, names: Sequence[str] = ()) -> dict[str, Any]:
         """Collect hellos until ``expect`` leaders said hello or ``seconds`` passed, answer
-        every one of them with the directory, and release the port.
+        every one of them with the directory, and release the port. ``names``: the planned
+        nodes (empty where the scheduler names them); a hello from any other is refused.
 
         ``{"port", "heard": [node names], "silent": connections that were not a leader's,
-        "seconds"}``.
+        "refused": [why, for each hello that was not a planned node's], "seconds"}``.
         """
         began = time.monotonic()
         deadline = began + seconds
-        hearing = _Hearing(self.sock)
+        hearing = _Hearing(self.sock, expect, names)
         try:
             while len(hearing.members) < expect:
                 now = time.monotonic()
@@ -80,7 +85,8 @@ class RollCall:
         _send_directory(hearing.members)
         return {"port": self.port,
                 "heard": [str(info.get("node")) for _, info in hearing.members],
-                "silent": hearing.silent, "seconds": round(time.monotonic() - began, 4)}
+                "silent": hearing.silent, "refused": hearing.refused,
+                "seconds": round(time.monotonic() - began, 4)}
 
 
 class _Hearing:
@@ -88,8 +94,11 @@ class _Hearing:
     the leaders that said hello (each with its connection, answered at the end), and how many
     connections were not a leader's (closed at once)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, expect: int, names: Sequence[str]) -> None:
         self.sock = sock
+        self.expect = expect
+        self.names = frozenset(names)
+        self.refused: list[str] = []
         self.selector = selectors.DefaultSelector()
         sock.setblocking(False)
         self.selector.register(sock, selectors.EVENT_READ)
@@ -135,13 +144,35 @@ class _Hearing:
         self.selector.unregister(conn)
         self.pending.pop(conn, None)
         try:
-            info = dict(json.loads(line.decode("utf-8", "replace")))
+            info = json.loads(line.decode("utf-8", "replace"))
         except ValueError:
-            self.silent += 1
+            info = None
+        why = self._not_a_planned_node(info)
+        if why is not None:
+            self.refused.append(f"{peer}: {why}")
             conn.close()
             return
+        assert isinstance(info, dict)
         info["address"] = info.get("address") or peer
         self.members.append((conn, info))
+
+    def _not_a_planned_node(self, info: object) -> str | None:
+        """Why a hello is not one of the planned nodes' (None: it is, and is the first)."""
+        if not isinstance(info, dict):
+            return "not a hello (a JSON object)"
+        node, group = info.get("node"), info.get("group_rank")
+        if not isinstance(node, str) or not node:
+            return "a hello without a node name"
+        if self.names and node not in self.names:
+            return f"{node!r} is not a node of the plan"
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int)
+                                  or not 0 <= group < max(self.expect, 1)):
+            return f"group rank {group!r} is not one of the plan's"
+        for _, member in self.members:
+            if member.get("node") == node or (group is not None
+                                              and member.get("group_rank") == group):
+                return f"{node!r} (group rank {group}) already said hello"
+        return None
 
     def _drop(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
