@@ -11,12 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec.frameworks import Framework
-from orchestrate.core.spec.loader import Lines, known_fields, read_yaml, suggest, validate
+from orchestrate.core.spec.loader import (
+    Lines,
+    known_fields,
+    parse_value,
+    read_yaml,
+    suggest,
+    validate,
+)
 from orchestrate.core.spec.schema import Spec, single_line
 from orchestrate.core.spec.trainspec import TrainSpec
 
@@ -412,10 +418,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
                         + "known keys here: " + ", ".join(sorted(known)))
             )
             continue
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        # Read as the same text in the file would be (``4:00:00`` is a time, not base 60),
+        # within the same bounds; text that is not YAML stays text.
+        value = parse_value(raw, "--set", invalid_as_text=True) if raw.strip() else ""
         _assign(data, path, value)
     if problems:
         raise UserError(problems)
