@@ -169,3 +169,16 @@ def test_a_bad_set_value_is_blamed_on_set_not_on_a_file_line() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: --set: resources.nodes: ")
     assert "(got 'x')" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_set_values_are_read_as_the_same_text_in_the_file_would_be() -> None:
+    """``--set resources.time=4:00:00`` is four hours, as in the file (YAML 1.1 made it the
+    base-60 number 14400, which a time limit reads as minutes: ten days)."""
+    job = CORE / "jobs" / "cpu-local.yaml"
+    result = cli("plan", "--json", job, "--set", "resources.time=4:00:00",
+                 "--set", "env.MODE=on", "--set", "command=[python, '-c']")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert plan["time_limit"] == "4:00:00"
+    assert plan["env"]["MODE"] == "on"
+    assert plan["command"] == ["python", "-c"]
