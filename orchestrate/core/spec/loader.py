@@ -272,7 +272,12 @@ def problems_from(
 
 
 def _quote_hint(kind: str, value: object) -> str:
-    """YAML reads ``3``, ``1e3`` and ``yes`` as numbers and booleans; a text field wants quotes."""
+    """YAML reads ``3`` and ``true`` as a number and a boolean; a text field wants quotes, a
+    switch wants true or false, a number a finite one."""
+    if kind == "bool_type":
+        return "write true or false (yes, no, on and off are text in these files)"
+    if kind == "finite_number":
+        return "JSON (plan --json, train.json) has no inf or nan: give a number"
     if kind != "string_type":
         return ""
     if isinstance(value, bool):
