@@ -116,6 +116,7 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
         out.print(f"[yellow]warning:[/] {warning}", highlight=False)
     for note in prepared.plan.notes:
         out.print(f"note: {note}", highlight=False)
+    out.print(prepared.plan.restart.describe(), highlight=False)
 
 
 @cli.command()

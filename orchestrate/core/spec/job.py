@@ -179,8 +179,9 @@ class SlurmJob(Spec):
         if value is not None:
             raise ValueError(
                 f"is now restart.max, the restart budget of every backend: write "
-                f"'restart: {{max: {value}}}' (restarts after a checkpoint on the stop signal "
-                "are restart.on: [requeue], the default)")
+                f"'restart: {{max: {value}, on: [requeue, node_lost]}}' for what it did "
+                "(restart after a checkpoint on the stop signal, or a lost node), or "
+                f"'restart: {{max: {value}}}' to restart a failed rank too")
         return value
 
     @field_validator("requeue_on_node_failure")
@@ -231,6 +232,10 @@ def _default_restart_on() -> list[RestartItem]:
     return ["requeue", "node_lost"]
 
 
+#: The endings of a policy that writes ``max`` and no ``on``: a budget covers crashed ranks too.
+BUDGET_RESTART_ON: tuple[RestartOn, ...] = ("requeue", "node_lost", "failure")
+
+
 class RestartPolicy(Spec):
     """When a job is started again: same job id, run directory and checkpoints, on every
     backend. The budget is for the whole job (not per node); a user error is never restarted."""
@@ -238,7 +243,8 @@ class RestartPolicy(Spec):
     max: Int = Field(default=3, ge=0, description="restarts for the whole job")
     on: list[RestartItem] = Field(
         default_factory=_default_restart_on,
-        description="which endings restart: failure, stall, node_lost, requeue, or exit codes",
+        description="which endings restart: failure, stall, node_lost, requeue, or exit codes; "
+        "default [requeue, node_lost], or [requeue, node_lost, failure] when max is written",
     )
     backoff_s: list[Float] = Field(
         default_factory=lambda: [10.0, 60.0, 300.0],
@@ -246,6 +252,17 @@ class RestartPolicy(Spec):
     exclude_failed_node: Bool = Field(
         default=False, description="restart elsewhere: another inventory node (SSH), "
         "--exclude the node (Slurm)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_covers_failures(cls, data: Any) -> Any:
+        """``max`` written without ``on`` restarts a crashed rank too, as torchrun's
+        ``--max-restarts`` and SkyPilot's recovery do: a budget that never restarted a failure
+        surprised everyone. Nothing written keeps ``[requeue, node_lost]`` (no work lost by
+        restarting those), and an ``on`` that is written is honoured exactly."""
+        if isinstance(data, dict) and "max" in data and "on" not in data:
+            return {**data, "on": list(BUDGET_RESTART_ON)}
+        return data
 
     @field_validator("on")
     @classmethod
