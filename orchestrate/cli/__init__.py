@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from orchestrate.core.errors import EXIT_USER_ERROR, UserError
+from orchestrate.core.errors import UserError
 from orchestrate.version import __version__
 
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem.render()}", err=True)
-        return EXIT_USER_ERROR
+        return exc.exit_status  # 2, or 75 when other jobs hold what it needs: try again later
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +29,54 @@ def validate(files: tuple[Path, ...]) -> None:
     """Check inventory and job files; prints every problem found."""
     problems: list[Problem] = []
     for path in files:
+        kind, data = "job", None
         try:
             data, _ = read_yaml(path)
-            if _is_inventory(data):
+            kind = file_kind(data)
+            if kind == "inventory":
                 load_inventory(path)
-                kind = "inventory"
             else:
                 prepare(path)
-                kind = "job"
             click.echo(f"{path}: ok ({kind})")
         except UserError as exc:
-            problems.extend(exc.problems)
+            problems.extend(_name_stray_keys(exc.problems, kind, data))
     if problems:
         raise UserError(problems)
 
 
-#: Keys only a job file has: a job with a stray top-level ``nodes:`` is still a job.
-_JOB_KEYS = frozenset({"backend", "command", "train", "resources", "inventory", "env"})
+#: What makes a file a job: a job has ``train`` or ``command``, and its ``resources``; an
+#: inventory has none of them. (``env``, ``backend``... are only job keys too, but one of them
+#: in an inventory is a stray key of that inventory, not a sign that it is a job.)
+JOB_SHAPE = ("command", "resources", "train")
 
 
-def _is_inventory(data: object) -> bool:
-    return isinstance(data, dict) and "nodes" in data and not _JOB_KEYS & set(data)
+def file_kind(data: object) -> str:
+    """``inventory`` or ``job``, by the file's shape: ``nodes:`` and none of :data:`JOB_SHAPE`
+    is an inventory; anything else is checked as a job."""
+    if isinstance(data, dict) and "nodes" in data and not set(JOB_SHAPE) & set(data):
+        return "inventory"
+    return "job"
+
+
+def _name_stray_keys(problems: tuple[Problem, ...], kind: str, data: object) -> list[Problem]:
+    """An unknown top-level key that the other kind of file has: say so, and why the file was
+    read as this kind, so that the one stray key is the whole story."""
+    other = JobSpec if kind == "inventory" else InventorySpec
+    other_keys = {f.alias or name for name, f in other.model_fields.items()}
+    if kind == "inventory":
+        why = ("read as an inventory: it has 'nodes' and none of "
+               + ", ".join(f"'{k}'" for k in JOB_SHAPE))
+    else:
+        shape = [k for k in JOB_SHAPE if isinstance(data, dict) and k in data]
+        why = "read as a job" + (f": it has '{shape[0]}'" if shape else "")
+    whose = "a job file's" if kind == "inventory" else "an inventory file's"
+    named = []
+    for p in problems:
+        stray = p.message == "unknown key" and "." not in p.field and p.field in other_keys
+        if stray and not p.hint.startswith("did you mean"):  # resources.nodes says it all
+            p = replace(p, hint=f"'{p.field}' is {whose} key; this file is {why}. {p.hint}")
+        named.append(p)
+    return named
 
 
 _COMPACT = json.JSONEncoder(separators=(", ", ": ")).encode
@@ -88,6 +116,7 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
         out.print(f"[yellow]warning:[/] {warning}", highlight=False)
     for note in prepared.plan.notes:
         out.print(f"note: {note}", highlight=False)
+    out.print(prepared.plan.restart.describe(), highlight=False)
 
 
 @cli.command()

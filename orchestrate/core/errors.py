@@ -2,7 +2,9 @@
 
 Every mistake in an input file or on the command line becomes a :class:`Problem`
 (``file: field: problem (got value)`` plus a hint). The CLI prints them all and exits with
-status 2, never a traceback: the person needs the field, not our stack.
+status 2, never a traceback: the person needs the field, not our stack. One kind is no mistake:
+a job that would fit but finds what it needs held by other jobs (``busy`` problems) exits 75,
+so that a script can tell "try again later" from "fix your file".
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from orchestrate.core.exits import EXIT_USER_ERROR
+from orchestrate.core.exits import EXIT_BUSY, EXIT_USER_ERROR
 
-__all__ = ["EXIT_USER_ERROR", "Problem", "UserError", "show_value"]
+__all__ = ["EXIT_BUSY", "EXIT_USER_ERROR", "Problem", "UserError", "show_value"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class Problem:
     line: int | None = None
     got: str | None = None  # the offending value, already shortened for display
     hint: str = ""
+    #: Not a mistake: what the job needs (GPUs, CPU slots, its port) is held by other jobs now,
+    #: and the same request may succeed later.
+    busy: bool = False
 
     def render(self) -> str:
         """``file:line: field: message (got value)`` and, on its own line, the hint."""
@@ -41,13 +46,22 @@ class Problem:
 
 
 class UserError(Exception):
-    """One or more problems with what the user gave us; the CLI exits 2 on it."""
+    """One or more problems with what the user gave us; the CLI exits with
+    :attr:`exit_status` on it."""
 
     def __init__(self, problems: Problem | Iterable[Problem]) -> None:
         self.problems: tuple[Problem, ...] = (
             (problems,) if isinstance(problems, Problem) else tuple(problems)
         )
         super().__init__("\n".join(p.render() for p in self.problems))
+
+    @property
+    def exit_status(self) -> int:
+        """75 (:data:`EXIT_BUSY`) when every problem is that other jobs hold what the job
+        needs; else 2: a mistake among them is to be fixed first."""
+        if self.problems and all(p.busy for p in self.problems):
+            return EXIT_BUSY
+        return EXIT_USER_ERROR
 
     @classmethod
     def single(
@@ -59,6 +73,7 @@ class UserError(Exception):
         got: object = None,
         hint: str = "",
         line: int | None = None,
+        busy: bool = False,
     ) -> UserError:
         """Build an error with one problem; ``got`` is shown with :func:`show_value`."""
         return cls(
@@ -69,6 +84,7 @@ class UserError(Exception):
                 line=line,
                 got=None if got is None else show_value(got),
                 hint=hint,
+                busy=busy,
             )
         )
 

@@ -15,6 +15,11 @@ EXIT_USER_ERROR = 2
 #: A rank checkpointed because it was asked to stop (SIGTERM/SIGUSR2 before a time limit or a
 #: preemption) and asks to be started again: EX_TEMPFAIL from sysexits.h, "try again later".
 EXIT_REQUEUE = 75
+#: The CLI (``submit``, ``resume``): the job would fit, but GPUs, CPU slots or the master port
+#: it needs are held by other jobs now. The file is fine; try again later. EX_TEMPFAIL, as
+#: :data:`EXIT_REQUEUE` (a rank's "start me again later"); a request that can never fit is
+#: :data:`EXIT_USER_ERROR`.
+EXIT_BUSY = 75
 #: Interrupted by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 #: A rank whose channel ended without a word about how it ended (an SSH connection lost): what

@@ -169,3 +169,31 @@ def test_a_bad_set_value_is_blamed_on_set_not_on_a_file_line() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: --set: resources.nodes: ")
     assert "(got 'x')" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_set_values_are_read_as_the_same_text_in_the_file_would_be() -> None:
+    """``--set resources.time=4:00:00`` is four hours, as in the file (YAML 1.1 made it the
+    base-60 number 14400, which a time limit reads as minutes: ten days)."""
+    job = CORE / "jobs" / "cpu-local.yaml"
+    result = cli("plan", "--json", job, "--set", "resources.time=4:00:00",
+                 "--set", "env.MODE=on", "--set", "command=[python, '-c']")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert plan["time_limit"] == "4:00:00"
+    assert plan["env"]["MODE"] == "on"
+    assert plan["command"] == ["python", "-c"]
+
+
+def test_validate_reads_a_file_by_its_shape_and_names_the_stray_key(tmp_path: Path) -> None:
+    """An inventory with one stray job key is checked as an inventory (one problem: that key),
+    not as a job (``defaults: unknown key``, ``nodes: did you mean resources.nodes``)."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("name: lab\nenv: {NCCL_DEBUG: INFO}\nnodes:\n  - {name: a, slots: 2}\n"
+                         "defaults: {cpus: 8}\n")
+    result = cli("validate", inventory)
+    assert result.code == 2
+    errors = [line for line in result.err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {inventory}:2: env: unknown key"], result.err
+    assert "resources.nodes" not in result.err
+    inventory.write_text("name: lab\nnodes:\n  - {name: a, slots: 2}\n")
+    assert cli("validate", inventory).out == f"{inventory}: ok (inventory)\n"

@@ -63,3 +63,69 @@ def test_progress_is_a_newer_checkpoint_or_a_later_logged_step(tmp_path: Path) -
     assert progressed(after, after, True) is False
     # A command: job that writes neither: nothing can tell, only the budget bounds it.
     assert progressed(before, before, False) is None
+
+
+# ---- the policy a job file writes (orchestrate.core.spec.job.RestartPolicy) ----------------
+
+
+def _policy(restart: dict[str, object] | None) -> Policy:
+    from orchestrate.core.spec.job import JobSpec
+
+    data: dict[str, object] = {"name": "j", "command": ["python", "t.py"]}
+    if restart is not None:
+        data["restart"] = restart
+    spec = JobSpec.model_validate(data).restart
+    return Policy(max=spec.max, on=tuple(spec.on), backoff_s=tuple(spec.backoff_s),
+                  exclude_failed_node=spec.exclude_failed_node)
+
+
+def test_a_restart_budget_alone_covers_failures_as_torchruns_does() -> None:
+    """``restart: {max: 3}`` restarts a crashed rank (torchrun's --max-restarts restarts on any
+    worker failure); it used to mean only requeue and node_lost, so it never did."""
+    written = _policy({"max": 3})
+    assert written.on == ("requeue", "node_lost", "failure")
+    crash = ending_of([Exit(signal=9)], Exit(signal=9), "n1", "rank 0 on n1 was killed")
+    assert decide(written, crash, 0, True).restart
+    assert _policy({"max": 2, "backoff_s": [0]}).on == ("requeue", "node_lost", "failure")
+
+
+def test_restart_on_given_is_honoured_exactly_and_nothing_written_keeps_the_default() -> None:
+    assert _policy({"max": 3, "on": ["requeue"]}).on == ("requeue",)
+    assert _policy({"on": ["stall"]}).on == ("stall",)
+    assert _policy(None).on == ("requeue", "node_lost")
+    assert _policy({"backoff_s": [5]}).on == ("requeue", "node_lost")
+    # max: 0 is no restart at all, whatever the endings.
+    zero = _policy({"max": 0})
+    crash = ending_of([Exit(code=1)], Exit(code=1), None, "r")
+    assert not decide(zero, crash, 0, True).restart
+
+
+def test_plan_says_what_the_policy_will_and_will_not_restart(tmp_path: Path) -> None:
+    from core_support import CORE, cli
+
+    job = CORE / "jobs" / "cpu-local.yaml"
+    default = cli("plan", job)
+    assert default.code == 0, default.err
+    assert ("restart: up to 3 times after requeue or node_lost; not after failure or stall "
+            "(restart.on); never after exit 2") in default.out
+    budget = cli("plan", job, "--set", "restart.max=2")
+    assert "restart: up to 2 times after requeue, node_lost or failure; not after stall" \
+        in budget.out
+    never = cli("plan", job, "--set", "restart.max=0")
+    assert "restart: never (restart.max is 0)" in never.out
+
+
+def test_the_written_policy_survives_the_supervisors_json() -> None:
+    """loaded.json carries the job to a supervisor and to resume: the endings come back as
+    they were decided, an explicit on: as it was written."""
+    from orchestrate.core.spec.job import JobSpec
+
+    for restart in ({"max": 3}, {"max": 3, "on": ["requeue"]}, None):
+        data: dict[str, object] = {"name": "j", "command": ["python", "t.py"]}
+        if restart is not None:
+            data["restart"] = restart
+        spec = JobSpec.model_validate(data)
+        again = JobSpec.model_validate(spec.model_dump(mode="json"))
+        assert again.restart == spec.restart
+        unset = JobSpec.model_validate(spec.model_dump(mode="json", exclude_unset=True))
+        assert unset.restart == spec.restart

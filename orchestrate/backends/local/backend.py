@@ -128,17 +128,18 @@ def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
     taken = {int(p) for p in held["ports"]}
     port = plan.master_port
     port_busy = port in taken or not host.port_free(port)
-    if port_busy and plan.port_fixed:
+    if port_busy and plan.port_fixed:  # busy: exit 75, try again when it is free
+        why = "held by another orchestrate job" if port in taken else "in use"
         raise UserError.single(
-            f"master port {port} is in use on this machine",
+            f"master port {port} is {why} on this machine",
             source=str(prepared.path), field="distributed.master_port",
-            hint="choose another port or 'auto'",
+            hint="choose another port or 'auto', or try again when it is free", busy=True,
         )
     if port_busy:
         found = pick_port(port, taken, host.port_free)
         if found is None:
             raise UserError.single(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}",
-                                   field="distributed.master_port")
+                                   field="distributed.master_port", busy=True)
         port = found
     if not port_busy and not busy_gpus and not busy_slots:
         return prepared

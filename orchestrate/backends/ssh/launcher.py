@@ -200,7 +200,7 @@ class Launcher:
                 return prepared
         raise UserError.single(
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
-            source=str(self.prepared.path), field="preflight", hint="submit again",
+            source=str(self.prepared.path), field="preflight", hint="submit again", busy=True,
         )
 
     def _claim(self, plan: Plan) -> bool:

@@ -2,8 +2,9 @@
 
 The planner's search, pure: the job's resources, the inventory and what other jobs hold in
 (``busy``), out come the chosen nodes in plan order with their GPUs, or a :class:`UserError`
-that says what came closest and why each node was refused. Rank numbering is
-:mod:`orchestrate.core.plan.ranks`' business; this module only decides where.
+that says what came closest and why each node was refused; when the job would fit if other jobs
+held nothing, its problems are marked ``busy`` (exit 75, "try again later", not 2). Rank
+numbering is :mod:`orchestrate.core.plan.ranks`' business; this module only decides where.
 
 The rules: GPU models are never mixed across ranks unless the job allows it (then any GPU model,
 but never GPU and CPU-only nodes in one job: nccl needs a GPU per rank); without a model named,
@@ -15,7 +16,7 @@ the model (the memory estimate), and not be held by another job.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
@@ -71,7 +72,8 @@ def place(
     busy: Busy,
     source: str,
 ) -> Placement:
-    """Choose the nodes and GPUs for ``job``, or raise :class:`UserError` saying why not."""
+    """Choose the nodes and GPUs for ``job``, or raise :class:`UserError` saying why not
+    (``busy`` when only what other jobs hold stands in the way)."""
     res = job.resources
     if job.backend == "local" and res.nodes > 1:
         raise UserError.single(
@@ -110,7 +112,24 @@ def place(
                 notes = (f"picked GPU model {model}; set resources.gpu_model to choose another",)
             return Placement(tuple(picked), notes)
         reasons[model or "cpu"] = why
-    raise _refusal(job, nodes, memory, reasons, source)
+    refusal = _refusal(job, nodes, memory, reasons, source)
+    if (busy.gpus or busy.slots) and _fits_when_free(job, inventory, memory, busy, source):
+        raise UserError(replace(
+            p, busy=True, hint="other jobs hold what it needs now: try again when they end "
+            "(`orchestrate list` shows them); the exit status is 75, not 2")
+            for p in refusal.problems)
+    raise refusal
+
+
+def _fits_when_free(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
+                    busy: Busy, source: str) -> bool:
+    """Whether the job would be placed if no other job held anything: then a refusal means
+    "not now" (exit 75), not "never" (exit 2). Asked only after a refusal."""
+    try:
+        place(job, inventory, memory, Busy(excluded=busy.excluded), source)
+    except UserError:
+        return False
+    return True
 
 
 def candidate_nodes(job: JobSpec, inventory: Inventory, source: str) -> list[Node]:

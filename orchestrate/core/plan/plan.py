@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.exits import EXIT_BUSY
 from orchestrate.core.plan.memory import MemoryEstimate, estimate
 from orchestrate.core.plan.placement import Busy, place
 from orchestrate.core.plan.ports import derive_port
@@ -403,13 +404,15 @@ def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate
     try:
         place(spare, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots, facts.excluded),
               source)
-    except UserError:
+    except UserError as exc:
+        busy = exc.exit_status == EXIT_BUSY  # the spare is held by other jobs now
         raise UserError.single(
             f"no spare node: the job uses {job.resources.nodes} node(s) and no other node of "
-            f"inventory '{inventory.name}' could take a failed one's place",
+            f"inventory '{inventory.name}' could take a failed one's place"
+            + (" (other jobs hold them now)" if busy else ""),
             source=source, field="restart.exclude_failed_node", got=True,
             hint="add a node to the inventory (or to resources.node_names), or set it to false "
-            "(a restart then reuses the node)",
+            "(a restart then reuses the node)", busy=busy,
         ) from None
 
 

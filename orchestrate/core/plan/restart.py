@@ -37,6 +37,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+#: The endings a policy may name, in the order ``plan`` lists them.
+ENDINGS = ("requeue", "node_lost", "failure", "stall")
 #: Endings that blame a node, and so may exclude it from the next attempt.
 NODE_ENDINGS = ("failure", "node_lost", "stall")
 #: Signals a launcher stops the other ranks with once one has ended (srun's kill-on-bad-exit,
@@ -63,6 +65,17 @@ class Policy:
         return cls(max=int(data["max"]), on=tuple(data["on"]),
                    backoff_s=tuple(float(x) for x in data["backoff_s"]),
                    exclude_failed_node=bool(data["exclude_failed_node"]))
+
+    def describe(self) -> str:
+        """What the policy will and will not restart, in one line (``plan`` prints it)."""
+        if self.max == 0:
+            return "restart: never (restart.max is 0)"
+        named = [x if isinstance(x, str) else f"exit code {x}" for x in self.on]
+        text = f"restart: up to {self.max} times after {_either(named)}"
+        left = [e for e in ENDINGS if e not in self.on]
+        if left:
+            text += f"; not after {_either(left)} (restart.on)"
+        return text + "; never after exit 2"
 
     def wait_s(self, restarts_done: int) -> float:
         """How long to wait before the next restart."""
@@ -91,6 +104,13 @@ class Decision:
     why: str
     wait_s: float = 0.0
     exclude: tuple[str, ...] = ()
+
+
+def _either(words: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    if len(words) < 2:
+        return "".join(words)
+    return ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def ending_of(failed: list[Exit], first: Exit | None, node: str | None, reason: str,

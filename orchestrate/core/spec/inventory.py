@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.loader import Lines, read_yaml, validate
-from orchestrate.core.spec.schema import Spec, single_line
+from orchestrate.core.spec.schema import Bool, Float, Int, MaybeFloat, MaybeInt, Spec, single_line
 
 GpuLink = Literal["nvlink", "nvswitch", "pcie", "none"]
 Fabric = Literal["infiniband", "roce", "ethernet"]
@@ -27,29 +27,35 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*$")
 #: A host name, an IPv4 address or an IPv6 address (with an optional %zone).
 _ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:%\-]*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:^,\-=]+$")
+#: The most GPUs (and the highest CUDA index + 1) of one node, and the most CPU slots: far more
+#: than any machine has, and few enough that the planner's per-rank records stay small (a count
+#: of 346,361,855 was a MemoryError).
+MAX_GPUS = 1024
+MAX_SLOTS = 4096
 
 
 class SSHSpec(Spec):
     """How to reach a node over SSH; unset fields fall back to ``~/.ssh/config``."""
 
     user: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: MaybeInt = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     config_file: str | None = Field(default=None, description="an ssh_config to read")
     known_hosts_file: str | None = None
-    accept_unknown_host_keys: bool = Field(
+    accept_unknown_host_keys: Bool = Field(
         default=False, description="trust a host key seen for the first time (off: verify)"
     )
-    connect_timeout_s: float | None = Field(default=None, gt=0)
+    connect_timeout_s: MaybeFloat = Field(default=None, gt=0)
 
 
 class GpuGroup(Spec):
     """GPUs of one model on one node; ``indices`` are CUDA indices in PCI bus order."""
 
     model: str = Field(min_length=1)
-    memory_gb: float = Field(gt=0)
-    indices: list[int] | None = None
-    count: int | None = Field(default=None, ge=1, description="shorthand for indices 0..count-1")
+    memory_gb: Float = Field(gt=0)
+    indices: list[Int] | None = None
+    count: MaybeInt = Field(default=None, ge=1, le=MAX_GPUS,
+                            description="shorthand for indices 0..count-1")
 
     @model_validator(mode="after")
     def _indices_or_count(self) -> GpuGroup:
@@ -60,6 +66,8 @@ class GpuGroup(Spec):
                 raise ValueError("'indices' is empty")
             if any(i < 0 for i in self.indices):
                 raise ValueError("CUDA indices start at 0")
+            if any(i >= MAX_GPUS for i in self.indices):
+                raise ValueError(f"CUDA indices of one node are below {MAX_GPUS}")
             if len(set(self.indices)) != len(self.indices):
                 raise ValueError("an index appears twice")
         return self
@@ -70,7 +78,7 @@ class NetworkSpec(Spec):
 
     interface: str | None = None
     fabric: Fabric = "ethernet"
-    gbps: float | None = Field(default=None, gt=0)
+    gbps: MaybeFloat = Field(default=None, gt=0)
     hca: str | None = None
 
     @field_validator("interface")
@@ -103,7 +111,7 @@ class NodeDefaults(Spec):
     gpu_link: GpuLink | None = None
     network: NetworkSpec | None = None
     slurm: SlurmNodeSpec | None = None
-    cpus: int | None = Field(default=None, ge=1)
+    cpus: MaybeInt = Field(default=None, ge=1)
 
 
 class NodeSpec(Spec):
@@ -112,13 +120,14 @@ class NodeSpec(Spec):
     name: str = Field(min_length=1)
     address: str | None = None
     gpus: list[GpuGroup] = Field(default_factory=list)
-    slots: int | None = Field(default=None, ge=1, description="CPU-only: processes to run")
+    slots: MaybeInt = Field(default=None, ge=1, le=MAX_SLOTS,
+                            description="CPU-only: processes to run")
     gpu_link: GpuLink | None = None
     network: NetworkSpec | None = None
     slurm: SlurmNodeSpec | None = None
     ssh: SSHSpec | None = None
     python: str | None = None
-    cpus: int | None = Field(default=None, ge=1)
+    cpus: MaybeInt = Field(default=None, ge=1)
 
     @field_validator("address")
     @classmethod

@@ -9,15 +9,30 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec.frameworks import Framework
-from orchestrate.core.spec.loader import Lines, known_fields, read_yaml, suggest, validate
-from orchestrate.core.spec.schema import Spec, single_line
+from orchestrate.core.spec.loader import (
+    Lines,
+    known_fields,
+    parse_value,
+    read_yaml,
+    suggest,
+    validate,
+)
+from orchestrate.core.spec.schema import (
+    Bool,
+    Float,
+    Int,
+    MaybeFloat,
+    MaybeInt,
+    Spec,
+    not_boolean,
+    single_line,
+)
 from orchestrate.core.spec.trainspec import TrainSpec
 
 Backend = Literal["local", "slurm", "ssh"]
@@ -70,21 +85,20 @@ def plain_text(value: str) -> str:
 class Resources(Spec):
     """How much of the inventory the job takes."""
 
-    nodes: int = Field(default=1, ge=1)
-    gpus_per_node: int | Literal["all"] = Field(
-        default="all", description="GPUs per node, or processes on CPU-only nodes"
-    )
+    nodes: Int = Field(default=1, ge=1)
+    gpus_per_node: Annotated[int | Literal["all"], not_boolean("a whole number or 'all'")] = (
+        Field(default="all", description="GPUs per node, or processes on CPU-only nodes"))
     gpu_model: str | None = None
-    min_gpu_memory_gb: float | None = Field(default=None, gt=0)
+    min_gpu_memory_gb: MaybeFloat = Field(default=None, gt=0)
     node_names: list[str] | None = None
-    allow_mixed_gpus: bool = False
+    allow_mixed_gpus: Bool = False
     time: str | None = Field(
         default=None,
         description="time limit, e.g. 02:00:00 (Slurm's formats; a bare number is minutes); "
         "enforced on every backend",
     )
-    cpus_per_task: int | None = Field(default=None, ge=1)
-    mem_gb: float | None = Field(default=None, gt=0, description="memory per node")
+    cpus_per_task: MaybeInt = Field(default=None, ge=1)
+    mem_gb: MaybeFloat = Field(default=None, gt=0, description="memory per node")
 
     @field_validator("gpus_per_node")
     @classmethod
@@ -112,18 +126,18 @@ class Distributed(Spec):
     """How ranks find each other and how long they wait."""
 
     backend: Literal["auto", "nccl", "gloo"] = "auto"
-    master_port: int | Literal["auto"] = "auto"
-    timeout_s: float = Field(default=600.0, gt=0, le=86400)
-    omp_num_threads: int | None = Field(default=None, ge=1)
+    master_port: Annotated[int | Literal["auto"], not_boolean("a port or 'auto'")] = "auto"
+    timeout_s: Float = Field(default=600.0, gt=0, le=86400)
+    omp_num_threads: MaybeInt = Field(default=None, ge=1)
     #: A job is stalled when no rank made progress (a step, a collective, a phase) for this
     #: long, or a live rank's heartbeat stopped; then every rank's stacks and collectives are
     #: collected and the stuck rank named (docs/hangs.md). 0 turns the watch off.
-    stall_s: float = Field(default=120.0, ge=0, le=86400)
+    stall_s: Float = Field(default=120.0, ge=0, le=86400)
     #: What a stall does: ``report`` (name the rank, keep running: the process-group timeout
     #: still ends it) or ``kill`` (stop the job, an ending that ``restart.on: [stall]`` restarts).
     on_stall: Literal["report", "kill"] = "report"
     #: The per-rank sidecar (heartbeats, stacks on request) in every Python rank.
-    sidecar: bool = True
+    sidecar: Bool = True
 
     @field_validator("stall_s")
     @classmethod
@@ -152,10 +166,10 @@ class SlurmJob(Spec):
     qos: str | None = None
     extra_args: list[str] = Field(default_factory=list)
     signal: str = Field(default="USR2", description="sent before the time limit; never USR1")
-    signal_seconds_before: int = Field(default=120, ge=1)
-    max_restarts: int | None = Field(
+    signal_seconds_before: Int = Field(default=120, ge=1)
+    max_restarts: MaybeInt = Field(
         default=None, description="replaced by restart.max (kept only to say so)")
-    requeue_on_node_failure: bool | None = Field(
+    requeue_on_node_failure: Bool | None = Field(
         default=None, description="replaced by restart.on: [node_lost] (kept only to say so)")
     gres_type: str | None = None
 
@@ -165,8 +179,9 @@ class SlurmJob(Spec):
         if value is not None:
             raise ValueError(
                 f"is now restart.max, the restart budget of every backend: write "
-                f"'restart: {{max: {value}}}' (restarts after a checkpoint on the stop signal "
-                "are restart.on: [requeue], the default)")
+                f"'restart: {{max: {value}, on: [requeue, node_lost]}}' for what it did "
+                "(restart after a checkpoint on the stop signal, or a lost node), or "
+                f"'restart: {{max: {value}}}' to restart a failed rank too")
         return value
 
     @field_validator("requeue_on_node_failure")
@@ -209,32 +224,50 @@ RESTART_ENDINGS: dict[str, str] = {
 }
 
 
-def _default_restart_on() -> list[RestartOn | int]:
+#: One item of restart.on: an ending's name or an exit code (true/false refused before either).
+RestartItem = Annotated[RestartOn | int, not_boolean("an ending name or an exit code")]
+
+
+def _default_restart_on() -> list[RestartItem]:
     return ["requeue", "node_lost"]
+
+
+#: The endings of a policy that writes ``max`` and no ``on``: a budget covers crashed ranks too.
+BUDGET_RESTART_ON: tuple[RestartOn, ...] = ("requeue", "node_lost", "failure")
 
 
 class RestartPolicy(Spec):
     """When a job is started again: same job id, run directory and checkpoints, on every
     backend. The budget is for the whole job (not per node); a user error is never restarted."""
 
-    max: int = Field(default=3, ge=0, description="restarts for the whole job")
-    on: list[RestartOn | int] = Field(
+    max: Int = Field(default=3, ge=0, description="restarts for the whole job")
+    on: list[RestartItem] = Field(
         default_factory=_default_restart_on,
-        description="which endings restart: failure, stall, node_lost, requeue, or exit codes",
+        description="which endings restart: failure, stall, node_lost, requeue, or exit codes; "
+        "default [requeue, node_lost], or [requeue, node_lost, failure] when max is written",
     )
-    backoff_s: list[float] = Field(
+    backoff_s: list[Float] = Field(
         default_factory=lambda: [10.0, 60.0, 300.0],
         description="seconds to wait before restart 1, 2, ...; the last repeats")
-    exclude_failed_node: bool = Field(
+    exclude_failed_node: Bool = Field(
         default=False, description="restart elsewhere: another inventory node (SSH), "
         "--exclude the node (Slurm)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_covers_failures(cls, data: Any) -> Any:
+        """``max`` written without ``on`` restarts a crashed rank too, as torchrun's
+        ``--max-restarts`` and SkyPilot's recovery do: a budget that never restarted a failure
+        surprised everyone. Nothing written keeps ``[requeue, node_lost]`` (no work lost by
+        restarting those), and an ``on`` that is written is honoured exactly."""
+        if isinstance(data, dict) and "max" in data and "on" not in data:
+            return {**data, "on": list(BUDGET_RESTART_ON)}
+        return data
+
     @field_validator("on")
     @classmethod
-    def _endings(cls, value: list[RestartOn | int]) -> list[RestartOn | int]:
+    def _endings(cls, value: list[RestartItem]) -> list[RestartItem]:
         for item in value:
-            if isinstance(item, bool):
-                raise ValueError("an ending name or an exit code, not true/false")
             if isinstance(item, int):
                 if item == 2:
                     raise ValueError("exit code 2 is a user or configuration error: restarting "
@@ -254,8 +287,8 @@ class RestartPolicy(Spec):
 class SSHJob(Spec):
     """SSH fan-out settings of the job."""
 
-    fanout: int = Field(default=32, ge=1, description="hosts contacted at once, like pdsh")
-    connect_timeout_s: float = Field(default=10.0, gt=0)
+    fanout: Int = Field(default=32, ge=1, description="hosts contacted at once, like pdsh")
+    connect_timeout_s: Float = Field(default=10.0, gt=0)
 
 
 class JobSpec(Spec):
@@ -412,10 +445,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
                         + "known keys here: " + ", ".join(sorted(known)))
             )
             continue
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        # Read as the same text in the file would be (``4:00:00`` is a time, not base 60),
+        # within the same bounds; text that is not YAML stays text.
+        value = parse_value(raw, "--set", invalid_as_text=True) if raw.strip() else ""
         _assign(data, path, value)
     if problems:
         raise UserError(problems)

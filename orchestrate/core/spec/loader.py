@@ -20,6 +20,19 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orchestrate.core.errors import Problem, UserError, show_value
+from orchestrate.core.spec.limits import (
+    ALIAS_LIMIT,
+    MAX_DEPTH,
+    MAX_FILE_BYTES,
+    DepthLimit,
+    TooDeep,
+    check_aliases,
+    check_size,
+    too_deep,
+)
+
+__all__ = ["ALIAS_LIMIT", "MAX_DEPTH", "MAX_FILE_BYTES", "Lines", "parse_value", "parse_yaml",
+           "read_yaml", "validate"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,7 +42,12 @@ Lines = dict[tuple[str, ...], int]
 def read_yaml(path: Path) -> tuple[Any, Lines]:
     """Parse a YAML file into plain values plus a map from field path to line number."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # never more: a huge file is refused unread
+        if len(raw) > MAX_FILE_BYTES:
+            check_size(max(len(raw), path.stat().st_size), str(path))
+        # Universal newlines, as read_text() would: a CRLF file parses like any other.
+        text = raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except FileNotFoundError:
         raise UserError.single(
             "file not found", source=str(path), hint="check the path (relative to your cwd)"
@@ -46,10 +64,10 @@ def read_yaml(path: Path) -> tuple[Any, Lines]:
     return parse_yaml(text, str(path))
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(DepthLimit, yaml.SafeLoader):
     """YAML 1.2's plain scalars where YAML 1.1 surprises: ``4:00:00`` is the text of a time
     limit, not the base-60 number 14400 that PyYAML (YAML 1.1) would make of it, and ``on`` is a
-    word, not a boolean."""
+    word, not a boolean. Nesting is bounded (:mod:`orchestrate.core.spec.limits`)."""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -85,13 +103,46 @@ _Loader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
-    """Parse YAML text; ``source`` names it in errors."""
+    """Parse YAML text; ``source`` names it in errors. A file that would cost more than the
+    bounds of :mod:`orchestrate.core.spec.limits` is refused before any walk."""
+    node = _compose(text, source)
+    if node is None:
+        return {}, {}
+    duplicates = _duplicate_keys(node, (), source)
+    if duplicates:
+        raise UserError(duplicates)
+    lines: Lines = {}
+    _record_lines(node, (), lines)
+    return _construct(node), lines
+
+
+def parse_value(text: str, source: str, *, invalid_as_text: bool = False) -> Any:
+    """One value written in YAML (a ``--set`` value), read exactly as the same text in a file
+    would be, within the same bounds; ``invalid_as_text`` keeps text that is not YAML as it
+    is (``--set command=[a`` is the string ``[a``)."""
+    try:
+        node = _compose(text, source)
+    except _NotYaml:
+        if invalid_as_text:
+            return text
+        raise
+    return None if node is None else _construct(node)
+
+
+class _NotYaml(UserError):
+    """The text is not YAML at all (as opposed to YAML refused for its cost)."""
+
+
+def _compose(text: str, source: str) -> yaml.Node | None:
+    check_size(len(text.encode("utf-8", "surrogatepass")), source)
     try:
         node = yaml.compose(text, Loader=_Loader)
+    except TooDeep as exc:
+        raise too_deep(exc, source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(
+        raise _NotYaml(
             Problem(
                 f"not valid YAML: {problem}",
                 source=source,
@@ -99,19 +150,17 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
                 hint="check indentation and quoting around that line",
             )
         ) from None
-    if node is None:
-        return {}, {}
-    duplicates = _duplicate_keys(node, (), source)
-    if duplicates:
-        raise UserError(duplicates)
+    if node is not None:
+        check_aliases(node, source)
+    return node
+
+
+def _construct(node: yaml.Node) -> Any:
     loader = _Loader("")
     try:
-        data = loader.construct_document(node)
+        return loader.construct_document(node)
     finally:
         loader.dispose()
-    lines: Lines = {}
-    _record_lines(node, (), lines)
-    return data, lines
 
 
 def _duplicate_keys(node: yaml.Node, path: tuple[str, ...], source: str) -> list[Problem]:
@@ -223,7 +272,12 @@ def problems_from(
 
 
 def _quote_hint(kind: str, value: object) -> str:
-    """YAML reads ``3``, ``1e3`` and ``yes`` as numbers and booleans; a text field wants quotes."""
+    """YAML reads ``3`` and ``true`` as a number and a boolean; a text field wants quotes, a
+    switch wants true or false, a number a finite one."""
+    if kind == "bool_type":
+        return "write true or false (yes, no, on and off are text in these files)"
+    if kind == "finite_number":
+        return "JSON (plan --json, train.json) has no inf or nan: give a number"
     if kind != "string_type":
         return ""
     if isinstance(value, bool):

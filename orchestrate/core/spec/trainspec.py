@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrate.core.spec.schema import Spec
+from orchestrate.core.spec.schema import Bool, Float, Int, MaybeFloat, MaybeInt, Spec, finite_values
 
 StopSignal = Literal["SIGTERM", "SIGUSR2", "SIGINT", "SIGHUP"]
 
@@ -33,18 +33,18 @@ class OptimizerSpec(Spec):
     """The optimizer: AdamW or SGD, the two that cover nearly every DDP recipe."""
 
     name: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(default=1e-3, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    momentum: float = Field(default=0.9, ge=0, description="SGD only")
-    betas: tuple[float, float] = (0.9, 0.999)
+    lr: Float = Field(default=1e-3, gt=0)
+    weight_decay: Float = Field(default=0.0, ge=0)
+    momentum: Float = Field(default=0.9, ge=0, description="SGD only")
+    betas: tuple[Float, Float] = (0.9, 0.999)
 
 
 class SchedulerSpec(Spec):
     """Learning-rate schedule over the whole run, stepped once per optimizer step."""
 
     name: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int = Field(default=0, ge=0)
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    warmup_steps: Int = Field(default=0, ge=0)
+    min_lr_ratio: Float = Field(default=0.0, ge=0, le=1)
 
 
 class TrainSpec(Spec):
@@ -59,38 +59,45 @@ class TrainSpec(Spec):
     loss: str = "cross_entropy"
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec | None = None
-    epochs: int = Field(default=1, ge=1)
-    max_steps: int | None = Field(default=None, ge=1, description="stop after this many steps")
-    batch_size: int = Field(default=32, ge=1, description="per rank")
-    grad_accum_steps: int = Field(default=1, ge=1)
-    grad_clip_norm: float | None = Field(default=None, gt=0)
+    epochs: Int = Field(default=1, ge=1)
+    max_steps: MaybeInt = Field(default=None, ge=1, description="stop after this many steps")
+    batch_size: Int = Field(default=32, ge=1, description="per rank")
+    grad_accum_steps: Int = Field(default=1, ge=1)
+    grad_clip_norm: MaybeFloat = Field(default=None, gt=0)
     precision: Precision = "fp32"
-    seed: int = 0
-    num_workers: int = Field(default=0, ge=0)
+    seed: Int = 0
+    num_workers: Int = Field(default=0, ge=0)
     checkpoint_dir: str | None = None
-    checkpoint_every_steps: int = Field(default=0, ge=0, description="0: at the end of each epoch")
-    keep_checkpoints: int = Field(default=3, ge=1)
+    checkpoint_every_steps: Int = Field(default=0, ge=0, description="0: at the end of each epoch")
+    keep_checkpoints: Int = Field(default=3, ge=1)
     init_from: str | None = None
-    gradient_as_bucket_view: bool = True
-    find_unused_parameters: bool = False
-    bucket_cap_mb: float = Field(default=25.0, gt=0)
-    model_params: float | None = Field(
-        default=None, gt=0, description="parameter count for the planner's memory check"
+    gradient_as_bucket_view: Bool = True
+    find_unused_parameters: Bool = False
+    bucket_cap_mb: Float = Field(default=25.0, gt=0)
+    # Bounded so that the memory estimate (bytes: params x 16) stays a finite number.
+    model_params: MaybeFloat = Field(
+        default=None, gt=0, le=1e15, description="parameter count for the planner's memory check"
     )
-    activation_memory_gb: float = Field(
+    activation_memory_gb: Float = Field(
         default=2.0,
         ge=0,
+        le=1e6,
         description="allowance per GPU for activations, CUDA context and allocator slack",
     )
-    log_every_steps: int = Field(default=0, ge=0, description="0: one metrics line per epoch")
+    log_every_steps: Int = Field(default=0, ge=0, description="0: one metrics line per epoch")
     stop_signals: list[StopSignal] = Field(default_factory=_default_stop_signals)
-    tensorboard: bool = False
-    wandb: bool = False
+    tensorboard: Bool = False
+    wandb: Bool = False
 
     @field_validator("model", "dataset")
     @classmethod
     def _factory(cls, value: str) -> str:
         return _check_import_path(value)
+
+    @field_validator("model_args", "dataset_args")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return dict(finite_values(value))
 
     @field_validator("loss")
     @classmethod

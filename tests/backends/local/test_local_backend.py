@@ -221,7 +221,7 @@ def test_two_jobs_share_a_server_on_disjoint_gpus_and_ports(cli: Cli) -> None:
     cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-a"), check=True)
     cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-b"), check=True)
     third = cli.run("submit", str(job), "--detach", "--job-id", cli.id("half-c"))
-    assert third.returncode == 2
+    assert third.returncode == 75  # EX_TEMPFAIL: it fits once they end
     assert "held by other jobs" in third.stderr
     a, b = (_wait_ranks_running(cli, j) for j in (cli.id("half-a"), cli.id("half-b")))
     plans = [json.loads((Path(str(s["run_dir"])) / "plan.json").read_text()) for s in (a, b)]

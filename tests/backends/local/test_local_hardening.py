@@ -92,7 +92,7 @@ def test_a_killed_supervisor_takes_its_ranks_and_holds_the_gpu_until_they_are_go
     os.kill(_supervisor_pid(cli, first), signal.SIGKILL)
     # While the rank still runs, its GPU stays leased: a second job cannot get GPU 0.
     refused = cli.run("submit", str(job), "--detach", "--job-id", cli.id("stubborn-2"))
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.returncode == 75, refused.stdout + refused.stderr  # EX_TEMPFAIL
     assert "held by other jobs" in refused.stderr
     # The watchdog stops the ranks (SIGKILL after the 5 s grace), with nobody running status.
     assert _gone_within(first, 15), host.job_pids(first)
@@ -180,7 +180,7 @@ def test_cpu_slots_are_leased_like_gpus(cli: Cli) -> None:
     _wait_running(cli, cli.id("busy-1"))
     cpus = os.cpu_count()
     second = cli.run("submit", str(job), "--detach", "--job-id", cli.id("busy-2"))
-    assert second.returncode == 2, second.stdout + second.stderr
+    assert second.returncode == 75, second.stdout + second.stderr  # EX_TEMPFAIL
     assert f"0 free slots ({cpus} held by other jobs)" in second.stderr
     cli.run("cancel", cli.id("busy-1"), check=True)
     third = cli.run("submit", str(job), "--detach", "--job-id", cli.id("busy-3"))
