@@ -35,15 +35,14 @@ from typing import Any
 
 from orchestrate.core.layout import (
     ATTEMPTS_FILE,
-    DIAGNOSIS_FILE,
     DOCTOR_FILE,
     METRICS,
     PLAN_FILE,
     REPORT_FILE,
     TIMING_DIR,
     TRAIN_CONFIG,
-    heartbeat_file,
 )
+from orchestrate.diagnosis.diagfiles import DiagFiles
 from orchestrate.report.html import Attempt, RunData, Stall, rank_nodes, render_report
 from orchestrate.report.straggler import Pace, pace
 
@@ -102,7 +101,7 @@ def read_heartbeats(run_dir: Path, ranks: Sequence[int]) -> dict[int, float | No
     """Time of each rank's last heartbeat (None: no heartbeat file)."""
     beats: dict[int, float | None] = {}
     for rank in ranks:
-        value = read_json(heartbeat_file(run_dir, rank))
+        value = read_json(DiagFiles(run_dir).heartbeat(rank))
         t = value.get("t") if isinstance(value, dict) else None
         beats[rank] = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
     return beats
@@ -192,7 +191,7 @@ def load_run(run_dir: Path, job_record_json: Mapping[str, Any] | None = None,
     plan = read_json(run_dir / PLAN_FILE)
     train = read_json(run_dir / TRAIN_CONFIG)
     job = dict(job_record_json) if job_record_json is not None else None
-    stalls = _stalls(read_json(run_dir / DIAGNOSIS_FILE))
+    stalls = _stalls(read_json(DiagFiles(run_dir).diagnosis))
     if not stalls and job is not None:
         stalls = _stalls(job.get("diagnosis"))
     attempts = _attempts(read_json(run_dir / ATTEMPTS_FILE))

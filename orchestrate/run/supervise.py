@@ -297,7 +297,7 @@ def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
 
 def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
     """A stall was named: say so everywhere; with ``on_stall: kill`` stop the job."""
-    run.store.update(run.job_id, diagnosis=diagnosis.as_dict())
+    run.store.update(run.job_id, diagnosis=diagnosis.to_json())
     if run.ending is not None:
         return
     if plan.on_stall == "kill":

@@ -38,7 +38,7 @@ from orchestrate.core.exits import (
     EXIT_USER_ERROR,
 )
 from orchestrate.core.spec.trainspec import TrainSpec
-from orchestrate.diagnosis import sidecar
+from orchestrate.diagnosis import activation, sidecar
 from orchestrate.train import checkpoint, factories, rng
 from orchestrate.train.distributed import Cluster, join, leave
 from orchestrate.train.env import DistEnv
@@ -409,7 +409,7 @@ def run_session(
     flag.install(signal_names(spec.stop_signals))
     cluster: Cluster | None = None
     trainer: Trainer | None = None
-    if sidecar.enabled(environ):  # heartbeats for the launcher's stall watch
+    if activation.enabled(environ):  # heartbeats for the launcher's stall watch
         sidecar.start(run_dir, env.rank)
     try:
         try:
