@@ -24,7 +24,7 @@ from diag_harness import REPO, expand, install_site
 from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat
 from orchestrate.diagnosis.ranktable import idle_s, rank_table
 from orchestrate.diagnosis.stacks import frame_kind, innermost_user_frame, parse_stacks
-from orchestrate.diagnosis.stall import classify
+from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall, StallWatch, format_ranks
 
 CAPTURES = Path(__file__).resolve().parent / "captures"
@@ -208,6 +208,35 @@ def test_idle_from_heartbeats_alone() -> None:
     idle = idle_s(beats_of(data["heartbeats"]))
     assert idle is not None and 10.0 <= idle <= 14.0  # stall_s was 12
     assert idle_s({0: None}) is None
+
+
+# --- the records, on what real sidecars wrote ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_records_read_back_exactly_what_real_ranks_wrote(name: str) -> None:
+    data = load(name)
+    for raw in data["heartbeats"].values():
+        beat = Heartbeat.from_json(raw)
+        assert beat is not None and beat.to_json() == raw
+    for raw in data["dumps"].values():
+        answer = Answer.from_json(raw)
+        assert (raw is None and answer is None) or (answer is not None and answer.to_json() == raw)
+    diagnosis = run_classify(data)
+    assert Diagnosis.from_json(json.loads(json.dumps(diagnosis.to_json()))) == diagnosis
+    assert Stall.from_json(json.loads(json.dumps(data["stall"].to_json()))) == data["stall"]
+
+
+def test_damaged_records_read_as_nothing_or_fail_loudly() -> None:
+    assert Heartbeat.from_json({}) is None and Heartbeat.from_json([1, 2]) is None
+    beat = Heartbeat.from_json({"pid": "x", "step": 3, "pgs": [{"enqueued": 1}, {"pg": "0"}],
+                                "stack": [["f.py", "x", "g"], ["f.py", 3, "g"]]})
+    assert beat is not None and beat.pid is None and beat.step == 3
+    assert [g.pg for g in beat.pgs or ()] == ["0"] and len(beat.stack) == 1
+    with pytest.raises(KeyError):
+        Diagnosis.from_json({"kind": "frozen", "summary": "no time"})
+    with pytest.raises(ValueError):
+        Diagnosis.from_json({"kind": "frozen", "summary": "s", "at": "soon"})
 
 
 # --- the stall rule replayed on real traces --------------------------------------------------
@@ -411,7 +440,7 @@ def test_classifier_on_python38(tmp_path: Path) -> None:
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from orchestrate.diagnosis.diagfiles import Answer, Heartbeat
-from orchestrate.diagnosis.stall import classify
+from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall, StallWatch
 from orchestrate.diagnosis import activation, evidence, hangwatch, ranktable, sidecar
 out = {{}}
