@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 
 from orchestrate.report import svg
-from orchestrate.report.rundata import finite
+from orchestrate.report.metricrecord import finite
 
 
 def bandwidth_section(doctor: Mapping[str, Any] | None) -> list[str]:

@@ -31,11 +31,10 @@ from typing import Any
 from orchestrate.core.plan.plan import Plan
 from orchestrate.report import svg
 from orchestrate.report.bandwidth import bandwidth_section
-from orchestrate.report.metricrecord import MetricRecord
+from orchestrate.report.metricrecord import MetricRecord, finite
 from orchestrate.report.rundata import (
     RunData,
     effective_metrics,
-    finite,
     metric_points,
     rank_nodes,
     restarts,

@@ -39,14 +39,16 @@ _INTS = ("epoch", "step", "world_size", "resumed_from_step")
 _TEXTS = ("path", "outcome", "signal")
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """A finite number of a JSON document (a metrics line, the job record, the doctor's
+    result), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
 
 
 def _whole(value: Any) -> int | None:
-    number = _number(value)
+    number = finite(value)
     return int(number) if number is not None and number == int(number) else None
 
 
@@ -102,10 +104,10 @@ class MetricRecord:
             elif f.name in _TEXTS:
                 values[f.name] = raw if isinstance(raw, str) else None
             elif f.name == "peak_memory_gb":
-                found = [_number(v) for v in raw] if isinstance(raw, list) else []
+                found = [finite(v) for v in raw] if isinstance(raw, list) else []
                 values[f.name] = tuple(v for v in found if v is not None) if found else None
             else:
-                values[f.name] = _number(raw)
+                values[f.name] = finite(raw)
         return cls(kind=data["kind"], **values)
 
     def updated(self, newer: MetricRecord) -> MetricRecord:

@@ -8,7 +8,6 @@ them (each rank's node, the metrics of the final history, the step at a moment, 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,13 +32,6 @@ class RunData:
     attempts: Sequence[Attempt] = ()  # the runs of a restarted job
     doctor: Mapping[str, Any] | None = None  # orchestrate doctor --json
     generated_at: float | None = None
-
-
-def finite(value: Any) -> float | None:
-    """A finite number of a JSON document (the job record, the doctor's result), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def rank_nodes(plan: Plan | None) -> dict[int, str]:
