@@ -320,7 +320,7 @@ def _frames(
     """The innermost ``depth`` frames, and the innermost ``user_depth`` frames that are not in
     the standard library, an installed package or the sidecar itself (the program's own code
     is often far out: a rank importing torch is 80 frames deep), innermost first. Which of
-    those are the user's is for the reader (orchestrate.diagnosis.stall) to decide."""
+    those are the user's is for the reader (orchestrate.diagnosis.stacks) to decide."""
     stack: list[Frame] = []
     user: list[Frame] = []
     own = _OWN_DIR + os.sep
