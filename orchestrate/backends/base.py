@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_FILE
+from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
-from orchestrate.hostside.shipping import SHIPPED, module_source
+from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.run.store import JobRecord, RankRecord, Store
 
 if TYPE_CHECKING:
@@ -63,12 +63,12 @@ class Backend(Protocol):
 def rank_files(plan: Plan, scripts: Mapping[str, str],
                extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A backend's launch ``scripts``, then what every rank needs beside them: the sidecar
-    (loaded as ``sitecustomize``, so no user code changes), a backend's ``extra`` programs, and
-    ``train.json`` for a ``train:`` job."""
+    folder (its ``sitecustomize.py`` and private package, loaded at start-up, so no user code
+    changes), a backend's ``extra`` programs, and ``train.json`` for a ``train:`` job."""
     from orchestrate.core.render.render import train_config  # Jinja only when files are made
 
     files = dict(scripts)
-    files[SIDECAR_FILE] = module_source(SHIPPED["sidecar"][0])
+    files.update({f"{SIDECAR_DIR}/{name}": text for name, text in sidecar_folder().items()})
     files.update(extra or {})
     files.update(train_config(plan))
     return files

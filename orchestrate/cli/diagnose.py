@@ -21,9 +21,10 @@ import click
 from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.core.layout import SSH_HOSTS
-from orchestrate.diagnosis.evidence import read_diagnosis, read_heartbeats
+from orchestrate.diagnosis.evidence import Collection, read_diagnosis, read_heartbeats
 from orchestrate.diagnosis.hangwatch import Evidence, RunDirEvidence
-from orchestrate.diagnosis.stall import Diagnosis, classify, idle_s, rank_table
+from orchestrate.diagnosis.ranktable import idle_s, rank_table
+from orchestrate.diagnosis.stall import Diagnosis, classify
 
 if TYPE_CHECKING:  # the store imports the planner: loaded when the command runs
     from orchestrate.run.store import JobRecord
@@ -50,7 +51,7 @@ def look(job: JobRecord, timeout_s: float) -> dict[str, Any]:
     nodes = {r.rank: (r.host or r.node) for r in job.ranks}
     master = f"{plan.master_addr}:{plan.master_port}"
     interface = plan.nodes[0].env.get("GLOO_SOCKET_IFNAME") if plan.nodes else None
-    collected: dict[str, Any] | None = None
+    collected: Collection | None = None
     running = not job.terminal and job.state not in ("PENDING", "SUBMITTING")
     problem = None
     if running:
@@ -68,15 +69,15 @@ def look(job: JobRecord, timeout_s: float) -> dict[str, Any]:
     else:
         beats = read_heartbeats(run_dir, [r.rank for r in job.ranks])
     now = time.time()
-    dumps = None if collected is None else collected["ranks"]
+    dumps = None if collected is None else collected.answers
     rows = rank_table(beats, dumps, now, nodes)
     idle = idle_s(beats)
     stalled = running and idle is not None and plan.stall_s > 0 and idle >= plan.stall_s
     diagnosis: Diagnosis | None = None
-    if running and (stalled or (collected is not None and collected["silent"])) and \
-            any(beats.values()):
+    if running and (stalled or (collected is not None and collected.silent)) and \
+            any(beat is not None for beat in beats.values()):
         diagnosis = classify(beats, dumps, now, nodes, master, interface)
-    kept = job.diagnosis or read_diagnosis(run_dir)
+    kept = job.diagnosis or _as_json(read_diagnosis(run_dir))
     return {
         "job": job.id,
         "state": job.state,
@@ -84,14 +85,18 @@ def look(job: JobRecord, timeout_s: float) -> dict[str, Any]:
         "idle_s": idle,
         "stall_s": plan.stall_s,
         "stalled": bool(stalled),
-        "diagnosis": None if diagnosis is None else diagnosis.as_dict(),
+        "diagnosis": _as_json(diagnosis),
         "watch_diagnosis": kept,
-        "ranks": [row.as_dict() for row in rows],
+        "ranks": [row.to_json() for row in rows],
         "collected": None if collected is None else {
-            "id": collected["id"], "dir": collected["dir"], "silent": collected["silent"],
-            "waited_s": collected["waited_s"]},
+            "id": collected.id, "dir": collected.dir, "silent": collected.silent,
+            "waited_s": collected.waited_s},
         "problem": problem,
     }
+
+
+def _as_json(diagnosis: Diagnosis | None) -> dict[str, Any] | None:
+    return None if diagnosis is None else diagnosis.to_json()
 
 
 @cli.command()

@@ -14,9 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from orchestrate.core.layout import MERGED_LOG, METRICS
+from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.run.store import JobRecord
 
 POLL_S = 0.05
@@ -44,19 +45,27 @@ class Tail:
         return [line.decode("utf-8", errors="replace") for line in complete]
 
 
-def progress_text(metrics: dict[str, Any]) -> str:
-    """One status line from the latest metrics record."""
+def progress_text(metrics: MetricRecord) -> str:
+    """One status line from the latest metrics (:meth:`MetricRecord.updated` by each record)."""
     parts = []
-    for key, fmt in (("epoch", "epoch {}"), ("step", "step {}"),
-                     ("train_loss", "loss {:.4g}"), ("val_accuracy", "val acc {:.3f}"),
-                     ("samples_per_s", "{:.0f} samples/s")):
-        value = metrics.get(key)
+    for value, fmt in ((metrics.epoch, "epoch {}"), (metrics.step, "step {}"),
+                       (metrics.train_loss, "loss {:.4g}"),
+                       (metrics.val_accuracy, "val acc {:.3f}"),
+                       (metrics.samples_per_s, "{:.0f} samples/s")):
         if value is not None:
-            try:
-                parts.append(fmt.format(value))
-            except (ValueError, TypeError):
-                continue
+            parts.append(fmt.format(value))
     return " | ".join(parts)
+
+
+def _updated(latest: MetricRecord | None, lines: list[str]) -> MetricRecord | None:
+    """``latest`` updated by the records of new metrics.jsonl ``lines`` (later records update
+    what earlier ones said; a line that is not a record is skipped)."""
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            record = MetricRecord.from_json(json.loads(line))
+            if record is not None:
+                latest = record if latest is None else latest.updated(record)
+    return latest
 
 
 def follow(
@@ -77,7 +86,7 @@ def follow(
     if not from_start:
         log.lines()
     status = None
-    latest: dict[str, Any] = {}
+    latest: MetricRecord | None = None
     if live:
         from rich.console import Console
         from rich.status import Status
@@ -93,12 +102,11 @@ def follow(
                 else:
                     stream.write(line + "\n")
             stream.flush()
-            records = metrics.lines()
-            if records and status is not None:
-                for record in records:  # later records update what earlier ones said
-                    with contextlib.suppress(ValueError, TypeError):
-                        latest.update(json.loads(record))
-                status.update(progress_text(latest))
+            lines = metrics.lines()
+            if lines and status is not None:
+                latest = _updated(latest, lines)
+                if latest is not None:
+                    status.update(progress_text(latest))
             now = time.monotonic()
             if now - last_refresh >= refresh_every_s:
                 last_refresh = now

@@ -20,6 +20,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, Pace, Straggler
 
 #: The live view's figures cover the timing windows of the last this many seconds.
@@ -73,8 +74,8 @@ class Snapshot:
     status: Mapping[str, Any]  # JobRecord.to_json()
     pace: Pace
     losses: Sequence[float] = ()
-    last_metrics: Mapping[str, Any] = field(default_factory=dict)
-    heartbeats: Mapping[int, float | None] = field(default_factory=dict)
+    last_metrics: MetricRecord | None = None  # the latest step or epoch record
+    heartbeats: Mapping[int, float | None] = field(default_factory=dict)  # time of each last beat
     now: float = 0.0
 
 
@@ -100,8 +101,9 @@ def render(snap: Snapshot) -> RenderableType:
     header.append(f"{status.get('id')} ", style="bold")
     header.append(state, style="green" if state == "COMPLETED" else
                   "red" if state in ("FAILED", "CANCELLED", "TIMEOUT") else "cyan")
-    metrics = snap.last_metrics
-    bits = [f"{k} {metrics[k]}" for k in ("epoch", "step") if metrics.get(k) is not None]
+    last = snap.last_metrics
+    bits = [f"{name} {value}" for name, value in
+            (("epoch", last.epoch), ("step", last.step)) if value is not None] if last else []
     started, finished = status.get("started_at"), status.get("finished_at")
     if isinstance(started, int | float):
         if isinstance(finished, int | float):

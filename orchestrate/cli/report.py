@@ -53,14 +53,12 @@ def status_json(job: JobRecord) -> dict[str, Any]:
 def status_lines(job: JobRecord) -> list[str]:
     """The straggler sentence and the loss sparkline for the text ``status``."""
     from orchestrate.cli.live import RECENT_S, loss_line, straggler_line
-    from orchestrate.core.layout import METRICS
-    from orchestrate.report.runfiles import losses, read_jsonl, run_pace
+    from orchestrate.report.runfiles import losses, read_metrics, run_pace
 
     run_dir = Path(job.run_dir)
     figures = run_pace(run_dir, {r.rank: r.node for r in job.ranks},
                        None if job.terminal else RECENT_S)
-    lines = [straggler_line(figures.straggler, figures),
-             loss_line(losses(read_jsonl(run_dir / METRICS)))]
+    lines = [straggler_line(figures.straggler, figures), loss_line(losses(read_metrics(run_dir)))]
     return [line for line in lines if line]
 
 
@@ -69,8 +67,8 @@ def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> 
     from orchestrate.backends import get_backend
     from orchestrate.cli.live import RECENT_S, Snapshot, watch
     from orchestrate.cli.tables import console
-    from orchestrate.core.layout import METRICS
-    from orchestrate.report.runfiles import losses, read_heartbeats, read_jsonl, run_pace
+    from orchestrate.diagnosis.evidence import read_heartbeats
+    from orchestrate.report.runfiles import losses, read_metrics, run_pace
 
     backend = get_backend(job.backend)
     run_dir = Path(job.run_dir)
@@ -81,16 +79,16 @@ def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> 
             current = backend.refresh(current, store)
             current = store.get(current.id) or current
         status = current.to_json()
-        records = read_jsonl(run_dir / METRICS)
-        last: dict[str, Any] = next(
-            (r for r in reversed(records) if r.get("kind") in ("step", "epoch")), {})
+        records = read_metrics(run_dir)
+        last = next((r for r in reversed(records) if r.kind in ("step", "epoch")), None)
         nodes = {r.rank: r.node for r in current.ranks}
+        beats = read_heartbeats(run_dir, sorted(nodes))
         return Snapshot(
             status=status,
             pace=run_pace(run_dir, nodes, None if current.terminal else RECENT_S),
             losses=losses(records),
             last_metrics=last,
-            heartbeats=read_heartbeats(run_dir, sorted(nodes)),
+            heartbeats={rank: None if b is None else b.t for rank, b in beats.items()},
             now=time.time(),
         )
 

@@ -14,10 +14,10 @@ PLAN_FILE = "plan.json"
 #: plans again from, so a job file edited since then changes nothing.
 LOADED_FILE = "loaded.json"
 TRAIN_CONFIG = "train.json"
-#: The rank sidecar (orchestrate/diagnosis/sidecar.py, verbatim) as ``sidecar/sitecustomize.py``:
-#: the launch scripts put the folder first on PYTHONPATH, so every Python rank loads it.
+#: The rank sidecar's folder (``sitecustomize.py`` and ``_orchestrate_rank/``, made by
+#: orchestrate/diagnosis/rankpackage.py): the launch scripts put it first on PYTHONPATH, so every
+#: Python rank loads it.
 SIDECAR_DIR = "sidecar"
-SIDECAR_FILE = "sidecar/sitecustomize.py"
 #: SSH jobs: the program each host runs to read its ranks' heartbeats and dumps (stdlib only).
 EVIDENCE_PROGRAM = "evidence.py"
 SBATCH_SCRIPT = "job.sbatch"
@@ -42,25 +42,24 @@ SLURM_BATCH_LOG = "slurm-%j.out"
 SSH_HOSTS = "ssh-hosts.json"
 #: Stall diagnosis (orchestrate.diagnosis.sidecar writes, orchestrate.diagnosis.evidence reads):
 #: ``diag/hb/rank-R.json`` heartbeats, ``diag/request`` (a launcher asks for dumps),
-#: ``diag/<id>/rank-R.*`` the answers,
-#: ``diag/diagnosis.json`` the latest diagnosis. sidecar.py repeats these names (it is copied
-#: into ranks as sitecustomize.py and imports nothing from orchestrate).
+#: ``diag/<id>/rank-R.*`` the answers, ``diag/diagnosis.json`` the latest diagnosis. Every path
+#: in ``diag/`` is built by orchestrate.diagnosis.diagfiles.DiagFiles from these names (the
+#: rank sidecar carries a copy of this module).
 DIAG_DIR = "diag"
 DIAG_HEARTBEATS = "hb"
 DIAG_REQUEST = "request"
 DIAG_DIAGNOSIS = "diagnosis.json"
+#: The heartbeats' folder, for the launch scripts (a rank removes an earlier attempt's beat).
+HEARTBEAT_DIR = f"{DIAG_DIR}/{DIAG_HEARTBEATS}"
 #: Per-rank step timing of the built-in trainer: ``timing/rank-<R>.jsonl``, one window a line
 #: (format in orchestrate/train/timing.py), written by every rank for itself.
 TIMING_DIR = "timing"
 #: The self-contained HTML report of a run (``orchestrate report``).
 REPORT_FILE = "report.html"
-#: Files the report and the live view read when they exist (written by the stall watch, the
-#: supervisor's restart bookkeeping, ``orchestrate doctor`` and the rank sidecar; shapes
-#: accepted are in orchestrate/report/runfiles.py).
-DIAGNOSIS_FILE = f"{DIAG_DIR}/{DIAG_DIAGNOSIS}"
+#: Files the report and the live view read when they exist (written by the supervisor's restart
+#: bookkeeping and ``orchestrate doctor``; shapes accepted are in orchestrate/report/runfiles.py).
 ATTEMPTS_FILE = "attempts.json"
 DOCTOR_FILE = "doctor.json"
-HEARTBEAT_DIR = f"{DIAG_DIR}/{DIAG_HEARTBEATS}"
 #: The doctor's rank program (``python -m orchestrate.doctor.checkup``): rank 0's result, and the
 #: own result of a rank that failed before it could tell rank 0 (``checkup-rank-R.json``).
 CHECKUP_RESULT = "checkup.json"
@@ -95,8 +94,3 @@ def slurm_hostfile(run_dir: Path, restart: int) -> Path:
 def timing_file(run_dir: Path, rank: int) -> Path:
     """The file one rank appends its step-timing windows to."""
     return run_dir / TIMING_DIR / f"rank-{rank}.jsonl"
-
-
-def heartbeat_file(run_dir: Path, rank: int) -> Path:
-    """One rank's latest heartbeat (JSON with ``t``, the time of the beat)."""
-    return run_dir / HEARTBEAT_DIR / f"rank-{rank}.json"

@@ -1,6 +1,9 @@
 """Stall diagnosis: heartbeat -> evidence -> rule -> classifier -> ``diagnosis.json``.
 
-:mod:`.sidecar` runs inside every rank (loaded as ``sitecustomize``, standard library only),
-:mod:`.evidence` reads heartbeats and dump answers, :mod:`.stall` holds the rule and the
-classifier, :mod:`.hangwatch` runs the watch beside a job on every backend.
+In every rank: :mod:`.activation` (the sidecar folder's ``sitecustomize``, see
+:mod:`.rankpackage`) starts :mod:`.sidecar`, which writes the records of :mod:`.diagfiles`
+(with :mod:`.flightrecorder`'s counters). Beside the job: :mod:`.evidence` reads heartbeats and
+dump answers, :mod:`.stallrule` decides when a job is stuck, :mod:`.stall` classifies who it
+waits for (:mod:`.stacks` finds where each rank is), :mod:`.ranktable` is ``orchestrate
+diagnose``'s table, and :mod:`.hangwatch` runs the watch beside a job on every backend.
 """

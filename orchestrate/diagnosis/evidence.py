@@ -1,10 +1,11 @@
 """The evidence ranks leave in a run dir, read from the launcher's side: heartbeats, dumps on
 request, and the diagnosis made of them.
 
-The ranks' sidecars (``orchestrate.diagnosis.sidecar``) write the files; the launcher never talks to
-a rank, so a frozen rank costs it nothing but a deadline. Standard library only and Python 3.8+
-(with ``orchestrate.core.layout`` and ``orchestrate.diagnosis.stall``): a launcher inside a Slurm
-batch script runs it with the node's python.
+The ranks' sidecars (:mod:`orchestrate.diagnosis.sidecar`) write the files
+(:mod:`orchestrate.diagnosis.diagfiles` names them and holds their records); the launcher never
+talks to a rank, so a frozen rank costs it nothing but a deadline. Standard library only and
+Python 3.8+ (with the modules it imports): a launcher inside a Slurm batch script runs it with
+the node's python, and each SSH host runs it as ``evidence.py`` (:func:`main`).
 
 A launcher's loop, in short::
 
@@ -26,16 +27,13 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.core.layout import (
-    DIAG_DIAGNOSIS,
-    DIAG_DIR,
-    DIAG_REQUEST,
-    heartbeat_file,
-)
-from orchestrate.diagnosis.stall import Diagnosis, Stall, classify
+from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Done, Heartbeat, Request
+from orchestrate.diagnosis.stall import Diagnosis, classify
+from orchestrate.diagnosis.stallrule import Stall
 
 DEFAULT_COLLECT_S = 4.0
 _sequence = itertools.count(1)
@@ -48,20 +46,53 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` at once (a reader sees the old file or the new one), creating its
+    folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     temporary.write_text(text, encoding="utf-8")
     os.replace(temporary, path)
 
 
-def read_heartbeats(run_dir: Path, ranks: Iterable[int]) -> dict[int, dict[str, Any] | None]:
+def read_heartbeat(path: Path) -> Heartbeat | None:
+    """The heartbeat in ``path``, or None where there is none (yet) or it is unreadable."""
+    return Heartbeat.from_json(_read_json(path))
+
+
+def read_heartbeats(run_dir: Path, ranks: Iterable[int]) -> dict[int, Heartbeat | None]:
     """Each rank's last heartbeat, or None where there is none (yet) or it is unreadable."""
-    out: dict[int, dict[str, Any] | None] = {}
-    for rank in ranks:
-        beat = _read_json(heartbeat_file(run_dir, rank))
-        out[rank] = beat if isinstance(beat, dict) else None
-    return out
+    files = DiagFiles(run_dir)
+    return {rank: read_heartbeat(files.heartbeat(rank)) for rank in ranks}
+
+
+@dataclass(frozen=True)
+class Collection:
+    """Every rank's answer to one dump request (None: no answer in time, the frozen signal)."""
+
+    id: str
+    dir: str  # the answers' folder, diag/<id>
+    waited_s: float
+    answers: Mapping[int, Answer | None]
+
+    @property
+    def silent(self) -> list[int]:
+        """The ranks that did not answer."""
+        return sorted(rank for rank, answer in self.answers.items() if answer is None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "dir": self.dir, "waited_s": self.waited_s,
+                "ranks": {str(rank): None if answer is None else answer.to_json()
+                          for rank, answer in self.answers.items()},
+                "silent": self.silent}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Collection:
+        """The inverse of :meth:`to_json` (an SSH host's answer)."""
+        return cls(str(data.get("id") or ""), str(data.get("dir") or ""),
+                   float(data.get("waited_s") or 0.0),
+                   {int(rank): Answer.from_json(answer)
+                    for rank, answer in (data.get("ranks") or {}).items()})
 
 
 def new_request_id(at: float | None = None) -> str:
@@ -75,65 +106,44 @@ def request_dump(run_dir: Path, *, at: float | None = None, request_id: str | No
     """Ask every rank's sidecar for its stacks and flight recorder; returns the request id
     (``request_id``: one the caller chose, the same on every host of an SSH job)."""
     at = time.time() if at is None else at
-    request_id = request_id or new_request_id(at)
-    _write_atomic(
-        run_dir / DIAG_DIR / DIAG_REQUEST, json.dumps({"id": request_id, "t": at})
-    )
-    return request_id
+    request = Request(request_id or new_request_id(at), at)
+    write_atomic(DiagFiles(run_dir).request, json.dumps(request.to_json()))
+    return request.id
 
 
-def _answer(folder: Path, rank: int) -> dict[str, Any]:
-    prefix = folder / f"rank-{rank}"
-    done = _read_json(prefix.with_name(prefix.name + ".done"))
-    files = [str(f) for f in (done or {}).get("files") or []]
+def read_answer(files: DiagFiles, request_id: str, rank: int) -> Answer:
+    """One rank's answer to ``request_id`` as its files hold it (parts may be missing)."""
+    paths = files.answer(request_id, rank)
+    done = Done.from_json(_read_json(paths.done))
     try:
-        stacks: str | None = prefix.with_name(prefix.name + ".stacks.txt").read_text(
-            encoding="utf-8", errors="replace"
-        )
+        stacks: str | None = paths.stacks.read_text(encoding="utf-8", errors="replace")
     except OSError:
         stacks = None
-    state = _read_json(prefix.with_name(prefix.name + ".state.json"))
-    return {
-        "state": state if isinstance(state, dict) else None,
-        "stacks": stacks,
-        "files": files,
-        "done": done,
-    }
+    return Answer(read_heartbeat(paths.state), stacks, () if done is None else done.files, done)
 
 
 def collect(
     run_dir: Path, ranks: Iterable[int], timeout_s: float = DEFAULT_COLLECT_S,
     *, poll_s: float = 0.05, request_id: str | None = None,
-) -> dict[str, Any]:
-    """Request dumps and wait up to ``timeout_s`` for each rank's answer.
-
-    Returns ``{"id", "dir", "waited_s", "ranks": {rank: answer | None}, "silent": [...]}``; an
-    answer is ``{"state": fresh heartbeat with "proc", "stacks": text, "files": [...],
-    "done": {...}}``; None marks a rank that did not answer in time (the frozen signal).
-    """
+) -> Collection:
+    """Request dumps and wait up to ``timeout_s`` for each rank's answer (its ``done`` file)."""
     wanted = sorted(set(ranks))
+    files = DiagFiles(run_dir)
     request_id = request_dump(run_dir, request_id=request_id)
-    folder = run_dir / DIAG_DIR / request_id
     started = time.monotonic()
     deadline = started + max(0.0, timeout_s)
     pending = set(wanted)
     while pending:
         for rank in sorted(pending):
-            if (folder / f"rank-{rank}.done").exists():
+            if files.answer(request_id, rank).done.exists():
                 pending.discard(rank)
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll_s)
-    answers: dict[int, dict[str, Any] | None] = {
-        rank: None if rank in pending else _answer(folder, rank) for rank in wanted
-    }
-    return {
-        "id": request_id,
-        "dir": str(folder),
-        "waited_s": time.monotonic() - started,
-        "ranks": answers,
-        "silent": sorted(pending),
-    }
+    answers = {rank: None if rank in pending else read_answer(files, request_id, rank)
+               for rank in wanted}
+    return Collection(request_id, str(files.answers(request_id)),
+                      time.monotonic() - started, answers)
 
 
 def diagnose(
@@ -146,41 +156,57 @@ def diagnose(
     stall: Stall | None = None,
     alive: Mapping[int, bool] | None = None,
     timeout_s: float = DEFAULT_COLLECT_S,
-    collected: Mapping[str, Any] | None = None,
+    collected: Collection | None = None,
 ) -> Diagnosis:
     """Collect every rank's dump (unless ``collected`` is given), classify, and keep the
     result in ``diag/diagnosis.json``."""
     wanted = sorted(set(ranks))
     if collected is None:
         collected = collect(run_dir, wanted, timeout_s)
-    heartbeats = read_heartbeats(run_dir, wanted)
     diagnosis = classify(
-        heartbeats, collected["ranks"], time.time(), nodes, master, interface,
-        stall=stall, alive=alive,
+        read_heartbeats(run_dir, wanted), collected.answers, time.time(), nodes, master,
+        interface, stall=stall, alive=alive,
     )
-    write_diagnosis(run_dir, diagnosis, collected["id"])
+    write_diagnosis(run_dir, diagnosis, collected.id)
     return diagnosis
 
 
 def write_diagnosis(run_dir: Path, diagnosis: Diagnosis, request_id: str | None = None) -> Path:
     """Keep a diagnosis as ``diag/diagnosis.json`` (the latest; ``status --json`` shows it)
     and beside its dumps."""
-    text = json.dumps(diagnosis.as_dict(), indent=2)
-    latest = run_dir / DIAG_DIR / DIAG_DIAGNOSIS
+    files = DiagFiles(run_dir)
+    text = json.dumps(diagnosis.to_json(), indent=2)
     if request_id is not None:
-        _write_atomic(run_dir / DIAG_DIR / request_id / DIAG_DIAGNOSIS, text)
-    _write_atomic(latest, text)
-    return latest
+        write_atomic(files.diagnosis_of(request_id), text)
+    write_atomic(files.diagnosis, text)
+    return files.diagnosis
 
 
-def read_diagnosis(run_dir: Path) -> dict[str, Any] | None:
-    """The latest diagnosis (``{kind, ranks, nodes, summary, at, files}``), or None."""
-    found = _read_json(run_dir / DIAG_DIR / DIAG_DIAGNOSIS)
-    return found if isinstance(found, dict) else None
+def read_diagnosis(run_dir: Path) -> Diagnosis | None:
+    """The latest diagnosis, or None (none, or unreadable)."""
+    found = _read_json(DiagFiles(run_dir).diagnosis)
+    try:
+        return Diagnosis.from_json(found) if isinstance(found, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 #: The most of one rank's flight-recorder dump an SSH host sends back (the rest stays there).
 FR_SEND_BYTES = 1 << 20
+
+
+def _with_flight_recorder(answer: Answer | None) -> Answer | None:
+    """An answer with the start of its flight-recorder dump, to send over SSH."""
+    if answer is None:
+        return None
+    for name in answer.files:
+        if name.endswith(".fr.json"):
+            try:
+                with open(name, "rb") as f:
+                    return replace(answer, fr_text=f.read(FR_SEND_BYTES).decode("utf-8", "replace"))
+            except OSError:
+                pass
+    return answer
 
 
 def main(argv: list[str]) -> int:
@@ -189,8 +215,8 @@ def main(argv: list[str]) -> int:
 
     - ``heartbeats RUN_DIR RANKS``: ``{"t": host time, "heartbeats": {rank: beat | null}}``;
     - ``collect RUN_DIR RANKS TIMEOUT_S REQUEST_ID``: ask this host's ranks for dumps and wait
-      (:func:`collect`); ``{"t", "heartbeats", "collected": {..., "ranks": {rank: answer with
-      "fr_text": the flight recorder's text, at most FR_SEND_BYTES}}}``.
+      (:func:`collect`); ``{"t", "heartbeats", "collected": Collection.to_json() with each
+      answer's "fr_text": the flight recorder's text, at most FR_SEND_BYTES}``.
 
     RANKS is comma-separated.
     """
@@ -203,18 +229,9 @@ def main(argv: list[str]) -> int:
     out: dict[str, Any] = {"t": time.time()}
     if argv[0] == "collect" and len(argv) == 5:
         collected = collect(run_dir, ranks, float(argv[3]), request_id=argv[4])
-        for answer in collected["ranks"].values():
-            if answer is None:
-                continue
-            for name in answer.get("files") or []:
-                if str(name).endswith(".fr.json"):
-                    try:
-                        with open(name, "rb") as f:
-                            answer["fr_text"] = f.read(FR_SEND_BYTES).decode("utf-8", "replace")
-                    except OSError:
-                        pass
-        collected["ranks"] = {str(k): v for k, v in collected["ranks"].items()}
-        out["collected"] = collected
-    out["heartbeats"] = {str(k): v for k, v in read_heartbeats(run_dir, ranks).items()}
+        answers = {rank: _with_flight_recorder(a) for rank, a in collected.answers.items()}
+        out["collected"] = replace(collected, answers=answers).to_json()
+    out["heartbeats"] = {str(rank): None if beat is None else beat.to_json()
+                         for rank, beat in read_heartbeats(run_dir, ranks).items()}
     print(json.dumps(out))
     return 0

@@ -2,8 +2,8 @@
 
 Every few seconds the watch reads each rank's heartbeat (written by the rank sidecar,
 ``orchestrate.diagnosis.sidecar``) and feeds the stall rule
-(:class:`orchestrate.diagnosis.stall.StallWatch`). When the job counts as stalled it asks every rank
-for its stacks and flight recorder, classifies
+(:class:`orchestrate.diagnosis.stallrule.StallWatch`). When the job counts as stalled it asks
+every rank for its stacks and flight recorder, classifies
 (:func:`orchestrate.diagnosis.stall.classify`) and keeps the diagnosis in the run directory
 (``diag/diagnosis.json``), so ``status``, ``diagnose`` and the report show it.
 
@@ -21,26 +21,29 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from orchestrate.diagnosis.diagfiles import Heartbeat
 from orchestrate.diagnosis.evidence import (
     DEFAULT_COLLECT_S,
+    Collection,
     collect,
     read_heartbeats,
     write_diagnosis,
 )
-from orchestrate.diagnosis.stall import Diagnosis, Stall, StallWatch, classify
+from orchestrate.diagnosis.stall import Diagnosis, classify
+from orchestrate.diagnosis.stallrule import Stall, StallWatch
 
 
 class Evidence(Protocol):
     """Where a watch reads the ranks' heartbeats and gets their dumps."""
 
-    def heartbeats(self) -> dict[int, dict[str, Any] | None]:
+    def heartbeats(self) -> dict[int, Heartbeat | None]:
         """Each rank's latest heartbeat (None: none yet)."""
 
-    def collect(self, timeout_s: float) -> dict[str, Any]:
-        """Ask every rank for a dump and wait up to ``timeout_s``: the shape of
-        :func:`orchestrate.diagnosis.evidence.collect`, its files in the controller's run
+    def collect(self, timeout_s: float) -> Collection:
+        """Ask every rank for a dump and wait up to ``timeout_s``
+        (:func:`orchestrate.diagnosis.evidence.collect`), its files in the controller's run
         directory."""
 
 
@@ -51,10 +54,10 @@ class RunDirEvidence:
         self.run_dir = run_dir
         self.ranks = list(ranks)
 
-    def heartbeats(self) -> dict[int, dict[str, Any] | None]:
+    def heartbeats(self) -> dict[int, Heartbeat | None]:
         return read_heartbeats(self.run_dir, self.ranks)
 
-    def collect(self, timeout_s: float) -> dict[str, Any]:
+    def collect(self, timeout_s: float) -> Collection:
         return collect(self.run_dir, self.ranks, timeout_s)
 
 
@@ -105,8 +108,8 @@ class HangWatch:
         """Collect every rank's dump, classify and keep the diagnosis."""
         collected = self.source.collect(self.collect_s)
         beats = self.source.heartbeats()
-        diagnosis = classify(beats, collected["ranks"], time.time(), self.nodes, self.master,
+        diagnosis = classify(beats, collected.answers, time.time(), self.nodes, self.master,
                              self.interface, stall=stall, alive=alive)
-        write_diagnosis(self.run_dir, diagnosis, collected.get("id"))
+        write_diagnosis(self.run_dir, diagnosis, collected.id)
         self.last = diagnosis
         return diagnosis

@@ -30,19 +30,25 @@ SHIPPED: dict[str, tuple[str, ...]] = {
               "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
               "orchestrate.backends.ssh.agent"),
     # What an SSH host runs to read its ranks' heartbeats and dumps (``evidence.py``).
-    "evidence": ("orchestrate.core.layout", "orchestrate.diagnosis.stall",
-                 "orchestrate.diagnosis.evidence"),
+    "evidence": ("orchestrate.core.layout", "orchestrate.diagnosis.diagfiles",
+                 "orchestrate.diagnosis.stallrule", "orchestrate.diagnosis.stacks",
+                 "orchestrate.diagnosis.stall", "orchestrate.diagnosis.evidence"),
     # The Slurm batch job's ``monitor.py``: logs, the stall watch and the end of a run.
     "monitor": ("orchestrate.core.exits", "orchestrate.core.plan.outcome",
                 "orchestrate.core.plan.restart", "orchestrate.core.layout",
-                "orchestrate.diagnosis.stall", "orchestrate.diagnosis.evidence",
-                "orchestrate.diagnosis.hangwatch", "orchestrate.backends.slurm.monitor"),
+                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.stallrule",
+                "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
+                "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.hangwatch",
+                "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host",),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
     "gatherer": ("orchestrate.hostside.hostfacts",),
-    # Every rank's sidecar, copied verbatim as ``sidecar/sitecustomize.py``.
-    "sidecar": ("orchestrate.diagnosis.sidecar",),
+    # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
+    # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
+    "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
+                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.flightrecorder",
+                "orchestrate.diagnosis.activation", "orchestrate.diagnosis.sidecar"),
 }
 
 

@@ -1,11 +1,11 @@
 """The run report: one self-contained HTML file that shows a run instead of describing it.
 
-:func:`render_report` turns a :class:`RunData` (read from a run directory by
-:func:`orchestrate.report.runfiles.load_run`) into HTML text: inline CSS and inline SVG charts from
-:mod:`orchestrate.report.svg`, no script, font, stylesheet or image from anywhere else, so the file
-opens offline, prints, and can be attached to an issue. Hover text comes from SVG ``<title>``
-elements; there is no JavaScript at all. Pure: values in, text out; the time the report was
-written is part of the input.
+:func:`render_report` turns a :class:`~orchestrate.report.rundata.RunData` (read from a run
+directory by :func:`orchestrate.report.runfiles.load_run`) into HTML text: inline CSS and inline
+SVG charts from :mod:`orchestrate.report.svg`, no script, font, stylesheet or image from anywhere
+else, so the file opens offline, prints, and can be attached to an issue. Hover text comes from
+SVG ``<title>`` elements; there is no JavaScript at all. Pure: values in, text out; the time the
+report was written is part of the input.
 
 What it shows, each part only when its data exist:
 
@@ -14,147 +14,33 @@ What it shows, each part only when its data exist:
    training settings;
 3. loss and validation metrics against step, with restart and stall markers;
 4. per-rank time split per step (data / compute / sync, see :mod:`orchestrate.report.straggler`)
-with
-   the straggler highlighted and its gap in %, and each rank's own work over the run;
+   with the straggler highlighted and its gap in %, and each rank's own work over the run;
 5. a timeline of the job's phases: submitted, started, first step, checkpoints, stalls,
    restarts (attempts), end;
-6. the doctor's bandwidth charts when the job has a doctor result: busbw against message size
-   (log x) with the expected band, and the node-by-node bandwidth matrix.
+6. the doctor's bandwidth charts when the job has a doctor result
+   (:mod:`orchestrate.report.bandwidth`).
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from orchestrate.core.plan.plan import Plan
 from orchestrate.report import svg
+from orchestrate.report.bandwidth import bandwidth_section
+from orchestrate.report.metricrecord import MetricRecord, finite
+from orchestrate.report.rundata import (
+    RunData,
+    effective_metrics,
+    metric_points,
+    rank_nodes,
+    restarts,
+    step_at,
+)
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, Pace, pace, series
-
-
-@dataclass(frozen=True)
-class Stall:
-    """A stall the stall watch diagnosed (``diag/diagnosis.json``)."""
-
-    kind: str
-    ranks: tuple[int, ...]
-    nodes: tuple[str, ...]
-    summary: str
-    at: float | None
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One run of the job's ranks; a restart starts attempt ``n`` + 1."""
-
-    n: int
-    started: float | None
-    ended: float | None
-    reason: str
-    resumed_from_step: int | None
-
-
-@dataclass(frozen=True)
-class RunData:
-    """Everything the report shows, as read from a run directory (missing parts are empty)."""
-
-    job_id: str
-    plan: Mapping[str, Any] = field(default_factory=dict)
-    job: Mapping[str, Any] | None = None  # JobRecord.to_json() when known
-    train: Mapping[str, Any] | None = None  # train.json (TrainSpec) for train: jobs
-    metrics: Sequence[Mapping[str, Any]] = ()
-    timing: Mapping[int, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
-    stalls: Sequence[Stall] = ()
-    attempts: Sequence[Attempt] = ()
-    doctor: Mapping[str, Any] | None = None
-    generated_at: float | None = None
-
-
-# --- derived values ----------------------------------------------------------------------------
-
-
-def rank_nodes(plan: Mapping[str, Any]) -> dict[int, str]:
-    """Each rank's node name from a plan's JSON (``Plan.to_json``)."""
-    nodes: dict[int, str] = {}
-    for r in plan.get("ranks") or []:
-        if isinstance(r, Mapping) and isinstance(r.get("rank"), int):
-            nodes[r["rank"]] = str(r.get("node", "?"))
-    return nodes
-
-
-def _float(value: Any) -> float | None:
-    if type(value) is float:  # the common case, fast
-        return value if math.isfinite(value) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def effective_metrics(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The metrics records that describe the run's final history: after a restart resumed
-    from step S, the records of steps after S from the attempt that died are dropped (the
-    resumed attempt redid those steps)."""
-    kept: list[Mapping[str, Any]] = []
-    for record in records:
-        resumed = record.get("resumed_from_step")
-        if record.get("kind") == "start" and isinstance(resumed, int):
-            kept = [r for r in kept if (_float(r.get("step")) or 0) <= resumed
-                    or r.get("kind") == "start"]
-        kept.append(record)
-    return kept
-
-
-def metric_points(records: Sequence[Mapping[str, Any]], kind: str, key: str
-                  ) -> list[tuple[float, float]]:
-    """(step, value) of every ``kind`` record that has a number under ``key``."""
-    points = []
-    for r in records:
-        if r.get("kind") != kind:
-            continue
-        step, value = r.get("step"), r.get(key)
-        if type(step) is int and type(value) is float and math.isfinite(value):
-            points.append((float(step), value))  # the trainer's records: the common case
-            continue
-        fstep, fvalue = _float(step), _float(value)
-        if fstep is not None and fvalue is not None:
-            points.append((fstep, fvalue))
-    return points
-
-
-def step_at(records: Sequence[Mapping[str, Any]], t: float) -> float | None:
-    """The optimizer step reached at wall-clock ``t`` (linear between logged records)."""
-    timed = sorted(
-        (tt, s) for r in records
-        if (tt := _float(r.get("time"))) is not None and (s := _float(r.get("step"))) is not None
-    )
-    if not timed:
-        return None
-    if t <= timed[0][0]:
-        return timed[0][1]
-    for (t0, s0), (t1, s1) in itertools.pairwise(timed):
-        if t0 <= t <= t1:
-            return s0 + (s1 - s0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
-    return timed[-1][1]
-
-
-def restarts(data: RunData) -> list[tuple[float, str]]:
-    """(step, label) of every restart: attempts after the first, and metrics ``start`` records
-    that resumed from a checkpoint."""
-    found: dict[float, str] = {}
-    for a in data.attempts:
-        if a.n > 1 and a.resumed_from_step is not None:
-            found[float(a.resumed_from_step)] = f"restart {a.n}"
-    count = 1
-    for r in data.metrics:
-        resumed = r.get("resumed_from_step")
-        if r.get("kind") == "start" and isinstance(resumed, int):
-            count += 1
-            found.setdefault(float(resumed), f"restart {count}")
-    return sorted(found.items())
 
 
 def _clock(t: float | None) -> str:
@@ -203,14 +89,13 @@ footer{color:#8a939c;font-size:12px;margin-top:36px}
 def render_report(data: RunData) -> str:
     """The whole report as one HTML document."""
     job = data.job or {}
-    plan = data.plan
-    nodes = rank_nodes(plan)
+    nodes = rank_nodes(data.plan)
     if not nodes:
         nodes = {int(r["rank"]): str(r.get("node", "?")) for r in job.get("ranks") or []
                  if isinstance(r, Mapping) and isinstance(r.get("rank"), int)}
     figures = pace(data.timing, nodes)
     metrics = effective_metrics(data.metrics)
-    name = str(job.get("name") or plan.get("job_name") or data.job_id)
+    name = str(job.get("name") or (data.plan.job_name if data.plan else "") or data.job_id)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -218,11 +103,11 @@ def render_report(data: RunData) -> str:
         f"<title>{escape(data.job_id)} - orchestrate report</title>",
         f"<style>{_CSS}</style></head><body><main>",
         *_header(data, name, figures, metrics),
-        *_plan_section(data, nodes),
+        *_plan_section(data),
         *_metrics_section(data, metrics),
         *_pace_section(data, figures),
         *_timeline_section(data, metrics),
-        *_doctor_section(data),
+        *bandwidth_section(data.doctor),
         f'<footer>orchestrate report for {escape(data.job_id)}'
         + (f", written {escape(_clock(data.generated_at))}" if data.generated_at else "")
         + ". Self-contained: no scripts, fonts or network.</footer>",
@@ -232,7 +117,7 @@ def render_report(data: RunData) -> str:
     return "\n".join(parts)
 
 
-def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[Mapping[str, Any]]
+def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[MetricRecord]
             ) -> list[str]:
     job = data.job or {}
     plan = data.plan
@@ -240,35 +125,22 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[Mapping[s
     out = [f'<header><h1>{escape(data.job_id)} '
            + (f'<span class="state {escape(state)}">{escape(state)}</span>' if state else "")
            + "</h1>"]
-    world = plan.get("world_size") or job.get("world_size")
-    backend = plan.get("backend") or job.get("backend")
+    world = (plan.world_size if plan else None) or job.get("world_size")
+    backend = (plan.backend if plan else None) or job.get("backend")
     bits = [f"job {escape(name)}"]
     if backend:
         bits.append(f"{escape(str(backend))} backend")
     if world:
-        bits.append(f"{escape(str(world))} ranks on {len(plan.get('nodes') or []) or '?'} "
+        bits.append(f"{escape(str(world))} ranks on {(len(plan.nodes) if plan else 0) or '?'} "
                     f"node(s)")
-    if plan.get("dist_backend"):
-        bits.append(escape(str(plan["dist_backend"])))
+    if plan is not None and plan.dist_backend:
+        bits.append(escape(plan.dist_backend))
     out.append(f'<p class="sub">{" · ".join(bits)}</p>')
     if job.get("reason"):
         out.append(f'<p class="sub">reason: {escape(str(job["reason"]))}</p>')
-    rows = [
-        ("submitted", _clock(_float(job.get("submitted_at")))),
-        ("ran for", _duration(_float(job.get("started_at")), _float(job.get("finished_at")))),
-    ]
-    last_epoch = next((r for r in reversed(metrics) if r.get("kind") == "epoch"), None)
-    last_step = max((int(s) for r in metrics if (s := _float(r.get("step"))) is not None),
-                    default=None)
-    if last_step is not None:
-        rows.append(("steps", str(last_step)))
-    if last_epoch is not None:
-        for key in ("train_loss", "val_loss", "val_accuracy", "samples_per_s"):
-            value = _float(last_epoch.get(key))
-            if value is not None:
-                rows.append((f"last {key}", f"{value:.4g}"))
     out.append('<div class="card"><table class="facts">'
-               + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+               + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>"
+                         for k, v in _facts(job, metrics))
                + "</table>")
     out.append(_verdict(figures))
     for stall in data.stalls:
@@ -276,6 +148,26 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[Mapping[s
                    f"{escape(stall.summary)}</p>")
     out.append("</div></header>")
     return out
+
+
+def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord]) -> list[tuple[str, str]]:
+    """The job's facts table: times, steps, the last epoch's figures."""
+    rows = [
+        ("submitted", _clock(finite(job.get("submitted_at")))),
+        ("ran for", _duration(finite(job.get("started_at")), finite(job.get("finished_at")))),
+    ]
+    last_epoch = next((r for r in reversed(metrics) if r.kind == "epoch"), None)
+    last_step = max((r.step for r in metrics if r.step is not None), default=None)
+    if last_step is not None:
+        rows.append(("steps", str(last_step)))
+    if last_epoch is not None:
+        for key, value in (("train_loss", last_epoch.train_loss),
+                           ("val_loss", last_epoch.val_loss),
+                           ("val_accuracy", last_epoch.val_accuracy),
+                           ("samples_per_s", last_epoch.samples_per_s)):
+            if value is not None:
+                rows.append((f"last {key}", f"{value:.4g}"))
+    return rows
 
 
 def _verdict(figures: Pace) -> str:
@@ -294,57 +186,59 @@ def _verdict(figures: Pace) -> str:
             "all-reduce</p>")
 
 
-def _plan_section(data: RunData, nodes: Mapping[int, str]) -> list[str]:
+def _plan_section(data: RunData) -> list[str]:
     plan = data.plan
-    if not plan:
+    if plan is None:
         return []
     out = ["<section id=\"plan\"><h2>Plan</h2>"]
     node_rows = []
-    for n in plan.get("nodes") or []:
-        first, nproc = n.get("first_rank", 0), n.get("nproc", 0)
-        ranks = f"{first}-{first + nproc - 1}" if nproc > 1 else str(first)
-        gpus = ", ".join(f"{i}: {m}" for i, m in zip(n.get("gpu_indices") or [],
-                                                     n.get("gpu_models") or [], strict=False))
-        node_env = " ".join(f"{k}={v}" for k, v in sorted((n.get("env") or {}).items()))
+    for n in plan.nodes:
+        ranks = f"{n.first_rank}-{n.last_rank}" if n.nproc > 1 else str(n.first_rank)
+        gpus = ", ".join(f"{i}: {m}" for i, m in zip(n.gpu_indices, n.gpu_models, strict=False))
+        node_env = " ".join(f"{k}={v}" for k, v in sorted(n.env.items()))
         node_rows.append(
-            f"<tr><td>{escape(str(n.get('name')))}</td><td>{escape(str(n.get('address')))}</td>"
+            f"<tr><td>{escape(n.name)}</td><td>{escape(n.address)}</td>"
             f"<td>{escape(ranks)}</td><td>{escape(gpus or 'CPU processes')}</td>"
             f"<td><code>{escape(node_env)}</code></td></tr>"
         )
     out.append('<div class="card"><table class="nodes"><tr><th>node</th><th>address</th>'
                "<th>ranks</th><th>GPUs (CUDA index: model)</th><th>node env</th></tr>"
                + "".join(node_rows) + "</table>")
-    plan_ranks: list[Any] = plan.get("ranks") or []
-    if plan_ranks and len(plan_ranks) <= 64:
+    if plan.ranks and len(plan.ranks) <= 64:
         out.append('<table class="ranks"><tr><th>rank</th><th>node</th><th>local rank</th>'
                    "<th>GPU</th></tr>" + "".join(
-                       f"<tr><td>{r.get('rank')}</td><td>{escape(str(r.get('node')))}</td>"
-                       f"<td>{r.get('local_rank')}</td><td>"
-                       + escape(f"{r.get('gpu_index')}: {r.get('gpu_model')}"
-                                if r.get("gpu_index") is not None else "-")
-                       + "</td></tr>" for r in plan_ranks) + "</table>")
-    env = plan.get("env") or {}
-    if env:
+                       f"<tr><td>{r.rank}</td><td>{escape(r.node)}</td>"
+                       f"<td>{r.local_rank}</td><td>"
+                       + escape(f"{r.gpu_index}: {r.gpu_model}"
+                                if r.gpu_index is not None else "-")
+                       + "</td></tr>" for r in plan.ranks) + "</table>")
+    out.extend(_run_settings(plan, data.train))
+    out.append("</div></section>")
+    return out
+
+
+def _run_settings(plan: Plan, train: Mapping[str, Any] | None) -> list[str]:
+    """The environment every rank gets, the command, the training settings, the warnings."""
+    out = []
+    if plan.env:
         out.append('<table class="env"><tr><th>environment of every rank</th><th></th></tr>'
                    + "".join(f"<tr><td><code>{escape(k)}</code></td><td><code>{escape(str(v))}"
-                             "</code></td></tr>" for k, v in sorted(env.items())) + "</table>")
-    secret = plan.get("secret_env") or []
-    if secret:
+                             "</code></td></tr>" for k, v in sorted(plan.env.items()))
+                   + "</table>")
+    if plan.secret_env:
         out.append(f'<p class="note">secret variables (values never written): '
-                   f"{escape(', '.join(map(str, secret)))}</p>")
-    command = plan.get("command") or []
-    if command:
-        out.append(f"<p>command: <code>{escape(' '.join(map(str, command)))}</code></p>")
-    if data.train:
+                   f"{escape(', '.join(plan.secret_env))}</p>")
+    if plan.command:
+        out.append(f"<p>command: <code>{escape(' '.join(plan.command))}</code></p>")
+    if train:
         keys = ("model", "dataset", "epochs", "max_steps", "batch_size", "grad_accum_steps",
                 "precision", "optimizer", "num_workers", "seed")
-        shown = [(k, data.train[k]) for k in keys if data.train.get(k) is not None]
+        shown = [(k, train[k]) for k in keys if train.get(k) is not None]
         out.append('<table class="train"><tr><th>training setting</th><th></th></tr>' + "".join(
             f"<tr><td>{escape(k)}</td><td><code>{escape(_short(v))}</code></td></tr>"
             for k, v in shown) + "</table>")
-    for warning in plan.get("warnings") or []:
-        out.append(f'<p class="note">planner warning: {escape(str(warning))}</p>')
-    out.append("</div></section>")
+    for warning in plan.warnings:
+        out.append(f'<p class="note">planner warning: {escape(warning)}</p>')
     return out
 
 
@@ -354,16 +248,16 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _metrics_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> list[str]:
+def _metrics_section(data: RunData, metrics: Sequence[MetricRecord]) -> list[str]:
     markers = [svg.Marker(step, label, "restart", "#6a1b9a") for step, label in restarts(data)]
     for stall in data.stalls:
         # All records, the dead attempt's too: a stall is placed at the step it happened in.
-        step = step_at(data.metrics, stall.at) if stall.at is not None else None
+        step = step_at(data.metrics, stall.at)
         if step is not None:
             markers.append(svg.Marker(step, f"stall: {stall.kind}", "stall", svg.HIGHLIGHT))
-    step_loss = metric_points(metrics, "step", "train_loss")
-    epoch_train = metric_points(metrics, "epoch", "train_loss")
-    epoch_val = metric_points(metrics, "epoch", "val_loss")
+    step_loss = metric_points(metrics, "step", lambda r: r.train_loss)
+    epoch_train = metric_points(metrics, "epoch", lambda r: r.train_loss)
+    epoch_val = metric_points(metrics, "epoch", lambda r: r.val_loss)
     loss_series = []
     if step_loss:
         loss_series.append(svg.Series("train_loss (logged steps)", step_loss, svg.MUTED,
@@ -380,14 +274,14 @@ def _metrics_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> lis
     out = ['<section id="metrics"><h2>Loss and validation</h2>',
            svg.line_chart(loss_series, chart_id="loss", title="loss against optimizer step",
                           x_label="optimizer step", y_label="loss", markers=markers)]
-    accuracy = metric_points(metrics, "epoch", "val_accuracy")
+    accuracy = metric_points(metrics, "epoch", lambda r: r.val_accuracy)
     if accuracy:
         out.append(svg.line_chart(
             [svg.Series("val_accuracy", accuracy, svg.PALETTE[2], dots=True,
                         data={"kind": "epoch"})],
             chart_id="accuracy", title="validation accuracy against optimizer step",
             x_label="optimizer step", y_label="accuracy", markers=markers,
-            frame=svg.Frame(height=200)))
+            canvas=svg.Canvas(height=200)))
     out.append("</section>")
     return out
 
@@ -399,8 +293,7 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
     if not figures.ranks:
         return []
     straggler = figures.straggler.rank if figures.straggler else None
-    gpus = {r.get("rank"): r.get("gpu_model") for r in data.plan.get("ranks") or []
-            if isinstance(r, Mapping)}
+    gpus = {r.rank: r.gpu_model for r in data.plan.ranks} if data.plan else {}
     bars = []
     for r in figures.ranks:
         is_straggler = r.rank == straggler
@@ -419,15 +312,31 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
            "its gap as sync wait. Gap: own work against the median of the other ranks.</p>",
            svg.stacked_bars(bars, _PARTS, chart_id="split", title="time per optimizer step",
                             x_label="per step", value_format=svg.milliseconds)]
+    lines = _own_work_lines(data.timing, straggler)
+    if lines:
+        out.append(svg.line_chart(
+            lines, chart_id="pace-over-time",
+            title="data + forward + optimizer per step, each rank, over the run",
+            x_label="optimizer step", y_label="per step", y_format=svg.milliseconds,
+            y_zero=True, canvas=svg.Canvas(height=240),
+            max_points=max(150, 3000 // len(lines))))
+    out.extend(_pace_table(figures, straggler))
+    out.append("</section>")
+    return out
+
+
+def _own_work_lines(timing: Mapping[int, Sequence[Mapping[str, Any]]], straggler: int | None
+                    ) -> list[svg.Series]:
+    """Each rank's own work per step over the run; the straggler's line last (drawn on top)."""
     lines = []
     palette_index = 0
-    for rank in sorted(data.timing):
-        own = [(float(p.step), p.outside_backward_s) for p in series(data.timing[rank])]
+    for rank in sorted(timing):
+        own = [(float(p.step), p.outside_backward_s) for p in series(timing[rank])]
         if not own:
             continue
         if rank == straggler:
             color, width = svg.HIGHLIGHT, 2.4
-        elif len(data.timing) > 8:
+        elif len(timing) > 8:
             color, width = svg.MUTED, 1.0
         else:
             color, width = svg.PALETTE[(palette_index + 4) % len(svg.PALETTE)], 1.4
@@ -435,19 +344,15 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
         lines.append(svg.Series(f"rank {rank}", own, color, width=width,
                                 data={"rank": str(rank),
                                       "straggler": "1" if rank == straggler else "0"}))
-    # The straggler's line goes last so that it is drawn on top.
     lines.sort(key=lambda s: s.data.get("straggler") == "1")
-    if lines:
-        out.append(svg.line_chart(
-            lines, chart_id="pace-over-time",
-            title="data + forward + optimizer per step, each rank, over the run",
-            x_label="optimizer step", y_label="per step", y_format=svg.milliseconds,
-            y_zero=True, frame=svg.Frame(height=240),
-            max_points=max(150, 3000 // len(lines))))
+    return lines
+
+
+def _pace_table(figures: Pace, straggler: int | None) -> list[str]:
     heads = ("steps/s", "samples/s", "data", "forward", "backward+sync", "optimizer",
              "sync wait", "gap")
-    out.append('<table class="pace"><tr><th>rank</th><th>node</th>'
-               + "".join(f'<th class="num">{h}</th>' for h in heads) + "</tr>")
+    out = ['<table class="pace"><tr><th>rank</th><th>node</th>'
+           + "".join(f'<th class="num">{h}</th>' for h in heads) + "</tr>"]
     for r in figures.ranks:
         cls = ' class="straggler"' if r.rank == straggler else ""
         cells = [f"{r.steps_per_s:.1f}", f"{r.samples_per_s:.0f}",
@@ -456,31 +361,54 @@ def _pace_section(data: RunData, figures: Pace) -> list[str]:
                  f"{r.gap_pct:+.1f}%"]
         out.append(f'<tr{cls} data-rank="{r.rank}"><td>{r.rank}</td><td>{escape(r.node)}</td>'
                    + "".join(f'<td class="num">{escape(c)}</td>' for c in cells) + "</tr>")
-    out.append("</table></section>")
+    out.append("</table>")
     return out
 
 
-def _timeline_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> list[str]:
+def _timeline_section(data: RunData, metrics: Sequence[MetricRecord]) -> list[str]:
     job = data.job or {}
-    submitted = _float(job.get("submitted_at"))
-    started = _float(job.get("started_at"))
-    first_step = _float(job.get("first_step_at"))
-    finished = _float(job.get("finished_at"))
+    submitted = finite(job.get("submitted_at"))
+    started = finite(job.get("started_at"))
+    first_step = finite(job.get("first_step_at"))
+    finished = finite(job.get("finished_at"))
     if first_step is None:
-        first_step = next((t for r in metrics if r.get("kind") == "start"
-                           and (t := _float(r.get("time"))) is not None), None)
+        first_step = next((r.time for r in metrics if r.kind == "start" and r.time is not None),
+                          None)
     times = [t for t in (submitted, started, first_step, finished) if t is not None]
-    times += [t for r in metrics if (t := _float(r.get("time"))) is not None]
+    times += [r.time for r in metrics if r.time is not None]
     if not times:
         return []
     origin = submitted if submitted is not None else min(times)
     end = finished if finished is not None else max(times)
+    spans, events = _attempt_marks(data, started, first_step, end)
+    state = str(job.get("state") or "end")
+    for t, label, kind in ((submitted, "submitted", "submitted"), (started, "started", "started"),
+                           (first_step, "first step", "first-step"),
+                           (finished, state.lower(), "end")):
+        if t is not None:
+            events.append(svg.Event(t, label, kind, svg.INK, row="job", caption=label))
+    events += _metric_events(metrics, restarted=len(data.attempts) > 1)
+    events += [svg.Event(s.at, f"stall ({s.kind}): {s.summary}", "stall", svg.HIGHLIGHT,
+                         row="stalls") for s in data.stalls]
+    out = ['<section id="timeline"><h2>Timeline</h2>',
+           svg.timeline(spans, events, chart_id="phases", title="phases of the job",
+                        origin=origin)]
+    if data.stalls:
+        out.append('<ul class="stalls">' + "".join(
+            f"<li><b>{escape(s.kind)}</b> at {escape(_clock(s.at))}: {escape(s.summary)}</li>"
+            for s in data.stalls) + "</ul>")
+    out.append("</section>")
+    return out
+
+
+def _attempt_marks(data: RunData, started: float | None, first_step: float | None, end: float
+                   ) -> tuple[list[svg.Span], list[svg.Event]]:
+    """The ranks' row: each attempt of a restarted job (and its restart), else the one run as
+    starting / training."""
     spans: list[svg.Span] = []
     events: list[svg.Event] = []
-    if len(data.attempts) > 1:  # one attempt is drawn as starting / training below
+    if len(data.attempts) > 1:
         for a in data.attempts:
-            if a.started is None:
-                continue
             label = f"attempt {a.n}" + (f" ({a.reason})" if a.reason else "")
             spans.append(svg.Span(a.started, a.ended if a.ended is not None else end, label,
                                   "attempt", svg.PALETTE[0] if a.n % 2 else svg.PALETTE[4],
@@ -499,90 +427,22 @@ def _timeline_section(data: RunData, metrics: Sequence[Mapping[str, Any]]) -> li
         else:
             spans.append(svg.Span(started, end, "running", "running", svg.PALETTE[0],
                                   row="ranks"))
-    state = str(job.get("state") or "end")
-    for t, label, kind in ((submitted, "submitted", "submitted"), (started, "started", "started"),
-                           (first_step, "first step", "first-step"),
-                           (finished, state.lower(), "end")):
-        if t is not None:
-            events.append(svg.Event(t, label, kind, svg.INK, row="job", caption=label))
+    return spans, events
+
+
+def _metric_events(metrics: Sequence[MetricRecord], *, restarted: bool) -> list[svg.Event]:
+    """Checkpoints, epochs and (without attempts to show them) restarts, from the metrics."""
+    events = []
     for r in metrics:
-        t = _float(r.get("time"))
-        if t is None:
+        if r.time is None:
             continue
-        if r.get("kind") == "checkpoint":
-            events.append(svg.Event(t, f"checkpoint at step {r.get('step')}", "checkpoint",
+        if r.kind == "checkpoint":
+            events.append(svg.Event(r.time, f"checkpoint at step {r.step}", "checkpoint",
                                     svg.PALETTE[2], row="checkpoints"))
-        elif r.get("kind") == "epoch":
-            events.append(svg.Event(t, f"epoch {r.get('epoch')} (step {r.get('step')})",
+        elif r.kind == "epoch":
+            events.append(svg.Event(r.time, f"epoch {r.epoch} (step {r.step})",
                                     "epoch", svg.PALETTE[1], row="epochs"))
-        elif r.get("kind") == "start" and isinstance(r.get("resumed_from_step"), int) \
-                and len(data.attempts) < 2:
-            events.append(svg.Event(t, f"restart: resumed from step {r['resumed_from_step']}",
+        elif r.kind == "start" and r.resumed_from_step is not None and not restarted:
+            events.append(svg.Event(r.time, f"restart: resumed from step {r.resumed_from_step}",
                                     "restart", "#6a1b9a", row="restarts"))
-    for stall in data.stalls:
-        if stall.at is not None:
-            events.append(svg.Event(stall.at, f"stall ({stall.kind}): {stall.summary}",
-                                    "stall", svg.HIGHLIGHT, row="stalls"))
-    out = ['<section id="timeline"><h2>Timeline</h2>',
-           svg.timeline(spans, events, chart_id="phases", title="phases of the job",
-                        origin=origin)]
-    if data.stalls:
-        out.append('<ul class="stalls">' + "".join(
-            f"<li><b>{escape(s.kind)}</b> at {escape(_clock(s.at))}: {escape(s.summary)}</li>"
-            for s in data.stalls) + "</ul>")
-    out.append("</section>")
-    return out
-
-
-def _doctor_section(data: RunData) -> list[str]:
-    doctor = data.doctor
-    if not doctor:
-        return []
-    bandwidth = doctor.get("bandwidth") or {}
-    if not isinstance(bandwidth, Mapping):
-        return []
-    out = ['<section id="doctor"><h2>Bandwidth (orchestrate doctor)</h2>']
-    if doctor.get("verdict"):
-        out.append(f'<p class="sub">doctor verdict: {escape(str(doctor["verdict"]))}</p>')
-    sweep = bandwidth.get("allreduce") or []
-    by_backend: dict[str, list[tuple[float, float]]] = {}
-    for row in sweep:
-        if not isinstance(row, Mapping):
-            continue
-        size = _float(row.get("size_bytes", row.get("bytes")))
-        busbw = _float(row.get("busbw_GBps", row.get("busbw")))
-        if size is not None and busbw is not None and size > 0 and busbw > 0:
-            by_backend.setdefault(str(row.get("backend") or "all_reduce"), []).append(
-                (size, busbw))
-    if by_backend:
-        sizes = sorted({s for points in by_backend.values() for s, _ in points})
-        band = _band(bandwidth.get("expected"), sizes)
-        lines = [svg.Series(f"busbw {name}", sorted(points), svg.PALETTE[i % len(svg.PALETTE)],
-                            dots=True, data={"backend": name})
-                 for i, (name, points) in enumerate(sorted(by_backend.items()))]
-        out.append(svg.line_chart(lines, chart_id="busbw", title="all_reduce bus bandwidth "
-                                  "against message size", x_label="message size",
-                                  y_label="busbw (GB/s)", log_x=True, log_base=2, band=band,
-                                  x_format=svg.size_bytes, y_zero=True))
-    matrix = bandwidth.get("pairs")
-    if isinstance(matrix, Mapping) and matrix.get("nodes"):
-        names = [str(n) for n in matrix["nodes"]]
-        values = [[_float(v) for v in row] for row in matrix.get("GBps") or []]
-        out.append(svg.heatmap(names, names, values, chart_id="pairs",
-                               title="point-to-point bandwidth between nodes (GB/s)",
-                               value_format=lambda v: f"{v:.3g}"))
-    out.append("</section>")
-    return out
-
-
-def _band(expected: Any, sizes: Sequence[float]) -> svg.Band | None:
-    if not isinstance(expected, Mapping) or not sizes:
-        return None
-    low, high = _float(expected.get("low_GBps")), _float(expected.get("high_GBps"))
-    floor = _float(expected.get("floor_GBps"))
-    if floor is not None and (low is None or high is None):
-        low, high = floor * 0.5, floor
-    if low is None or high is None:
-        return None
-    return svg.Band(f"expected {low:.3g}-{high:.3g} GB/s",
-                    [(sizes[0], low, high), (sizes[-1], low, high)])
+    return events

@@ -4,24 +4,23 @@ Everything here tolerates absence and damage: a file that does not exist yet (a 
 starting, a backend or program that does not write it) is empty data, and a line cut short by a
 writer that is still appending is skipped. Files and the shapes accepted:
 
-- ``plan.json``: ``Plan.to_json()``; ``train.json``: the TrainSpec of ``train:`` jobs.
-- ``metrics.jsonl``: rank 0's records (orchestrate/train/metrics.py): kinds start, step, epoch,
-  checkpoint, end.
+- ``plan.json``: ``Plan.to_json()`` (read back with ``Plan.from_json``; a plan it cannot read is
+  no plan); ``train.json``: the TrainSpec of ``train:`` jobs.
+- ``metrics.jsonl``: rank 0's records (:class:`orchestrate.report.metricrecord.MetricRecord`):
+  kinds start, step, epoch, checkpoint, end.
 - ``timing/rank-<R>.jsonl``: each rank's step-timing windows (orchestrate/train/timing.py).
-- ``diag/diagnosis.json``: the stall watch's verdict(s): one object ``{"kind", "ranks", "nodes",
-  "summary", "at", ...}``, a list of them, or ``{"diagnoses": [...]}``; a job record's
-  ``"diagnosis"`` (``status --json``) is taken too.
+- ``diag/diagnosis.json``: the stall watch's verdict(s): one ``Diagnosis.to_json()`` object, a
+  list of them, or ``{"diagnoses": [...]}``; a job record's ``"diagnosis"`` (``status --json``)
+  is taken too. One without a kind, a summary or a time is skipped.
 - ``attempts.json``: the runs of a restarted job: a list (or ``{"attempts": [...]}``) of
-  ``{"n": 1, "started": t, "ended": t or null, "reason": "...", "resumed_from_step": S or
-  null}``; a job record's ``"attempts"`` is taken too. Without it, restarts are still seen in
-  metrics.jsonl (``start`` records with ``resumed_from_step``).
+  ``orchestrate.core.plan.outcome.Attempt.to_json()``; a job record's ``"attempts"`` is taken
+  too. Without it, restarts are still seen in metrics.jsonl (``start`` records with
+  ``resumed_from_step``).
 - ``doctor.json``: ``orchestrate doctor --json`` for the job; the report draws
   ``bandwidth.allreduce``: ``[{"size_bytes", "busbw_GBps", "algbw_GBps", "backend"}]`` (GB/s =
   1e9 bytes/s), ``bandwidth.expected``: ``{"low_GBps", "high_GBps"}`` or ``{"floor_GBps"}``
   (then the band is 50-100% of the floor: the doctor's pass range), and ``bandwidth.pairs``:
   ``{"nodes": [names], "GBps": [[row node -> column node, null on the diagonal]]}``.
-- ``diag/hb/rank-<R>.json``: a rank's heartbeat from the sidecar; only ``"t"`` (time of the
-  last beat) is read.
 """
 
 from __future__ import annotations
@@ -35,16 +34,20 @@ from typing import Any
 
 from orchestrate.core.layout import (
     ATTEMPTS_FILE,
-    DIAGNOSIS_FILE,
     DOCTOR_FILE,
     METRICS,
     PLAN_FILE,
     REPORT_FILE,
     TIMING_DIR,
     TRAIN_CONFIG,
-    heartbeat_file,
 )
-from orchestrate.report.html import Attempt, RunData, Stall, rank_nodes, render_report
+from orchestrate.core.plan.outcome import Attempt
+from orchestrate.core.plan.plan import Plan
+from orchestrate.diagnosis.diagfiles import DiagFiles
+from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.report.html import render_report
+from orchestrate.report.metricrecord import MetricRecord
+from orchestrate.report.rundata import RunData
 from orchestrate.report.straggler import Pace, pace
 
 
@@ -98,14 +101,19 @@ def read_timing(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
-def read_heartbeats(run_dir: Path, ranks: Sequence[int]) -> dict[int, float | None]:
-    """Time of each rank's last heartbeat (None: no heartbeat file)."""
-    beats: dict[int, float | None] = {}
-    for rank in ranks:
-        value = read_json(heartbeat_file(run_dir, rank))
-        t = value.get("t") if isinstance(value, dict) else None
-        beats[rank] = float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
-    return beats
+def read_metrics(run_dir: Path) -> list[MetricRecord]:
+    """The records of the run's ``metrics.jsonl`` (lines that are none are skipped)."""
+    found = (MetricRecord.from_json(line) for line in read_jsonl(run_dir / METRICS))
+    return [record for record in found if record is not None]
+
+
+def read_plan(run_dir: Path) -> Plan | None:
+    """The run's plan, or None (no plan.json, or one this version cannot read)."""
+    data = read_json(run_dir / PLAN_FILE)
+    try:
+        return Plan.from_json(data) if isinstance(data, dict) else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def run_pace(run_dir: Path, nodes: Mapping[int, str], last_s: float | None = None) -> Pace:
@@ -133,79 +141,64 @@ def add_pace(status: dict[str, Any], run_dir: Path, last_s: float | None = None
     return status
 
 
-def losses(records: Sequence[Mapping[str, Any]]) -> list[float]:
+def losses(records: Sequence[MetricRecord]) -> list[float]:
     """Training loss over the run: the logged steps' values, or the epochs' when steps were
     not logged."""
     for kind in ("step", "epoch"):
-        values = [float(r["train_loss"]) for r in records
-                  if r.get("kind") == kind and isinstance(r.get("train_loss"), int | float)]
+        values = [r.train_loss for r in records if r.kind == kind and r.train_loss is not None]
         if values:
             return values
     return []
 
 
-def _stalls(value: Any) -> list[Stall]:
-    if isinstance(value, Mapping) and isinstance(value.get("diagnoses"), list):
-        value = value["diagnoses"]
+def _listed(value: Any, key: str) -> list[Any]:
+    """The objects of a list, of ``{key: [...]}``, or one object alone."""
+    if isinstance(value, Mapping) and isinstance(value.get(key), list):
+        value = value[key]
     items = value if isinstance(value, list) else [value] if isinstance(value, Mapping) else []
+    return [item for item in items if isinstance(item, Mapping)]
+
+
+def _stalls(value: Any) -> list[Diagnosis]:
     stalls = []
-    for d in items:
-        if not isinstance(d, Mapping) or not d.get("kind"):
-            continue
-        at = d.get("at")
-        stalls.append(Stall(
-            kind=str(d["kind"]),
-            ranks=tuple(int(r) for r in d.get("ranks") or [] if isinstance(r, int)),
-            nodes=tuple(str(n) for n in d.get("nodes") or []),
-            summary=str(d.get("summary") or ""),
-            at=float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None,
-        ))
+    for item in _listed(value, "diagnoses"):
+        try:
+            stalls.append(Diagnosis.from_json(item))
+        except (KeyError, TypeError, ValueError):
+            continue  # damaged: no kind, summary or time
     return stalls
 
 
 def _attempts(value: Any) -> list[Attempt]:
-    if isinstance(value, Mapping):
-        value = value.get("attempts")
     attempts = []
-    for i, a in enumerate(value if isinstance(value, list) else []):
-        if not isinstance(a, Mapping):
+    for item in _listed(value, "attempts"):
+        try:
+            attempts.append(Attempt.from_json(dict(item)))
+        except (KeyError, TypeError, ValueError):
             continue
-
-        def number(key: str, a: Mapping[str, Any] = a) -> float | None:
-            v = a.get(key)
-            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-        resumed = a.get("resumed_from_step")
-        attempts.append(Attempt(
-            n=int(a.get("n") or i + 1),
-            started=number("started"),
-            ended=number("ended"),
-            reason=str(a.get("reason") or ""),
-            resumed_from_step=resumed if isinstance(resumed, int) else None,
-        ))
     return attempts
 
 
 def load_run(run_dir: Path, job_record_json: Mapping[str, Any] | None = None,
              *, now: float | None = None) -> RunData:
     """Everything the report shows, read from ``run_dir`` (and the job's record if given)."""
-    plan = read_json(run_dir / PLAN_FILE)
+    plan = read_plan(run_dir)
     train = read_json(run_dir / TRAIN_CONFIG)
     job = dict(job_record_json) if job_record_json is not None else None
-    stalls = _stalls(read_json(run_dir / DIAGNOSIS_FILE))
+    stalls = _stalls(read_json(DiagFiles(run_dir).diagnosis))
     if not stalls and job is not None:
         stalls = _stalls(job.get("diagnosis"))
     attempts = _attempts(read_json(run_dir / ATTEMPTS_FILE))
     if not attempts and job is not None:
         attempts = _attempts(job.get("attempts"))
     doctor = read_json(run_dir / DOCTOR_FILE)
-    job_id = str((job or {}).get("id") or (plan or {}).get("job_id") or run_dir.name)
+    job_id = str((job or {}).get("id") or (plan.job_id if plan else "") or run_dir.name)
     return RunData(
         job_id=job_id,
-        plan=plan if isinstance(plan, dict) else {},
+        plan=plan,
         job=job,
         train=train if isinstance(train, dict) else None,
-        metrics=read_jsonl(run_dir / METRICS),
+        metrics=read_metrics(run_dir),
         timing=read_timing(run_dir),
         stalls=stalls,
         attempts=attempts,
@@ -228,6 +221,6 @@ def write_report(run_dir: Path, job_record_json: Mapping[str, Any] | None = None
 
 
 __all__ = [
-    "add_pace", "load_run", "losses", "rank_nodes", "read_heartbeats", "read_json",
-    "read_jsonl", "read_timing", "run_pace", "write_report",
+    "add_pace", "load_run", "losses", "read_json", "read_jsonl", "read_metrics", "read_plan",
+    "read_timing", "run_pace", "write_report",
 ]

@@ -15,11 +15,23 @@ tests and readers can find a chart's data in the markup. Pure: values in, text o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
-Format = Callable[[float], str]
+from orchestrate.report.scales import (
+    Axis,
+    Format,
+    compact,
+    limits,
+    log_ticks,
+    milliseconds,
+    nice_ticks,
+    seconds,
+    size_bytes,
+    thin,
+    widen,
+)
 
 #: Colours that stay apart for the colour-blind (Okabe-Ito) and a grey for context.
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442",
@@ -30,45 +42,6 @@ GRID = "#e3e6ea"
 INK = "#222"
 
 
-def compact(value: float) -> str:
-    """A short number: 0.5, 12, 1.2k, 3.4M."""
-    magnitude = abs(value)
-    if magnitude >= 1e9:
-        return f"{value / 1e9:.3g}G"
-    if magnitude >= 1e6:
-        return f"{value / 1e6:.3g}M"
-    if magnitude >= 1e4:
-        return f"{value / 1e3:.3g}k"
-    if magnitude == 0:
-        return "0"
-    return f"{value:.3g}"
-
-
-def size_bytes(value: float) -> str:
-    """A byte count in binary units: 512B, 64K, 256M, 1G."""
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g}{unit}"
-    return f"{value:.4g}B"
-
-
-def seconds(value: float) -> str:
-    """A duration: 45s, 3m05s, 2h10m."""
-    total = round(value)
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    if total < 60:
-        return f"{sign}{total}s"
-    if total < 3600:
-        return f"{sign}{total // 60}m{total % 60:02d}s"
-    return f"{sign}{total // 3600}h{total % 3600 // 60:02d}m"
-
-
-def milliseconds(value: float) -> str:
-    """Seconds shown in ms: 0.0123 -> 12.3ms."""
-    return f"{value * 1000:.3g}ms"
-
-
 def _n(value: float) -> str:
     """A coordinate: 0.1 px resolution, no trailing zeros, never ``-0``."""
     text = f"{value:.1f}".rstrip("0").rstrip(".")
@@ -77,106 +50,6 @@ def _n(value: float) -> str:
 
 def _attrs(data: Mapping[str, str]) -> str:
     return "".join(f' data-{k}="{escape(v)}"' for k, v in sorted(data.items()))
-
-
-# --- scales --------------------------------------------------------------------------------------
-
-
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high]: steps of 1, 2 or 5 times a power of ten."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return [0.0]
-    if high <= low:
-        return [low]
-    raw = (high - low) / max(count, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    first = math.ceil(low / step - 1e-9) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    return ticks
-
-
-def widen(low: float, high: float, count: int = 5) -> tuple[float, float]:
-    """[low, high] widened to the nearest ticks outside it, so the data sit between ticks."""
-    ticks = nice_ticks(low, high, count)
-    if len(ticks) < 2:
-        return low, high
-    step = ticks[1] - ticks[0]
-    return (ticks[0] - step if ticks[0] > low + 1e-12 else ticks[0],
-            ticks[-1] + step if ticks[-1] < high - 1e-12 else ticks[-1])
-
-
-def log_ticks(low: float, high: float, base: int = 10) -> list[float]:
-    """Ticks for a log axis: powers of ``base`` (2 for byte sizes), at most about 10 of them
-    (every second or third power when there are more); powers of 2 when a base-10 axis spans
-    less than two decades."""
-    if low <= 0 or high <= low:
-        return [max(low, 1e-12)]
-    if base == 10 and math.log10(high) - math.log10(low) < 2:
-        base = 2
-    first = math.ceil(math.log(low, base) - 1e-9)
-    last = math.floor(math.log(high, base) + 1e-9)
-    stride = max(1, math.ceil((last - first + 1) / 10))
-    return [float(base) ** e for e in range(first, last + 1, stride)]
-
-
-@dataclass(frozen=True)
-class Axis:
-    """Maps data values onto a pixel range, linearly or on a log scale."""
-
-    low: float
-    high: float
-    start: float  # pixel of ``low``
-    end: float  # pixel of ``high``
-    log: bool = False
-
-    def __call__(self, value: float) -> float:
-        if self.log:
-            value, low, high = (math.log10(max(v, 1e-300)) for v in (value, self.low, self.high))
-        else:
-            low, high = self.low, self.high
-        if high == low:
-            return (self.start + self.end) / 2
-        return self.start + (value - low) / (high - low) * (self.end - self.start)
-
-
-def _limits(values: Sequence[float], *, log: bool, zero: bool) -> tuple[float, float]:
-    finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
-    if not finite:
-        return (1.0, 10.0) if log else (0.0, 1.0)
-    low, high = min(finite), max(finite)
-    if zero and not log:
-        low = min(low, 0.0)
-    if high == low:
-        if log:
-            return low / 2, high * 2
-        pad = abs(high) * 0.1 or 1.0
-        return low - pad, high + pad
-    return low, high
-
-
-def thin(points: Sequence[tuple[float, float]], limit: int) -> list[tuple[float, float]]:
-    """At most about ``limit`` points keeping each bucket's first, lowest and highest point, so
-    spikes survive (10,000 steps become ~``limit`` points, not an average that hides them)."""
-    if len(points) <= limit:
-        return list(points)
-    buckets = max(1, limit // 3)
-    size = len(points) / buckets
-    kept: list[tuple[float, float]] = []
-    for b in range(buckets):
-        chunk = points[int(b * size): int((b + 1) * size)]
-        if not chunk:
-            continue
-        picks = {0, min(range(len(chunk)), key=lambda i: chunk[i][1]),
-                 max(range(len(chunk)), key=lambda i: chunk[i][1])}
-        kept.extend(chunk[i] for i in sorted(picks))
-    if kept[-1] != points[-1]:
-        kept.append(points[-1])
-    return kept
 
 
 # --- line chart ------------------------------------------------------------------------------
@@ -215,7 +88,7 @@ class Band:
 
 
 @dataclass(frozen=True)
-class Frame:
+class Canvas:
     """Size of a chart and its margins, in px."""
 
     width: float = 720
@@ -226,14 +99,14 @@ class Frame:
     bottom: float = 42
 
 
-def _open(chart_id: str, kind: str, frame: Frame, title: str) -> list[str]:
+def _open(chart_id: str, kind: str, canvas: Canvas, title: str) -> list[str]:
     return [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="{escape(chart_id)}" class="chart {kind}" '
-        f'width="{_n(frame.width)}" height="{_n(frame.height)}" '
-        f'viewBox="0 0 {_n(frame.width)} {_n(frame.height)}" role="img" '
+        f'width="{_n(canvas.width)}" height="{_n(canvas.height)}" '
+        f'viewBox="0 0 {_n(canvas.width)} {_n(canvas.height)}" role="img" '
         f'font-family="sans-serif" font-size="11" fill="{INK}">',
         f"<title>{escape(title)}</title>",
-        f'<text class="chart-title" x="{_n(frame.left)}" y="18" font-size="13" '
+        f'<text class="chart-title" x="{_n(canvas.left)}" y="18" font-size="13" '
         f'font-weight="600">{escape(title)}</text>',
     ]
 
@@ -253,7 +126,7 @@ def line_chart(
     x_format: Format = compact,
     y_format: Format = compact,
     y_zero: bool = False,
-    frame: Frame = Frame(),
+    canvas: Canvas = Canvas(),
     max_points: int = 1200,
 ) -> str:
     """Lines of y against x, with optional vertical markers, an expected band and log axes
@@ -263,25 +136,48 @@ def line_chart(
     if band is not None:
         xs += [x for x, _, _ in band.points]
         ys += [v for _, lo, hi in band.points for v in (lo, hi)]
-    x_low, x_high = _limits(xs, log=log_x, zero=False)
-    y_low, y_high = _limits(ys, log=log_y, zero=y_zero)
+    x_low, x_high = limits(xs, log=log_x, zero=False)
+    y_low, y_high = limits(ys, log=log_y, zero=y_zero)
     x_ticks = log_ticks(x_low, x_high, log_base) if log_x else nice_ticks(x_low, x_high)
     if not log_y:
         y_low, y_high = widen(y_low, y_high)
     y_ticks = log_ticks(y_low, y_high) if log_y else nice_ticks(y_low, y_high)
-    right = frame.width - frame.right
-    bottom = frame.height - frame.bottom
-    ax = Axis(x_low, x_high, frame.left, right, log_x)
-    ay = Axis(y_low, y_high, bottom, frame.top, log_y)
-    out = _open(chart_id, "line-chart", frame, title)
-    out.append('<g class="grid" stroke="' + GRID + '" stroke-width="1">')
+    right = canvas.width - canvas.right
+    bottom = canvas.height - canvas.bottom
+    ax = Axis(x_low, x_high, canvas.left, right, log_x)
+    ay = Axis(y_low, y_high, bottom, canvas.top, log_y)
+    out = _open(chart_id, "line-chart", canvas, title)
+    out += _axes(canvas, ax, ay, (x_ticks, y_ticks), (x_format, y_format), (x_label, y_label))
+    if band is not None and band.points:
+        upper = " ".join(f"{_n(ax(x))},{_n(ay(hi))}" for x, _, hi in band.points)
+        lower = " ".join(f"{_n(ax(x))},{_n(ay(lo))}" for x, lo, _ in reversed(band.points))
+        out.append(f'<polygon class="band" points="{upper} {lower}" fill="{band.color}" '
+                   f'fill-opacity="0.15" stroke="none"><title>{escape(band.label)}</title>'
+                   "</polygon>")
+    out += _markers(markers, canvas, ax, x_format)
+    for s in series:
+        out.extend(_line(s, ax, ay, x_format, y_format, max_points))
+    out.extend(_legend([(s.name, s.color) for s in series]
+                       + ([(band.label, band.color)] if band is not None else []),
+                       right, canvas.top - 14))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _axes(canvas: Canvas, ax: Axis, ay: Axis, ticks: tuple[Sequence[float], Sequence[float]],
+          formats: tuple[Format, Format], labels: tuple[str, str]) -> list[str]:
+    """The grid, the ticks of both axes, the x axis line and the axis labels."""
+    (x_ticks, y_ticks), (x_format, y_format), (x_label, y_label) = ticks, formats, labels
+    right = canvas.width - canvas.right
+    bottom = canvas.height - canvas.bottom
+    out = ['<g class="grid" stroke="' + GRID + '" stroke-width="1">']
     for t in y_ticks:
-        out.append(f'<line x1="{_n(frame.left)}" x2="{_n(right)}" y1="{_n(ay(t))}" '
+        out.append(f'<line x1="{_n(canvas.left)}" x2="{_n(right)}" y1="{_n(ay(t))}" '
                    f'y2="{_n(ay(t))}"/>')
     out.append("</g>")
     out.append('<g class="y-ticks" text-anchor="end">')
     for t in y_ticks:
-        out.append(f'<text x="{_n(frame.left - 6)}" y="{_n(ay(t) + 4)}">'
+        out.append(f'<text x="{_n(canvas.left - 6)}" y="{_n(ay(t) + 4)}">'
                    f"{escape(y_format(t))}</text>")
     out.append("</g>")
     out.append('<g class="x-ticks" text-anchor="middle">')
@@ -290,36 +186,32 @@ def line_chart(
                    f'y2="{_n(bottom + 4)}" stroke="{INK}"/>')
         out.append(f'<text x="{_n(ax(t))}" y="{_n(bottom + 16)}">{escape(x_format(t))}</text>')
     out.append("</g>")
-    out.append(f'<line class="axis" x1="{_n(frame.left)}" x2="{_n(right)}" y1="{_n(bottom)}" '
+    out.append(f'<line class="axis" x1="{_n(canvas.left)}" x2="{_n(right)}" y1="{_n(bottom)}" '
                f'y2="{_n(bottom)}" stroke="{INK}"/>')
-    out.append(f'<text class="x-label" x="{_n((frame.left + right) / 2)}" '
-               f'y="{_n(frame.height - 6)}" text-anchor="middle">{escape(x_label)}</text>')
-    out.append(f'<text class="y-label" transform="translate(14 {_n((frame.top + bottom) / 2)}) '
+    out.append(f'<text class="x-label" x="{_n((canvas.left + right) / 2)}" '
+               f'y="{_n(canvas.height - 6)}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text class="y-label" transform="translate(14 {_n((canvas.top + bottom) / 2)}) '
                f'rotate(-90)" text-anchor="middle">{escape(y_label)}</text>')
-    if band is not None and band.points:
-        upper = " ".join(f"{_n(ax(x))},{_n(ay(hi))}" for x, _, hi in band.points)
-        lower = " ".join(f"{_n(ax(x))},{_n(ay(lo))}" for x, lo, _ in reversed(band.points))
-        out.append(f'<polygon class="band" points="{upper} {lower}" fill="{band.color}" '
-                   f'fill-opacity="0.15" stroke="none"><title>{escape(band.label)}</title>'
-                   "</polygon>")
+    return out
+
+
+def _markers(markers: Sequence[Marker], canvas: Canvas, ax: Axis, x_format: Format
+             ) -> list[str]:
+    """Dashed vertical lines with staggered labels (close markers keep apart)."""
+    out = []
+    bottom = canvas.height - canvas.bottom
     for i, m in enumerate(sorted(markers, key=lambda m: m.x)):
         x = _n(ax(m.x))
-        label_y = frame.top + 10 + 12 * (i % 3)  # staggered: close markers keep apart
+        label_y = canvas.top + 10 + 12 * (i % 3)
         out.append(
             f'<g class="marker {escape(m.kind)}" data-x="{escape(repr(float(m.x)))}">'
-            f'<line x1="{x}" x2="{x}" y1="{_n(frame.top)}" y2="{_n(bottom)}" '
+            f'<line x1="{x}" x2="{x}" y1="{_n(canvas.top)}" y2="{_n(bottom)}" '
             f'stroke="{m.color}" stroke-width="1.2" stroke-dasharray="4 3"/>'
             f'<text x="{_n(ax(m.x) + 3)}" y="{_n(label_y)}" fill="{m.color}" '
             f'font-size="10">{escape(m.label)}</text>'
             f"<title>{escape(m.label)} at {escape(x_format(m.x))}</title></g>"
         )
-    for s in series:
-        out.extend(_line(s, ax, ay, x_format, y_format, max_points))
-    out.extend(_legend([(s.name, s.color) for s in series]
-                       + ([(band.label, band.color)] if band is not None else []),
-                       right, frame.top - 14))
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 def _line(s: Series, ax: Axis, ay: Axis, x_format: Format, y_format: Format,
@@ -390,13 +282,13 @@ def stacked_bars(
     top, bottom_margin = 34.0, 40.0
     note_width = max((7.2 * len(b.note) for b in bars), default=0.0) + 16
     height = top + row_height * max(len(bars), 1) + bottom_margin
-    frame = Frame(width=width, height=height, left=label_width)
+    canvas = Canvas(width=width, height=height, left=label_width)
     right = width - note_width
     high = max((sum(max(v, 0.0) for v in b.values) for b in bars), default=0.0)
     ticks = nice_ticks(0.0, high or 1.0)
     ax = Axis(0.0, max(high, ticks[-1]) or 1.0, label_width, right)
     bottom = top + row_height * max(len(bars), 1)
-    out = _open(chart_id, "stacked-bars", frame, title)
+    out = _open(chart_id, "stacked-bars", canvas, title)
     for t in ticks:
         out.append(f'<line x1="{_n(ax(t))}" x2="{_n(ax(t))}" y1="{_n(top)}" y2="{_n(bottom)}" '
                    f'stroke="{GRID}"/><text x="{_n(ax(t))}" y="{_n(bottom + 14)}" '
@@ -480,15 +372,15 @@ def timeline(
         if row not in rows:
             rows.append(row)
     times = [v - origin for s in spans for v in (s.start, s.end)] + [e.t - origin for e in events]
-    low, high = _limits(times or [0.0, 1.0], log=False, zero=True)
+    low, high = limits(times or [0.0, 1.0], log=False, zero=True)
     ticks = nice_ticks(low, high)
     high = max(high, ticks[-1])
     top, label_width = 30.0, 90.0
     bottom = top + row_height * max(len(rows), 1)
     height = bottom + 40
-    frame = Frame(width=width, height=height, left=label_width)
+    canvas = Canvas(width=width, height=height, left=label_width)
     ax = Axis(low, high, label_width, width - 24)
-    out = _open(chart_id, "timeline", frame, title)
+    out = _open(chart_id, "timeline", canvas, title)
     for t in ticks:
         out.append(f'<line x1="{_n(ax(t))}" x2="{_n(ax(t))}" y1="{_n(top)}" y2="{_n(bottom)}" '
                    f'stroke="{GRID}"/><text x="{_n(ax(t))}" y="{_n(bottom + 14)}" '
@@ -560,10 +452,10 @@ def heatmap(
     width = max(label_width + cell * max(len(columns), 1) + 20,
                 label_width + 7.6 * len(title) + 16)  # room for the title
     height = top + cell * max(len(rows), 1) + 20
-    frame = Frame(width=width, height=height, left=label_width)
+    canvas = Canvas(width=width, height=height, left=label_width)
     numbers = [v for row in values for v in row if v is not None and math.isfinite(v)]
     low, high = scale or ((min(numbers), max(numbers)) if numbers else (0.0, 1.0))
-    out = _open(chart_id, "heatmap", frame, title)
+    out = _open(chart_id, "heatmap", canvas, title)
     for j, name in enumerate(columns):
         x = label_width + j * cell + cell / 2
         out.append(f'<text class="column" transform="translate({_n(x + 4)} {_n(top - 6)}) '
@@ -592,3 +484,12 @@ def heatmap(
             )
     out.append("</svg>")
     return "\n".join(out)
+
+
+#: The charts and their parts, and the number formats of :mod:`orchestrate.report.scales` that
+#: label them (charts' callers pass them as ``x_format``/``value_format``).
+__all__ = [
+    "GRID", "HIGHLIGHT", "INK", "MUTED", "PALETTE", "Band", "Bar", "Canvas", "Event", "Format",
+    "Marker", "Series", "Span", "compact", "heatmap", "line_chart", "milliseconds", "seconds",
+    "size_bytes", "stacked_bars", "timeline",
+]

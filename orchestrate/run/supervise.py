@@ -43,6 +43,7 @@ from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import RESTARTING, STOPPED, Store
 
@@ -297,7 +298,7 @@ def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
 
 def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
     """A stall was named: say so everywhere; with ``on_stall: kill`` stop the job."""
-    run.store.update(run.job_id, diagnosis=diagnosis.as_dict())
+    run.store.update(run.job_id, diagnosis=diagnosis.to_json())
     if run.ending is not None:
         return
     if plan.on_stall == "kill":
@@ -491,12 +492,11 @@ def _resumed_from(run_dir: Path) -> int | None:
         return None
     for line in reversed(lines):
         try:
-            record = json.loads(line)
+            record = MetricRecord.from_json(json.loads(line))
         except ValueError:
             continue
-        if record.get("kind") == "start":
-            value = record.get("resumed_from_step")
-            return int(value) if isinstance(value, int) else None
+        if record is not None and record.kind == "start":
+            return record.resumed_from_step
     return None
 
 
@@ -512,9 +512,12 @@ def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:
         first = metrics.read_text(encoding="utf-8").splitlines()[:1]
         if not first:
             return False
-        stamp = float(json.loads(first[0]).get("time", time.time()))
-    except (OSError, ValueError, AttributeError):
+        record = MetricRecord.from_json(json.loads(first[0]))
+    except (OSError, ValueError):
         return False
+    if record is None:
+        return False
+    stamp = record.time if record.time is not None else time.time()
     store.update(job_id, first_step_at=stamp)
     return True
 

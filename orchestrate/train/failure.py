@@ -11,6 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def first_line(exc: BaseException) -> str:
+    """``ValueError: the first line of its message``."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class TrainFailure(Exception):
     """This rank cannot go on; ``str(exc)`` is the line to print after ``rank N:``."""
 

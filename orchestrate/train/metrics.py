@@ -1,13 +1,8 @@
 """What rank 0 reports: ``metrics.jsonl`` for programs, one line per epoch for people.
 
-``<run_dir>/metrics.jsonl`` gets one JSON object per line, appended and flushed as it happens:
-
-- ``{"kind": "start", ...}`` after the first optimizer step of a process; the launcher takes its
-  "first step" time from it;
-- ``{"kind": "step", ...}`` every ``log_every_steps`` optimizer steps (when > 0);
-- ``{"kind": "epoch", ...}`` after each epoch's validation;
-- ``{"kind": "checkpoint", "epoch", "step", "time", "path"}`` after each checkpoint is on disk;
-- ``{"kind": "end", ...}`` when the process finishes or stops for a requeue.
+``<run_dir>/metrics.jsonl`` gets one :class:`~orchestrate.report.metricrecord.MetricRecord` per
+line (its kinds and fields are described there), appended and flushed as it happens; the
+launcher takes its "first step" time from the first (``start``) record.
 
 TensorBoard and Weights & Biases get the same numbers when the job asks for them *and* they are
 installed; a missing one is a note on stdout, never a failure.
@@ -21,26 +16,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from orchestrate.core.layout import METRICS
 from orchestrate.core.spec.trainspec import TrainSpec
+from orchestrate.report.metricrecord import MetricRecord
 
-METRICS_FILE = "metrics.jsonl"
 
-
-def format_epoch(record: dict[str, Any], epochs: int) -> str:
+def format_epoch(record: MetricRecord, epochs: int) -> str:
     """The human line for an epoch record."""
-    parts = [f"epoch {record['epoch']}/{epochs}", f"step {record['step']}"]
-    if record.get("train_loss") is not None:
-        parts.append(f"train_loss {record['train_loss']:.4f}")
-    if record.get("val_loss") is not None:
-        parts.append(f"val_loss {record['val_loss']:.4f}")
-    if record.get("val_accuracy") is not None:
-        parts.append(f"val_acc {record['val_accuracy']:.4f}")
-    if record.get("samples_per_s") is not None:
-        parts.append(f"{record['samples_per_s']:.0f} samples/s")
-    if record.get("epoch_s") is not None:
-        parts.append(f"{record['epoch_s']:.2f} s")
-    if record.get("peak_memory_gb"):
-        parts.append("peak " + "/".join(f"{gb:.1f}" for gb in record["peak_memory_gb"]) + " GB")
+    parts = [f"epoch {record.epoch}/{epochs}", f"step {record.step}"]
+    if record.train_loss is not None:
+        parts.append(f"train_loss {record.train_loss:.4f}")
+    if record.val_loss is not None:
+        parts.append(f"val_loss {record.val_loss:.4f}")
+    if record.val_accuracy is not None:
+        parts.append(f"val_acc {record.val_accuracy:.4f}")
+    if record.samples_per_s is not None:
+        parts.append(f"{record.samples_per_s:.0f} samples/s")
+    if record.epoch_s is not None:
+        parts.append(f"{record.epoch_s:.2f} s")
+    if record.peak_memory_gb:
+        parts.append("peak " + "/".join(f"{gb:.1f}" for gb in record.peak_memory_gb) + " GB")
     return "  ".join(parts)
 
 
@@ -49,7 +44,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, spec: TrainSpec, *, enabled: bool) -> None:
         self.enabled = enabled
-        self.path = run_dir / METRICS_FILE
+        self.path = run_dir / METRICS
         self._epochs = spec.epochs
         self._tensorboard: Any = None
         self._wandb: Any = None
@@ -65,28 +60,29 @@ class MetricsLog:
         if self.enabled:
             print(text, flush=True)
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: MetricRecord) -> None:
         """Append ``record`` to metrics.jsonl and forward its numbers."""
         if not self.enabled:
             return
+        line = record.to_json()
         with open(self.path, "a", encoding="utf-8") as handle:
             # Strict JSON: a NaN or infinite number is written as null, never as bare NaN.
-            handle.write(json.dumps(_finite(record), allow_nan=False) + "\n")
-        if record["kind"] == "epoch":
+            handle.write(json.dumps(_finite(line), allow_nan=False) + "\n")
+        if record.kind == "epoch":
             self.say(format_epoch(record, self._epochs))
         numbers = {
             key: value
-            for key, value in record.items()
+            for key, value in line.items()
             if isinstance(value, int | float) and not isinstance(value, bool)
             and key not in ("epoch", "step", "time")
         }
-        step = int(record.get("step") or 0)
-        prefix = "epoch" if record["kind"] == "epoch" else "train"
-        if self._tensorboard is not None and record["kind"] in ("epoch", "step"):
+        step = record.step or 0
+        prefix = "epoch" if record.kind == "epoch" else "train"
+        if self._tensorboard is not None and record.kind in ("epoch", "step"):
             for key, value in numbers.items():
                 self._tensorboard.add_scalar(f"{prefix}/{key}", value, step)
             self._tensorboard.flush()
-        if self._wandb is not None and record["kind"] in ("epoch", "step"):
+        if self._wandb is not None and record.kind in ("epoch", "step"):
             self._wandb.log({f"{prefix}/{k}": v for k, v in numbers.items()}, step=step)
 
     def close(self) -> None:

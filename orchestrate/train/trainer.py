@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
+from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.train import checkpoint, rng
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
@@ -225,16 +226,11 @@ class Trainer:
     def _after_step(self) -> None:
         if not self._started:
             self._started = True
-            self.metrics.record(
-                {
-                    "kind": "start",
-                    "epoch": self.position.epoch + 1,
-                    "step": self.position.step,
-                    "time": time.time(),
-                    "world_size": self.cluster.world_size,
-                    "resumed_from_step": self.resumed_from,
-                }
-            )
+            self.metrics.record(MetricRecord(
+                "start", epoch=self.position.epoch + 1, step=self.position.step,
+                time=time.time(), world_size=self.cluster.world_size,
+                resumed_from_step=self.resumed_from,
+            ))
         every_log = self.spec.log_every_steps
         if every_log and self.position.step % every_log == 0:
             self._log_step()
@@ -251,20 +247,23 @@ class Trainer:
         now = time.perf_counter()
         elapsed = now - self._interval[2]
         self._interval = (loss_sum, float(samples), now)
-        self.metrics.record(
-            {
-                "kind": "step",
-                "epoch": self.position.epoch + 1,
-                "step": self.position.step,
-                "train_loss": sums[0] / sums[1] if sums[1] else None,
-                "val_loss": None,
-                "val_accuracy": None,
-                "samples_per_s": sums[1] / elapsed if elapsed > 0 else None,
-                "epoch_s": None,
-                "lr": self._lr(),
-                "time": time.time(),
-                **self._memory(),
-            }
+        self.metrics.record(self._progress(
+            "step", train_loss=sums[0] / sums[1] if sums[1] else None,
+            samples_per_s=sums[1] / elapsed if elapsed > 0 else None,
+        ))
+
+    def _progress(
+        self, kind: str, *, train_loss: float | None, samples_per_s: float | None,
+        val_loss: float | None = None, val_accuracy: float | None = None,
+        epoch_s: float | None = None,
+    ) -> MetricRecord:
+        """A ``step`` or ``epoch`` record where training is now (every rank computes it: the
+        peak memory is gathered from all)."""
+        return MetricRecord(
+            kind, epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
+            train_loss=train_loss, val_loss=val_loss, val_accuracy=val_accuracy,
+            samples_per_s=samples_per_s, epoch_s=epoch_s, lr=self._lr(),
+            peak_memory_gb=self._memory(),
         )
 
     def _all_reduce(self, values: list[float]) -> list[float]:
@@ -273,16 +272,17 @@ class Trainer:
             dist.all_reduce(tensor)
         return [float(v) for v in tensor.tolist()]
 
-    def _memory(self) -> dict[str, Any]:
+    def _memory(self) -> tuple[float, ...] | None:
+        """Every rank's peak GPU memory in GB (None on CPUs)."""
         if self.cluster.device.type != "cuda":
-            return {}
+            return None
         peak = torch.cuda.max_memory_allocated(self.cluster.device) / GB
         peaks: list[Any] = [None] * self.cluster.world_size
         if self.cluster.control is not None:
             dist.all_gather_object(peaks, peak, group=self.cluster.control)
         else:
             peaks = [peak]
-        return {"peak_memory_gb": [round(p, 3) for p in peaks]}
+        return tuple(round(p, 3) for p in peaks)
 
     # --- end of an epoch --------------------------------------------------------------------
 
@@ -307,21 +307,12 @@ class Trainer:
                 distributed=self.cluster.world_size > 1,
             )
             val_loss, val_accuracy = result.loss, result.accuracy
-        self.metrics.record(
-            {
-                "kind": "epoch",
-                "epoch": self.position.epoch + 1,
-                "step": self.position.step,
-                "train_loss": reduced[0] / reduced[1] if reduced[1] else None,
-                "val_loss": val_loss,
-                "val_accuracy": val_accuracy,
-                "samples_per_s": reduced[2] / train_s if train_s > 0 else None,
-                "epoch_s": time.perf_counter() - self._epoch_started,
-                "lr": self._lr(),
-                "time": time.time(),
-                **self._memory(),
-            }
-        )
+        self.metrics.record(self._progress(
+            "epoch", train_loss=reduced[0] / reduced[1] if reduced[1] else None,
+            val_loss=val_loss, val_accuracy=val_accuracy,
+            samples_per_s=reduced[2] / train_s if train_s > 0 else None,
+            epoch_s=time.perf_counter() - self._epoch_started,
+        ))
         if complete:
             self.position.epoch += 1
             self.position.batch = 0
@@ -341,16 +332,11 @@ class Trainer:
 
     def _finish(self, outcome: Outcome) -> None:
         self.timing.close()
-        self.metrics.record(
-            {
-                "kind": "end",
-                "outcome": outcome,
-                "signal": self.stop.flag.signal_name,
-                "epoch": self.position.epoch + (0 if self.position.batch == 0 else 1),
-                "step": self.position.step,
-                "time": time.time(),
-            }
-        )
+        self.metrics.record(MetricRecord(
+            "end", outcome=outcome, signal=self.stop.flag.signal_name,
+            epoch=self.position.epoch + (0 if self.position.batch == 0 else 1),
+            step=self.position.step, time=time.time(),
+        ))
         self.metrics.close()
 
     # --- a loss that is not a number --------------------------------------------------------
@@ -433,9 +419,8 @@ class Trainer:
             self.metrics.say(f"checkpoint {path} (epoch {self.position.epoch + 1}, "
                              f"step {self.position.step})")
             done = self.position.epoch + (0 if self.position.batch == 0 else 1)
-            self.metrics.record({"kind": "checkpoint", "epoch": done,
-                                 "step": self.position.step, "time": time.time(),
-                                 "path": str(path)})
+            self.metrics.record(MetricRecord("checkpoint", epoch=done, step=self.position.step,
+                                             time=time.time(), path=str(path)))
         if barrier and self.cluster.control is not None:
             dist.barrier(group=self.cluster.control)
         self.last_saved = self._where

@@ -131,17 +131,19 @@ def shellcheck(*scripts: Path) -> None:
 def normalise(text: str) -> str:
     """Machine-dependent values (this interpreter's path) as placeholders, for goldens; a
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
-    line naming its modules, since its own tests cover its text."""
+    line naming its modules, and each file of the rank sidecar's folder as one line, since
+    their own tests cover their text."""
     from orchestrate.backends.slurm.script import monitor_program
     from orchestrate.backends.ssh.backend import evidence_program
-    from orchestrate.hostside.shipping import SHIPPED, module_source
+    from orchestrate.diagnosis.rankpackage import folder
+    from orchestrate.hostside.shipping import SHIPPED
 
     shipped = {
         monitor_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['monitor']}>\n",
         evidence_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['evidence']}>\n",
-        module_source("orchestrate.diagnosis.sidecar"):
-            "<the source of orchestrate/diagnosis/sidecar.py>\n",
     }
+    for name, source in folder().items():
+        shipped[source] = f"<{name} of orchestrate.diagnosis.rankpackage.folder()>\n"
     text = text.replace(sys.executable, "$PYTHON")
     for program, shown in shipped.items():
         text = text.replace(program, shown)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from core_support import CORE, INVENTORIES, REPO, cli, cli_process, shellcheck, write_yaml
 
+from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
+
 EXAMPLES = sorted(INVENTORIES.glob("*.yaml"))
 
 
@@ -137,9 +139,11 @@ def test_render_writes_executable_scripts(tmp_path: Path) -> None:
     result = cli("render", CORE / "jobs" / "uneven-ssh.yaml", "-o", tmp_path)
     assert result.code == 0, result.err
     names = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    # The launch scripts, the SSH hosts' evidence reader and the rank sidecar (docs/hangs.md).
-    assert names == ["evidence.py", "launch-alpha.sh", "launch-beta.sh",
-                     "sidecar/sitecustomize.py"]
+    # The launch scripts, the SSH hosts' evidence reader and the rank sidecar's folder
+    # (docs/hangs.md).
+    sidecar = sorted(f"sidecar/{name}" for name in sidecar_folder())
+    assert "sidecar/sitecustomize.py" in sidecar
+    assert names == ["evidence.py", "launch-alpha.sh", "launch-beta.sh", *sidecar]
     scripts = [tmp_path / n for n in names if n.endswith(".sh")]
     assert all(p.stat().st_mode & 0o111 for p in scripts)
     for path in scripts:

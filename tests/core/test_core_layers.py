@@ -1,12 +1,13 @@
 """The layers hold: each package loads only the packages below it, and the core stays pure.
 
 The packages are stacked, bottom up (docs/architecture.md):
-``hostside < core (spec < plan < render) < diagnosis | report | probe < train < run < backends
-< doctor < cli``. Each one is imported whole (every module in it) in a fresh interpreter, and
-the ``orchestrate`` packages that then sit in ``sys.modules`` must all be below it: an import
-that runs back up, at module level or through another module, fails here. The core also loads
-no process, database, SSH, Slurm or torch code, and the host side nothing but the standard
-library.
+``hostside < core (spec < plan < render) < diagnosis < report | probe < train < run < backends
+< doctor < cli`` (the report reads the diagnosis' records and the plan; the trainer writes the
+report's metrics records). Each one is imported whole (every module in it) in a fresh
+interpreter, and the ``orchestrate`` packages that then sit in ``sys.modules`` must all be below
+it: an import that runs back up, at module level or through another module, fails here. The
+core also loads no process, database, SSH, Slurm or torch code, and the host side nothing but
+the standard library.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ BELOW: dict[str, set[str]] = {
     "core.spec": {"core"},
     "core.plan": {"core", "core.spec"},
     "core.render": {"core", "core.spec", "core.plan", "hostside"},
-    "diagnosis": {"core"},
-    "report": {"core"},
+    "diagnosis": {"core", "hostside"},
+    "report": {"core", "core.spec", "core.plan", "hostside", "diagnosis"},
     "probe": {"core", "core.spec", "hostside"},
 }
 CORE = {"core", "core.spec", "core.plan", "core.render"}
 BELOW["core"] = CORE | {"hostside"}
-BELOW["train"] = BELOW["core"] | {"diagnosis"}
+BELOW["train"] = BELOW["core"] | {"diagnosis", "report"}
 BELOW["run"] = BELOW["train"] | {"report", "probe", "train"}
 BELOW["backends"] = BELOW["run"] | {"run"}
 BELOW["doctor"] = BELOW["backends"] | {"backends"}

@@ -1,10 +1,11 @@
 """Real ranks with the sidecar as ``sitecustomize``, and a small driver that plays the launcher.
 
 Each rank is a real process talking gloo over loopback; its only link to orchestrate is a folder
-on ``PYTHONPATH`` holding ``sitecustomize.py`` = the text of ``orchestrate/diagnosis/sidecar.py``,
-as a launcher will install it. The driver polls heartbeats into :class:`StallWatch`, and on a stall
-collects every rank's dump and classifies it, exactly as a launcher's loop does. Every process
-a test started is killed when it ends (a stopped one gets SIGCONT first).
+on ``PYTHONPATH`` holding the sidecar folder (``sitecustomize.py`` and ``_orchestrate_rank/``,
+orchestrate/diagnosis/rankpackage.py), as a launcher installs it. The driver polls heartbeats
+into :class:`StallWatch`, and on a stall collects every rank's dump and classifies it, exactly
+as a launcher's loop does. Every process a test started is killed when it ends (a stopped one
+gets SIGCONT first).
 
 ``DIAG_CAPTURE=<folder>`` makes the driver also write what it saw (heartbeat trace, answers,
 stall, diagnosis) as a JSON fixture for the pure tests (tests/diagnosis/captures/).
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,12 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.diagnosis import evidence
-from orchestrate.diagnosis.stall import Diagnosis, Stall, StallWatch
+from orchestrate.diagnosis.diagfiles import Frame, GroupState, Heartbeat
+from orchestrate.diagnosis.evidence import Collection
+from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
+from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.diagnosis.stallrule import Stall, StallWatch
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROGRAMS = HERE / "programs"
-SIDECAR = REPO / "orchestrate" / "diagnosis" / "sidecar.py"
 DIGITS = REPO / "examples" / "digits"
 
 _PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -47,9 +50,12 @@ def free_port() -> int:
 
 
 def install_site(folder: Path) -> Path:
-    """A folder holding ``sitecustomize.py`` = the sidecar's text, as a launcher makes it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SIDECAR, folder / "sitecustomize.py")
+    """The sidecar folder (``sitecustomize.py`` and its private package), as a launcher
+    makes it."""
+    for name, text in sidecar_folder().items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     return folder
 
 
@@ -196,29 +202,30 @@ class Outcome:
     exit_codes: dict[int, int | None]
 
 
-def _compact(beat: dict[str, Any] | None) -> list[Any] | None:
+def _compact(beat: Heartbeat | None) -> list[Any] | None:
     """What StallWatch reads of a heartbeat, as one short row (a capture's trace):
     ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...], main cpu]``."""
     if beat is None:
         return None
     return [
-        beat.get("pid"), beat.get("beat"), beat.get("phase"), beat.get("step"),
-        (beat.get("stack") or [None])[0],
-        [[p["pg"], p["enqueued"], p["completed"]] for p in beat.get("pgs") or []],
-        beat.get("main_cpu_s"),
+        beat.pid, beat.beat, beat.phase, beat.step,
+        beat.stack[0].to_json() if beat.stack else None,
+        [[p.pg, p.enqueued, p.completed] for p in beat.pgs or ()],
+        beat.main_cpu_s,
     ]
 
 
-def expand(row: list[Any] | None) -> dict[str, Any] | None:
+def expand(row: list[Any] | None) -> Heartbeat | None:
     """A trace row back into the heartbeat fields StallWatch reads."""
     if row is None:
         return None
     pid, beat, phase, step, frame, pgs, cpu = row
-    return {
-        "pid": pid, "beat": beat, "phase": phase, "step": step, "main_cpu_s": cpu,
-        "stack": [frame] if frame else [],
-        "pgs": [{"pg": pg, "enqueued": enq, "completed": comp} for pg, enq, comp in pgs],
-    }
+    innermost = Frame.from_json(frame) if frame else None
+    return Heartbeat(
+        pid=pid, beat=beat, phase=phase, step=step, main_cpu_s=cpu,
+        stack=() if innermost is None else (innermost,),
+        pgs=tuple(GroupState(pg, enq, -1, comp) for pg, enq, comp in pgs),
+    )
 
 
 def drive(
@@ -264,8 +271,9 @@ def drive(
 
 
 def _save_capture(
-    name: str, job: Job, trace: list[Any], beats: Any, collected: Any, stall: Stall,
-    diagnosis: Diagnosis, at: float, nodes: dict[int, str], watch: StallWatch,
+    name: str, job: Job, trace: list[Any], beats: dict[int, Heartbeat | None],
+    collected: Collection, stall: Stall, diagnosis: Diagnosis, at: float,
+    nodes: dict[int, str], watch: StallWatch,
 ) -> None:
     folder = os.environ.get("DIAG_CAPTURE")
     if not folder:
@@ -275,12 +283,10 @@ def _save_capture(
                   f"{__import__('torch').__version__}, Python {sys.version.split()[0]}",
         "stall_s": watch.stall_s, "heartbeat_s": watch.heartbeat_s,
         "master": job.master, "nodes": nodes, "now": at,
-        "heartbeats": beats,
-        "dumps": collected["ranks"],
-        "stall": {"reason": stall.reason, "since": stall.since, "idle_s": stall.idle_s,
-                  "threshold_s": stall.threshold_s, "silent": list(stall.silent),
-                  "ages": stall.ages},
-        "diagnosis": diagnosis.as_dict(),
+        "heartbeats": {r: None if b is None else b.to_json() for r, b in beats.items()},
+        "dumps": collected.to_json()["ranks"],
+        "stall": stall.to_json(),
+        "diagnosis": diagnosis.to_json(),
         "trace": "TRACE",
     }
     rows = ",\n".join(json.dumps(entry, separators=(",", ":")) for entry in trace)

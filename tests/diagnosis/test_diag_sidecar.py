@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,7 +17,9 @@ import pytest
 from diag_harness import PROGRAMS, REPO, Starter, install_site
 
 from orchestrate.core import layout
-from orchestrate.diagnosis import evidence, sidecar
+from orchestrate.diagnosis import evidence, rankpackage, sidecar
+from orchestrate.diagnosis.diagfiles import DiagFiles
+from orchestrate.hostside.shipping import SHIPPED, module_source
 
 pytestmark = pytest.mark.torch
 
@@ -35,12 +38,40 @@ def _wait_file(path: Path, timeout: float = 60) -> None:
 
 
 def test_file_names_match_the_layout() -> None:
-    """sidecar.py cannot import orchestrate, so it repeats the run-dir names."""
-    assert (sidecar.DIAG_DIR, sidecar.HEARTBEAT_DIR, sidecar.REQUEST_FILE) == (
-        layout.DIAG_DIR, layout.DIAG_HEARTBEATS, layout.DIAG_REQUEST
-    )
+    """The sidecar writes where every reader looks: one DiagFiles, built on the layout's names,
+    on both sides."""
     run = Path("/r")
-    assert layout.heartbeat_file(run, 3) == run / "diag" / "hb" / sidecar.heartbeat_name(3)
+    files = DiagFiles(run)
+    assert (files.folder, files.heartbeats, files.request) == (
+        run / layout.DIAG_DIR, run / layout.HEARTBEAT_DIR, run / layout.DIAG_DIR / "request"
+    )
+    assert files.heartbeat(3) == run / "diag" / "hb" / "rank-3.json"
+    car = sidecar.Sidecar(str(run), 3, 1.0)  # not launched: no thread, no files
+    assert car._hb_path == str(files.heartbeat(3)) and car.files == files
+    answer = files.answer("r-1", 3)
+    assert [p.name for p in (answer.stacks, answer.state, answer.flight_recorder, answer.done)] == [
+        "rank-3.stacks.txt", "rank-3.state.json", "rank-3.fr.json", "rank-3.done"]
+
+
+def test_the_sidecar_folder_carries_the_same_modules_privately() -> None:
+    """The copies in _orchestrate_rank/ are orchestrate's modules, their imports of one another
+    pointed at the private package; nothing there imports orchestrate (the user's own
+    installed one could be another version)."""
+    files = rankpackage.folder()
+    names = {m: f"_orchestrate_rank/{m.rsplit('.', 1)[1]}.py" for m in SHIPPED["sidecar"]}
+    assert sorted(files) == sorted(
+        ["sitecustomize.py", "_orchestrate_rank/__init__.py", *names.values()])
+    assert len(files["sitecustomize.py"].splitlines()) <= 12
+    for module, name in names.items():
+        copy = files[name]
+        assert not re.search(r"^\s*(from|import) orchestrate\b", copy, re.M), name
+        for before, after in zip(module_source(module).splitlines(), copy.splitlines(),
+                                 strict=True):  # only the import lines differ
+            if before != after:
+                assert re.sub(r"from orchestrate\.(\w+\.)*(\w+) import",
+                              r"from _orchestrate_rank.\2 import", before) == after, before
+    with pytest.raises(ValueError, match="does not carry"):
+        rankpackage.carried("orchestrate.diagnosis.evidence", SHIPPED["sidecar"])
 
 
 def test_phases_and_heartbeat_of_a_plain_program(starter: Starter) -> None:
@@ -54,26 +85,31 @@ def test_phases_and_heartbeat_of_a_plain_program(starter: Starter) -> None:
         beat = evidence.read_heartbeats(job.run_dir, [0])[0]
         if beat is not None:
             last = beat
-            beats.append(beat["beat"])
-            if not seen or seen[-1] != beat["phase"]:
-                seen.append(beat["phase"])
+            beats.append(beat.beat)
+            if not seen or seen[-1] != beat.phase:
+                seen.append(beat.phase)
         time.sleep(0.03)
     assert job.wait(30) == {0: 0, 1: 0}, job.output()
     last = evidence.read_heartbeats(job.run_dir, [0])[0]
     assert last is not None
-    if seen[-1] != last["phase"]:
-        seen.append(last["phase"])
+    if seen[-1] != last.phase:
+        seen.append(last.phase)
     assert seen == ["start", "init_process_group", "running", "finished", "exit"], seen
     assert beats == sorted(beats)
-    assert last["rank"] == 0 and last["pid"] == job.procs[0].pid
-    assert last["host"] == socket.gethostname()
-    assert last["step"] is None and last["fr"] == "ok" and last["interval_s"] == 0.1
+    assert last.rank == 0 and last.pid == job.procs[0].pid
+    assert last.host == socket.gethostname()
+    assert last.step is None and last.fr == "ok" and last.interval_s == 0.1
     # 20 all_reduces on the default group, all completed, as the flight recorder counts them
-    assert [(p["pg"], p["enqueued"], p["completed"]) for p in last["pgs"]] == [("0", 20, 20)]
-    assert last["t"] >= last["phase_since"] >= last["started"]
+    assert [(p.pg, p.enqueued, p.completed) for p in last.pgs or ()] == [("0", 20, 20)]
+    assert last.pgs is not None
+    assert last.t is not None and last.phase_since is not None and last.started is not None
+    assert last.t >= last.phase_since >= last.started
     # exiting is not held up by the thread
     end = float((job.marks / "end-0").read_text())
-    assert last["t"] - end < 1.0
+    assert last.t - end < 1.0
+    # the file holds exactly what the record says (nothing lost on the way)
+    raw = json.loads((job.run_dir / "diag" / "hb" / "rank-0.json").read_text())
+    assert raw == last.to_json()
 
 
 def test_recorder_off_is_said_not_guessed(starter: Starter) -> None:
@@ -83,12 +119,12 @@ def test_recorder_off_is_said_not_guessed(starter: Starter) -> None:
     running = None
     while job.alive()[0] and time.monotonic() < deadline and running is None:
         beat = evidence.read_heartbeats(job.run_dir, [0])[0]
-        if beat is not None and beat["phase"] == "running":
+        if beat is not None and beat.phase == "running":
             running = beat
         time.sleep(0.05)
     assert job.wait(60) == {0: 0, 1: 0}, job.output()
     assert running is not None
-    assert running["pgs"] == [] and running["fr"] == "empty"
+    assert running.pgs == () and running.fr == "empty"
 
 
 def test_thread_never_delays_exit(starter: Starter, tmp_path: Path) -> None:
@@ -100,9 +136,9 @@ def test_thread_never_delays_exit(starter: Starter, tmp_path: Path) -> None:
     assert proc.returncode == 0
     assert exited - float(end.read_text()) < 0.5
     beat = evidence.read_heartbeats(job.run_dir, [0])[0]
-    assert beat is not None and beat["phase"] == "exit" and beat["pgs"] is None
-    assert beat["fr"] == "off"  # torch was never imported, and the sidecar did not import it
-    assert "torch" not in json.dumps(beat["stack"])
+    assert beat is not None and beat.phase == "exit" and beat.pgs is None
+    assert beat.fr == "off"  # torch was never imported, and the sidecar did not import it
+    assert "torch" not in json.dumps([frame.to_json() for frame in beat.stack])
 
 
 def test_a_run_dir_that_refuses_files_costs_one_line(starter: Starter) -> None:
@@ -150,18 +186,20 @@ def test_dump_on_request_and_stale_requests(starter: Starter) -> None:
     time.sleep(1.5)
     assert not (diag / "old").exists(), "a request from an earlier run was answered"
     collected = evidence.collect(starter.tmp / "asked", [0], timeout_s=10)
-    answer = collected["ranks"][0]
-    assert collected["silent"] == [] and answer is not None
-    assert collected["waited_s"] < 3
-    assert answer["stacks"].startswith("# orchestrate sidecar: rank 0 pid ")
-    assert '  File "<string>", line 3 in wait' in answer["stacks"]
-    assert answer["state"]["proc"]["state"] == "S"
-    names = sorted(Path(f).name for f in answer["files"])
+    answer = collected.answers[0]
+    assert collected.silent == [] and answer is not None
+    assert collected.waited_s < 3
+    assert answer.stacks is not None
+    assert answer.stacks.startswith("# orchestrate sidecar: rank 0 pid ")
+    assert '  File "<string>", line 3 in wait' in answer.stacks
+    assert answer.state is not None and answer.state.proc is not None
+    assert answer.state.proc.state == "S"
+    names = sorted(Path(f).name for f in answer.files)
     assert names == ["rank-0.stacks.txt", "rank-0.state.json"]  # no torch: no flight recorder
     job.procs[0].send_signal(signal.SIGSTOP)
     job.stopped.add(0)
     again = evidence.collect(starter.tmp / "asked", [0], timeout_s=2)
-    assert again["silent"] == [0] and again["ranks"] == {0: None}
+    assert again.silent == [0] and again.answers == {0: None}
 
 
 def test_spawned_children_stay_off_and_other_sitecustomize_still_runs(
@@ -182,7 +220,7 @@ def test_spawned_children_stay_off_and_other_sitecustomize_still_runs(
     assert report["child"]["pid"] != parent
     assert report["chained"] == "yes"
     beat = evidence.read_heartbeats(job.run_dir, [0])[0]
-    assert beat is not None and beat["pid"] == parent
+    assert beat is not None and beat.pid == parent
 
 
 def test_one_sidecar_when_both_copies_start_it(starter: Starter) -> None:
@@ -193,7 +231,7 @@ def test_one_sidecar_when_both_copies_start_it(starter: Starter) -> None:
         "from orchestrate.diagnosis import sidecar\n"
         "car = sidecar.start(sys.argv[1], 0)\n"
         "assert car is getattr(sys, '_orchestrate_sidecar')\n"
-        "assert type(car).__module__ == 'sitecustomize'\n"
+        "assert type(car).__module__ == '_orchestrate_rank.sidecar'\n"
         "sidecar.phase('step', 3)\n"
         "time.sleep(1.0)\n"
         "print(sum(t.name == 'orchestrate-sidecar' for t in threading.enumerate()))\n"
@@ -204,7 +242,7 @@ def test_one_sidecar_when_both_copies_start_it(starter: Starter) -> None:
     assert job.wait(60) == {0: 0}, job.output()
     assert job.output().strip().splitlines()[-1] == "1"
     beats = evidence.read_heartbeats(starter.tmp / "both", [0])
-    assert beats[0] is not None and (beats[0]["phase"], beats[0]["step"]) == ("exit", 3)
+    assert beats[0] is not None and (beats[0].phase, beats[0].step) == ("exit", 3)
 
 
 def test_switch_off(starter: Starter) -> None:

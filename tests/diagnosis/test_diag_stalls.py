@@ -54,8 +54,8 @@ def test_mismatch_names_the_rank_with_the_extra_collective(starter: Starter) -> 
     assert outcome.at - trigger >= STALL_S * 0.8  # the rule waited for the bound
     # what status --json will show
     saved = evidence.read_diagnosis(job.run_dir)
-    assert saved is not None and saved["kind"] == "mismatch" and saved["ranks"] == [2]
-    assert any(f.endswith("rank-2.stacks.txt") for f in saved["files"])
+    assert saved is not None and saved.kind == "mismatch" and saved.ranks == (2,)
+    assert any(f.endswith("rank-2.stacks.txt") for f in saved.files)
 
 
 def test_laggard_names_the_rank_stuck_in_its_data_loading(starter: Starter) -> None:
@@ -111,7 +111,7 @@ def test_healthy_job_with_a_long_rank0_pause_is_not_flagged(starter: Starter) ->
     assert (job.marks / "pause").exists()
     # every rank said goodbye
     beats = evidence.read_heartbeats(job.run_dir, job.ranks)
-    assert {r: b["phase"] for r, b in beats.items() if b} == {0: "exit", 1: "exit", 2: "exit"}
-    assert all(b and b["pgs"] and b["pgs"][0]["completed"] >= 41 for b in beats.values()), (
-        json.dumps(beats)[:2000]
+    assert {r: b.phase for r, b in beats.items() if b} == {0: "exit", 1: "exit", 2: "exit"}
+    assert all(b and b.pgs and b.pgs[0].completed >= 41 for b in beats.values()), (
+        json.dumps({r: b and b.to_json() for r, b in beats.items()})[:2000]
     )

@@ -19,36 +19,34 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diag_harness import REPO, expand
+from diag_harness import REPO, expand, install_site
 
-from orchestrate.diagnosis.stall import (
-    Frame,
-    Stall,
-    StallWatch,
-    classify,
-    format_ranks,
-    frame_kind,
-    idle_s,
-    innermost_user_frame,
-    parse_stacks,
-    rank_table,
-)
+from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat
+from orchestrate.diagnosis.ranktable import idle_s, rank_table
+from orchestrate.diagnosis.stacks import frame_kind, innermost_user_frame, parse_stacks
+from orchestrate.diagnosis.stall import Diagnosis, classify
+from orchestrate.diagnosis.stallrule import Stall, StallWatch, format_ranks
 
 CAPTURES = Path(__file__).resolve().parent / "captures"
 NAMES = ["mismatch", "laggard", "frozen", "rendezvous", "train"]
 
 
 def load(name: str) -> dict[str, Any]:
+    """A capture with its heartbeats and answers as JSON (the variants below edit them)."""
     data: dict[str, Any] = json.loads((CAPTURES / f"{name}.json").read_text())
     data["heartbeats"] = {int(r): b for r, b in data["heartbeats"].items()}
     data["dumps"] = {int(r): d for r, d in data["dumps"].items()}
     data["nodes"] = {int(r): n for r, n in data["nodes"].items()}
-    raw = data["stall"]
-    data["stall"] = Stall(
-        raw["reason"], raw["since"], raw["idle_s"], raw["threshold_s"], tuple(raw["silent"]),
-        {int(r): a for r, a in raw["ages"].items()},
-    )
+    data["stall"] = Stall.from_json(data["stall"])
     return data
+
+
+def beats_of(raw: dict[int, Any]) -> dict[int, Heartbeat | None]:
+    return {rank: Heartbeat.from_json(beat) for rank, beat in raw.items()}
+
+
+def answers_of(raw: dict[int, Any] | None) -> dict[int, Answer | None] | None:
+    return None if raw is None else {rank: Answer.from_json(a) for rank, a in raw.items()}
 
 
 def run_classify(data: dict[str, Any], **changes: Any) -> Any:
@@ -58,6 +56,8 @@ def run_classify(data: dict[str, Any], **changes: Any) -> Any:
         "stall": data["stall"],
     }
     args.update(changes)
+    args["heartbeats"] = beats_of(args["heartbeats"])
+    args["dumps"] = answers_of(args["dumps"])
     return classify(**args)
 
 
@@ -188,7 +188,8 @@ def test_classify_without_a_stall_uses_the_ranks_clocks() -> None:
 
 def test_rank_table() -> None:
     data = load("train")
-    rows = rank_table(data["heartbeats"], data["dumps"], data["now"], data["nodes"])
+    rows = rank_table(beats_of(data["heartbeats"]), answers_of(data["dumps"]), data["now"],
+                      data["nodes"])
     assert [(r.rank, r.node, r.phase, r.step, r.answered) for r in rows] == [
         (0, "node-a", "step", 47, True), (1, "node-b", "step", 47, True),
     ]
@@ -199,14 +200,43 @@ def test_rank_table() -> None:
     assert rows[1].frame == "stuck_data.py:32 `__getitem__`"
     assert rows[1].kernel == "sleeping: hrtimer_nanosleep"
     assert rows[0].frame is not None and rows[0].frame.startswith("trainer.py:")
-    assert json.loads(json.dumps(rows[0].as_dict()))["collectives"][0].endswith("waiting")
+    assert json.loads(json.dumps(rows[0].to_json()))["collectives"][0].endswith("waiting")
 
 
 def test_idle_from_heartbeats_alone() -> None:
     data = load("mismatch")
-    idle = idle_s(data["heartbeats"])
+    idle = idle_s(beats_of(data["heartbeats"]))
     assert idle is not None and 10.0 <= idle <= 14.0  # stall_s was 12
     assert idle_s({0: None}) is None
+
+
+# --- the records, on what real sidecars wrote ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_records_read_back_exactly_what_real_ranks_wrote(name: str) -> None:
+    data = load(name)
+    for raw in data["heartbeats"].values():
+        beat = Heartbeat.from_json(raw)
+        assert beat is not None and beat.to_json() == raw
+    for raw in data["dumps"].values():
+        answer = Answer.from_json(raw)
+        assert (raw is None and answer is None) or (answer is not None and answer.to_json() == raw)
+    diagnosis = run_classify(data)
+    assert Diagnosis.from_json(json.loads(json.dumps(diagnosis.to_json()))) == diagnosis
+    assert Stall.from_json(json.loads(json.dumps(data["stall"].to_json()))) == data["stall"]
+
+
+def test_damaged_records_read_as_nothing_or_fail_loudly() -> None:
+    assert Heartbeat.from_json({}) is None and Heartbeat.from_json([1, 2]) is None
+    beat = Heartbeat.from_json({"pid": "x", "step": 3, "pgs": [{"enqueued": 1}, {"pg": "0"}],
+                                "stack": [["f.py", "x", "g"], ["f.py", 3, "g"]]})
+    assert beat is not None and beat.pid is None and beat.step == 3
+    assert [g.pg for g in beat.pgs or ()] == ["0"] and len(beat.stack) == 1
+    with pytest.raises(KeyError):
+        Diagnosis.from_json({"kind": "frozen", "summary": "no time"})
+    with pytest.raises(ValueError):
+        Diagnosis.from_json({"kind": "frozen", "summary": "s", "at": "soon"})
 
 
 # --- the stall rule replayed on real traces --------------------------------------------------
@@ -242,8 +272,13 @@ def test_train_trace_learns_the_step_time() -> None:
 # --- the stall rule on made-up heartbeats ---------------------------------------------------
 
 
-def beat(n: int, *, step: int | None = None, phase: str = "step", pid: int = 7) -> dict[str, Any]:
-    return {"pid": pid, "beat": n, "phase": phase, "step": step, "pgs": []}
+def beat(n: int, *, step: int | None = None, phase: str = "step", pid: int = 7,
+         **fields: Any) -> Heartbeat:
+    """A made-up heartbeat, from its JSON fields."""
+    found = Heartbeat.from_json({"pid": pid, "beat": n, "phase": phase, "step": step, "pgs": [],
+                                 **fields})
+    assert found is not None
+    return found
 
 
 def test_no_heartbeat_no_stall() -> None:
@@ -253,8 +288,8 @@ def test_no_heartbeat_no_stall() -> None:
 
 
 def test_no_progress_after_stall_s_then_quiet_until_progress() -> None:
-    def at(n: int, done: int) -> dict[str, Any]:
-        return {**beat(n, phase="running"), "pgs": [{"pg": "0", "enqueued": 9, "completed": done}]}
+    def at(n: int, done: int) -> Heartbeat:
+        return beat(n, phase="running", pgs=[{"pg": "0", "enqueued": 9, "completed": done}])
 
     watch = StallWatch(10, 1)
     for t in range(10):
@@ -296,9 +331,9 @@ def test_a_dead_or_exiting_rank_is_not_silent() -> None:
 
 
 def test_frames_count_only_where_there_is_nothing_else_to_count() -> None:
-    def at(n: int, phase: str) -> dict[str, Any]:
+    def at(n: int, phase: str) -> Heartbeat:
         pgs = [{"pg": "0", "enqueued": 3, "completed": 3}] if phase == "running" else []
-        return {**beat(n, phase=phase), "stack": [["/w/prog.py", n, "f"]], "pgs": pgs}
+        return beat(n, phase=phase, stack=[["/w/prog.py", n, "f"]], pgs=pgs)
 
     importing = StallWatch(10, 1)
     spinning = StallWatch(10, 1)
@@ -313,9 +348,9 @@ def test_frames_count_only_where_there_is_nothing_else_to_count() -> None:
 def test_cpu_time_counts_before_init() -> None:
     """Loading libtorch holds one frame for seconds; the main thread's CPU time still moves.
     A rank sleeping before init moves neither."""
-    def at(n: int, cpu: float) -> dict[str, Any]:
-        return {**beat(n, phase="start"), "stack": [["/w/torch/__init__.py", 290, "<module>"]],
-                "main_cpu_s": cpu}
+    def at(n: int, cpu: float) -> Heartbeat:
+        return beat(n, phase="start", stack=[["/w/torch/__init__.py", 290, "<module>"]],
+                    main_cpu_s=cpu)
 
     loading, sleeping = StallWatch(10, 1), StallWatch(10, 1)
     found = []
@@ -329,8 +364,8 @@ def test_cpu_time_counts_before_init() -> None:
 def test_without_the_flight_recorder_frames_stand_in() -> None:
     """TORCH_FR_BUFFER_SIZE=0 leaves no counters; a program without steps then progresses
     when its innermost frame moves (a real run: test_diag_sidecar's recorder-off test)."""
-    def at(n: int, line: int) -> dict[str, Any]:
-        return {**beat(n, phase="running"), "stack": [["/w/prog.py", line, "f"]], "pgs": []}
+    def at(n: int, line: int) -> Heartbeat:
+        return beat(n, phase="running", stack=[["/w/prog.py", line, "f"]], pgs=[])
 
     moving, stuck = StallWatch(10, 1), StallWatch(10, 1)
     for t in range(30):
@@ -370,6 +405,7 @@ def test_parse_stacks_takes_the_main_thread() -> None:
     ("/src/torch/distributed/distributed_c10d.py", "library"),
     ("/work/orchestrate/train/trainer.py", "ours"),
     ("/work/orchestrate/sidecar.py", "ours"),
+    ("/runs/j-1/sidecar/_orchestrate_rank/sidecar.py", "library"),
 ])
 def test_frame_kinds(path: str, kind: str) -> None:
     assert frame_kind(path) == kind
@@ -403,18 +439,18 @@ def test_classifier_on_python38(tmp_path: Path) -> None:
     script = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
-from orchestrate.diagnosis.stall import Stall, StallWatch, classify
-from orchestrate.diagnosis import evidence, sidecar
+from orchestrate.diagnosis.diagfiles import Answer, Heartbeat
+from orchestrate.diagnosis.stall import Diagnosis, classify
+from orchestrate.diagnosis.stallrule import Stall, StallWatch
+from orchestrate.diagnosis import activation, evidence, hangwatch, ranktable, sidecar
 out = {{}}
 for name in {NAMES!r}:
     d = json.load(open({str(CAPTURES)!r} + "/" + name + ".json"))
-    s = d["stall"]
-    stall = Stall(s["reason"], s["since"], s["idle_s"], s["threshold_s"], tuple(s["silent"]),
-                  {{int(r): a for r, a in s["ages"].items()}})
-    diag = classify({{int(r): b for r, b in d["heartbeats"].items()}},
-                    {{int(r): x for r, x in d["dumps"].items()}}, d["now"],
+    stall = Stall.from_json(d["stall"])
+    diag = classify({{int(r): Heartbeat.from_json(b) for r, b in d["heartbeats"].items()}},
+                    {{int(r): Answer.from_json(x) for r, x in d["dumps"].items()}}, d["now"],
                     {{int(r): n for r, n in d["nodes"].items()}}, d["master"], "lo", stall=stall)
-    out[name] = diag.as_dict()
+    out[name] = diag.to_json()
 print(json.dumps(out))
 """
     proc = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120,
@@ -422,16 +458,14 @@ print(json.dumps(out))
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     for name in NAMES:
-        assert got[name] == run_classify(load(name)).as_dict()
+        assert got[name] == run_classify(load(name)).to_json()
 
 
 def test_sidecar_as_sitecustomize_on_python38_without_torch(tmp_path: Path) -> None:
     python = _python38()
     if python is None:
         pytest.skip("no Python 3.8 interpreter here")
-    site = tmp_path / "site"
-    site.mkdir()
-    shutil.copyfile(REPO / "orchestrate" / "diagnosis" / "sidecar.py", site / "sitecustomize.py")
+    site = install_site(tmp_path / "site")
     run = tmp_path / "run"
     proc = subprocess.run(
         [python, "-c", "import time; time.sleep(1.5); print('ok')"],

@@ -14,15 +14,15 @@ from xml.etree import ElementTree
 import pytest
 
 from orchestrate.cli.live import Snapshot, loss_line, render, sparkline
-from orchestrate.report import svg
-from orchestrate.report.html import (
-    Attempt,
-    RunData,
-    Stall,
-    effective_metrics,
-    render_report,
-    step_at,
-)
+from orchestrate.core.plan.outcome import Attempt
+from orchestrate.core.plan.plan import Plan, make_plan
+from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.report import scales, svg
+from orchestrate.report.html import render_report
+from orchestrate.report.metricrecord import MetricRecord
+from orchestrate.report.rundata import RunData, effective_metrics, step_at
 from orchestrate.report.runfiles import add_pace, load_run, read_jsonl, write_report
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, pace
 
@@ -119,7 +119,8 @@ def test_live_view_lists_every_rank_and_marks_the_straggler() -> None:
                         {"rank": 1, "node": "b", "state": "RUNNING"},
                         {"rank": 2, "node": "c", "state": "RUNNING"}]}
     snap = Snapshot(status=status, pace=pace(windows, {0: "a", 1: "b"}), losses=[2.0, 1.0],
-                    last_metrics={"epoch": 1, "step": 10}, heartbeats={0: 95.0, 1: None},
+                    last_metrics=MetricRecord("step", epoch=1, step=10),
+                    heartbeats={0: 95.0, 1: None},
                     now=100.0)
     console = Console(width=140, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
     console.print(render(snap))
@@ -177,7 +178,7 @@ def test_log_x_axis_for_message_sizes_with_an_expected_band() -> None:
 def test_thin_keeps_spikes_of_long_series() -> None:
     points = [(float(i), 1.0) for i in range(10_000)]
     points[5_432] = (5_432.0, 50.0)
-    kept = svg.thin(points, 300)
+    kept = scales.thin(points, 300)
     assert len(kept) <= 310 and (5_432.0, 50.0) in kept and kept[-1] == points[-1]
 
 
@@ -204,9 +205,9 @@ def test_stacked_bars_highlight_and_heatmap_cells() -> None:
 
 
 def test_ticks_and_formats() -> None:
-    assert svg.nice_ticks(0, 0.95) == [0.0, 0.2, 0.4, 0.6, 0.8]
-    assert svg.nice_ticks(3, 3) == [3]
-    assert svg.log_ticks(1, 1e6) == [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
+    assert scales.nice_ticks(0, 0.95) == [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert scales.nice_ticks(3, 3) == [3]
+    assert scales.log_ticks(1, 1e6) == [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6]
     assert svg.seconds(185) == "3m05s" and svg.seconds(7300) == "2h01m"
     assert svg.size_bytes(256 * 2**20) == "256M" and svg.milliseconds(0.0123) == "12.3ms"
 
@@ -214,17 +215,24 @@ def test_ticks_and_formats() -> None:
 # --- the report ---------------------------------------------------------------------------------
 
 
-def _plan(world: int = 2) -> dict[str, Any]:
-    return {"job_id": "j-1", "job_name": "j", "backend": "ssh", "dist_backend": "nccl",
-            "world_size": world,
-            "nodes": [{"name": "a100", "address": "10.0.0.1", "node_rank": 0, "nproc": world,
-                       "first_rank": 0, "gpu_indices": list(range(world)),
-                       "gpu_models": ["A100-80GB"] * world, "env": {"NCCL_SOCKET_IFNAME": "eno1"},
-                       "cuda_visible_devices": "0,1"}],
-            "ranks": [{"rank": r, "local_rank": r, "node": "a100", "gpu_index": r,
-                       "gpu_model": "A100-80GB"} for r in range(world)],
-            "env": {"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": str(world)},
-            "secret_env": ["WANDB_API_KEY"], "command": ["python", "train.py"]}
+def _plan(world: int = 2) -> Plan:
+    """A real plan (as plan.json holds it) of one node with ``world`` A100s, whose node env
+    names the interface."""
+    inventory = resolve_inventory(InventorySpec.model_validate({"name": "t", "nodes": [
+        {"name": "a100", "address": "10.0.0.1",
+         "gpus": [{"model": "A100-80GB", "memory_gb": 80, "count": world}]}]}))
+    job = JobSpec.model_validate({"name": "j", "backend": "ssh", "command": ["python", "train.py"],
+                                  "secret_env": ["WANDB_API_KEY"],
+                                  "resources": {"nodes": 1, "gpus_per_node": world}})
+    data = make_plan(job, inventory, job_id="j-1", run_dir="/r/j-1", workdir="/w").to_json()
+    data["nodes"][0]["env"]["NCCL_SOCKET_IFNAME"] = "eno1"
+    return Plan.from_json(data)
+
+
+def _metrics(*records: dict[str, Any]) -> list[MetricRecord]:
+    found = [MetricRecord.from_json(r) for r in records]
+    assert None not in found
+    return [r for r in found if r is not None]
 
 
 def test_report_with_only_a_plan_is_complete_html_without_external_references() -> None:
@@ -236,7 +244,7 @@ def test_report_with_only_a_plan_is_complete_html_without_external_references() 
 
 
 def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
-    metrics = [
+    metrics = _metrics(
         {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None},
         {"kind": "epoch", "epoch": 1, "step": 10, "train_loss": 2.0, "val_loss": 2.1,
          "time": 20.0},
@@ -245,7 +253,7 @@ def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
         {"kind": "epoch", "epoch": 2, "step": 20, "train_loss": 1.0, "val_loss": 1.2,
          "time": 50.0},
         {"kind": "checkpoint", "epoch": 2, "step": 20, "time": 51.0, "path": "x"},
-    ]
+    )
     doctor = {"verdict": "warn", "bandwidth": {
         "allreduce": [{"size_bytes": 2**k, "busbw_GBps": k / 3, "backend": "nccl"}
                       for k in range(10, 30, 2)],
@@ -256,10 +264,10 @@ def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
         job={"id": "j-1", "state": "COMPLETED", "submitted_at": 0.0, "started_at": 2.0,
              "first_step_at": 10.0, "finished_at": 60.0},
         metrics=metrics,
-        stalls=[Stall("laggard", (1,), ("a100",), "rank 1 (node a100) has not reached "
-                      "collective #42", 21.0)],
-        attempts=[Attempt(1, 2.0, 30.0, "node failure", None),
-                  Attempt(2, 35.0, 60.0, "", 10)],
+        stalls=[Diagnosis("laggard", (1,), ("a100",), "rank 1 (node a100) has not reached "
+                          "collective #42", 21.0)],
+        attempts=[Attempt(1, 2.0, 30.0, "node failure"),
+                  Attempt(2, 35.0, 60.0, "", resumed_from_step=10)],
         doctor=doctor,
     )
     html = render_report(data)
@@ -283,12 +291,12 @@ def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
 
 
 def test_effective_metrics_and_step_at() -> None:
-    records = [{"kind": "step", "step": s, "time": float(s)} for s in (5, 10, 15)]
-    records.append({"kind": "start", "step": 11, "resumed_from_step": 10, "time": 20.0})
-    records.append({"kind": "step", "step": 15, "time": 25.0})
+    records = _metrics(*({"kind": "step", "step": s, "time": float(s)} for s in (5, 10, 15)))
+    records += _metrics({"kind": "start", "step": 11, "resumed_from_step": 10, "time": 20.0},
+                        {"kind": "step", "step": 15, "time": 25.0})
     kept = effective_metrics(records)
-    assert [(r["kind"], r["step"]) for r in kept] == [("step", 5), ("step", 10), ("start", 11),
-                                                      ("step", 15)]
+    assert [(r.kind, r.step) for r in kept] == [("step", 5), ("step", 10), ("start", 11),
+                                                ("step", 15)]
     assert step_at(kept, 7.5) == pytest.approx(7.5)
     assert step_at(kept, -1) == 5 and step_at([], 3.0) is None
 
@@ -319,6 +327,48 @@ def test_reader_tolerates_missing_files_and_a_line_being_written(tmp_path: Path)
     status = add_pace({"ranks": [{"rank": 0, "node": "n"}, {"rank": 1, "node": "m"}]}, run)
     assert status["straggler"] is None
     assert status["ranks"][0]["timing"]["steps"] == 10 and status["ranks"][1]["timing"] is None
+
+
+def test_the_reader_takes_the_typed_records_back(tmp_path: Path) -> None:
+    """plan.json, diagnosis.json, the job record's attempts and metrics.jsonl come back as the
+    records that wrote them; damaged entries are skipped, not half-read."""
+    run = tmp_path / "run"
+    (run / "diag").mkdir(parents=True)
+    plan = _plan()
+    (run / "plan.json").write_text(json.dumps(plan.to_json()))
+    stall = Diagnosis("laggard", (1,), ("a100",), "rank 1 waits", 21.0, ("/r/x",))
+    (run / "diag" / "diagnosis.json").write_text(json.dumps(
+        {"diagnoses": [stall.to_json(), {"kind": "frozen", "summary": "no time"}]}))
+    attempts = [Attempt(1, 2.0, 30.0, "node failure", ("h2",)), Attempt(2, 35.0)]
+    lines = [MetricRecord("start", epoch=1, step=1, time=10.0, world_size=2),
+             MetricRecord("epoch", epoch=1, step=16, train_loss=0.5, lr=1e-3, time=12.0,
+                          peak_memory_gb=(1.25, 1.5)),
+             MetricRecord("checkpoint", epoch=1, step=16, time=13.0, path="/c/16"),
+             MetricRecord("end", outcome="completed", epoch=1, step=16, time=14.0)]
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps(r.to_json()) + "\n" for r in lines) + '{"step": 3}\n')
+    job = {"id": "j-1", "attempts": [a.to_json() for a in attempts] + [{"n": 3}]}
+    data = load_run(run, job, now=5.0)
+    assert data.plan == plan and data.job_id == "j-1"
+    assert data.stalls == [stall]
+    assert data.attempts == attempts
+    assert data.metrics == lines
+    # each kind's line holds its own fields, as the trainer writes them
+    assert list(lines[0].to_json()) == ["kind", "epoch", "step", "time", "world_size",
+                                        "resumed_from_step"]
+    assert lines[1].to_json()["peak_memory_gb"] == [1.25, 1.5]
+    assert "path" in lines[2].to_json() and "train_loss" not in lines[2].to_json()
+
+
+def test_a_metric_record_reads_what_it_can() -> None:
+    record = MetricRecord.from_json({"kind": "epoch", "step": 4.0, "train_loss": "x",
+                                     "val_loss": float("nan"), "lr": True, "epoch": 2})
+    assert record == MetricRecord("epoch", epoch=2, step=4)
+    assert MetricRecord.from_json({"step": 4}) is None and MetricRecord.from_json([1]) is None
+    newer = MetricRecord("step", epoch=2, step=8, train_loss=0.25)
+    merged = MetricRecord("epoch", epoch=1, step=4, val_accuracy=0.9).updated(newer)
+    assert (merged.kind, merged.step, merged.train_loss, merged.val_accuracy) == (
+        "step", 8, 0.25, None)  # a step record carries val_accuracy: null, as its line does
 
 
 def test_a_timer_that_cannot_write_says_so_once_and_stops(tmp_path: Path,

@@ -13,6 +13,7 @@ from torch.utils.data import DistributedSampler
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec.trainspec import SchedulerSpec, TrainSpec
+from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.train import checkpoint
 from orchestrate.train.distributed import backend_from, timeout_from
 from orchestrate.train.factories import call, resolve
@@ -234,9 +235,11 @@ def test_param_count_uses_the_workdir(tmp_path: Path) -> None:
 
 
 def test_epoch_line_for_people() -> None:
-    record = {"epoch": 3, "step": 69, "train_loss": 0.32861, "val_loss": 0.2592,
-              "val_accuracy": 0.93611, "samples_per_s": 13828.4, "epoch_s": 0.113,
-              "peak_memory_gb": [1.25, 1.5]}
+    record = MetricRecord.from_json({
+        "kind": "epoch", "epoch": 3, "step": 69, "train_loss": 0.32861, "val_loss": 0.2592,
+        "val_accuracy": 0.93611, "samples_per_s": 13828.4, "epoch_s": 0.113,
+        "peak_memory_gb": [1.25, 1.5]})
+    assert record is not None
     assert format_epoch(record, 8) == (
         "epoch 3/8  step 69  train_loss 0.3286  val_loss 0.2592  val_acc 0.9361  "
         "13828 samples/s  0.11 s  peak 1.2/1.5 GB"

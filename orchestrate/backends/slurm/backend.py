@@ -408,7 +408,8 @@ def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobReco
     attempts = attempts_of(run_dir, runs, job)
     if attempts and attempts != job.attempts:
         fields["attempts"] = attempts
-    diagnosis = read_diagnosis(run_dir)  # the stall watch in the batch job keeps it there
+    found = read_diagnosis(run_dir)  # the stall watch in the batch job keeps it there
+    diagnosis = None if found is None else found.to_json()
     if diagnosis is not None and diagnosis != job.diagnosis and \
             float(diagnosis.get("at") or 0) >= job.submitted_at:
         fields["diagnosis"] = diagnosis

@@ -290,7 +290,7 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
             _note(merged, f"stalled: {diagnosis.summary} (distributed.on_stall: report: the "
                           "job goes on)")
             continue
-        _write(stalled, json.dumps(diagnosis.as_dict()))
+        _write(stalled, json.dumps(diagnosis.to_json()))
         _note(merged, f"stalled: {diagnosis.summary}; stopping every rank "
                       "(distributed.on_stall: kill)")
         _cancel_step()

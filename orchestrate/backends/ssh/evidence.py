@@ -11,26 +11,20 @@ so ``orchestrate diagnose``, the report and a later look see the same files as o
 from __future__ import annotations
 
 import json
-import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from orchestrate.backends.ssh.connections import Links, Target, fan_out
-from orchestrate.core.layout import DIAG_DIR, EVIDENCE_PROGRAM, heartbeat_file
+from orchestrate.core.layout import EVIDENCE_PROGRAM
 from orchestrate.core.plan.plan import Plan
-from orchestrate.diagnosis.evidence import new_request_id
+from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Heartbeat
+from orchestrate.diagnosis.evidence import Collection, new_request_id, write_atomic
 
 #: Seconds a host may take beyond its connect timeout to answer a heartbeat read.
 READ_SLACK_S = 10.0
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def _answer_json(output: str) -> dict[str, Any]:
@@ -54,6 +48,7 @@ class RemoteEvidence:
         self.links = links
         self.fanout = fanout
         self.local = local_run_dir
+        self.files = DiagFiles(local_run_dir)
         self.ranks_on = {n.name: [r.rank for r in n.ranks] for n in plan.nodes}
 
     def _command(self, target: Target, *args: str) -> str:
@@ -64,7 +59,7 @@ class RemoteEvidence:
         return [self.targets[name] for name in self.ranks_on if name in self.targets
                 and not self.links.get(self.targets[name]).lost]
 
-    def heartbeats(self) -> dict[int, dict[str, Any] | None]:
+    def heartbeats(self) -> dict[int, Heartbeat | None]:
         def read(target: Target) -> dict[str, Any]:
             ranks = ",".join(map(str, self.ranks_on[target.name]))
             result = self.links.get(target).run(
@@ -72,20 +67,19 @@ class RemoteEvidence:
                 timeout=target.connect_timeout_s + READ_SLACK_S)
             return _answer_json(result.output)
 
-        beats: dict[int, dict[str, Any] | None] = {
-            r.rank: None for r in self.plan.ranks}
+        beats: dict[int, Heartbeat | None] = {r.rank: None for r in self.plan.ranks}
         for got in fan_out(self._hosts(), read, self.fanout).values():
             if got.value is None:
                 continue  # unreachable now: its ranks keep their last beats' ages in the watch
-            for rank, beat in (got.value.get("heartbeats") or {}).items():
-                if isinstance(beat, dict):
+            for rank, data in (got.value.get("heartbeats") or {}).items():
+                beat = Heartbeat.from_json(data)
+                if beat is not None:
                     beats[int(rank)] = beat
-                    _write(heartbeat_file(self.local, int(rank)), json.dumps(beat))
+                    write_atomic(self.files.heartbeat(int(rank)), json.dumps(beat.to_json()))
         return beats
 
-    def collect(self, timeout_s: float) -> dict[str, Any]:
+    def collect(self, timeout_s: float) -> Collection:
         request_id = new_request_id()
-        folder = self.local / DIAG_DIR / request_id
 
         def ask(target: Target) -> dict[str, Any]:
             ranks = ",".join(map(str, self.ranks_on[target.name]))
@@ -95,33 +89,32 @@ class RemoteEvidence:
                 timeout=target.connect_timeout_s + timeout_s + READ_SLACK_S)
             return _answer_json(result.output)
 
-        answers: dict[int, dict[str, Any] | None] = {r.rank: None for r in self.plan.ranks}
+        answers: dict[int, Answer | None] = {r.rank: None for r in self.plan.ranks}
         waited = 0.0
         for got in fan_out(self._hosts(), ask, self.fanout).values():
             if got.value is None:
                 continue
-            collected = got.value.get("collected") or {}
-            waited = max(waited, float(collected.get("waited_s") or 0.0))
-            for rank_text, answer in (collected.get("ranks") or {}).items():
-                if isinstance(answer, dict):
-                    answers[int(rank_text)] = self._mirror(folder, int(rank_text), answer)
-        return {"id": request_id, "dir": str(folder), "waited_s": waited, "ranks": answers,
-                "silent": sorted(r for r, a in answers.items() if a is None)}
+            collected = Collection.from_json(got.value.get("collected") or {})
+            waited = max(waited, collected.waited_s)
+            for rank, answer in collected.answers.items():
+                if answer is not None:
+                    answers[rank] = self._mirror(request_id, rank, answer)
+        return Collection(request_id, str(self.files.answers(request_id)), waited, answers)
 
-    def _mirror(self, folder: Path, rank: int, answer: dict[str, Any]) -> dict[str, Any]:
+    def _mirror(self, request_id: str, rank: int, answer: Answer) -> Answer:
         """Keep one rank's answer in the controller's run directory; the answer, with the
         files named where they now are."""
+        paths = self.files.answer(request_id, rank)
         files: list[str] = []
-        parts: Sequence[tuple[str, Any]] = (
-            ("stacks.txt", answer.get("stacks")),
-            ("state.json", None if answer.get("state") is None else json.dumps(answer["state"])),
-            ("fr.json", answer.get("fr_text")),
+        parts = (
+            (paths.stacks, answer.stacks),
+            (paths.state, None if answer.state is None else json.dumps(answer.state.to_json())),
+            (paths.flight_recorder, answer.fr_text),
         )
-        for suffix, text in parts:
-            if isinstance(text, str):
-                path = folder / f"rank-{rank}.{suffix}"
-                _write(path, text)
+        for path, text in parts:
+            if text is not None:
+                write_atomic(path, text)
                 files.append(str(path))
-        _write(folder / f"rank-{rank}.done", json.dumps(answer.get("done") or {}))
-        return {"state": answer.get("state"), "stacks": answer.get("stacks"), "files": files,
-                "done": answer.get("done")}
+        done = {} if answer.done is None else answer.done.to_json()
+        write_atomic(paths.done, json.dumps(done))
+        return replace(answer, files=tuple(files), fr_text=None)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli, fake_nvidia_smi
 
@@ -91,7 +92,9 @@ def test_the_script_render_prints_is_what_runs(cli: Cli) -> None:
     run_dir = Path(str(status["run_dir"]))
     shown = {name: text for name, text in (
         chunk.split(" <==\n", 1) for chunk in rendered[4:].split("\n==> "))}
-    assert list(shown) == ["launch-localhost.sh", "sidecar/sitecustomize.py"]
+    sidecar = [f"sidecar/{name}" for name in sidecar_folder()]
+    assert "sidecar/sitecustomize.py" in sidecar
+    assert list(shown) == ["launch-localhost.sh", *sidecar]
     for name, text in shown.items():  # byte for byte, the rank sidecar included
         assert text.rstrip("\n") == (run_dir / name).read_text().rstrip("\n"), name
 

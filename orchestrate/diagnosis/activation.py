@@ -1,0 +1,115 @@
+"""What the rank sidecar's ``sitecustomize.py`` does when Python starts: bound torch's default
+timeout, start the sidecar in a rank process (not in its children), then run the
+``sitecustomize`` it hides.
+
+The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH``; Python runs its
+``sitecustomize.py`` in *every* process started under a rank, so it calls
+:func:`run_as_sitecustomize` of the copy of this module in ``_orchestrate_rank/`` beside it
+(:mod:`orchestrate.diagnosis.rankpackage`):
+
+- ``ORCHESTRATE_TIMEOUT_S`` bounds torch.distributed's default timeout
+  (:mod:`orchestrate.hostside.timeouts`), whether or not the sidecar runs;
+- when ``ORCHESTRATE_RUN_DIR`` and ``RANK`` are set and ``ORCHESTRATE_SIDECAR`` is not ``0``,
+  the sidecar (:mod:`orchestrate.diagnosis.sidecar`) starts once per rank process and records
+  its pid in ``ORCHESTRATE_SIDECAR_PID``. Any Python started from the rank
+  (multiprocessing/DataLoader workers with spawn, the resource tracker, helper scripts) inherits
+  that variable, sees a live process that is not itself, and stays off. A stale value (that
+  process is gone) or our own pid after ``exec`` starts it anew. Known limit: the *first* Python
+  process of a rank owns the sidecar, so a Python wrapper that runs the real program as a child
+  (``accelerate launch``) is what gets watched; give such jobs ``ORCHESTRATE_SIDECAR=0``;
+- afterwards any other ``sitecustomize`` later on ``sys.path`` (Debian ships one) is loaded
+  too, so we never shadow it.
+
+Those children pay only for this module and the timeout bound (``os`` and ``sys``, already
+loaded): the sidecar, its records and their imports load only in the process that starts it.
+Standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from orchestrate.hostside.timeouts import bound_from
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+ENV_RUN_DIR = "ORCHESTRATE_RUN_DIR"
+ENV_SWITCH = "ORCHESTRATE_SIDECAR"
+ENV_OWNER = "ORCHESTRATE_SIDECAR_PID"
+
+
+def enabled(environ: Any) -> bool:
+    """Whether the launcher wants the sidecar (``ORCHESTRATE_SIDECAR`` is not ``0``)."""
+    return str(environ.get(ENV_SWITCH, "1")).strip() != "0"
+
+
+def _owner_elsewhere(environ: Any) -> bool:
+    """Whether another live process of this rank (our parent, usually) owns the sidecar."""
+    raw = str(environ.get(ENV_OWNER, "")).strip()
+    if not raw.isdigit() or int(raw) == os.getpid():
+        return False
+    try:
+        os.kill(int(raw), 0)
+    except ProcessLookupError:
+        return False  # stale: left by a process that is gone
+    except OSError:
+        return True  # alive, but not ours to signal
+    return True
+
+
+def activate(environ: Any) -> Any:
+    """Bound the default timeout, then start the sidecar in a rank process (not in its
+    children); returns the sidecar started, or None."""
+    bound_from(environ)
+    run_dir = str(environ.get(ENV_RUN_DIR, "")).strip()
+    rank = str(environ.get("RANK", "")).strip()
+    if not run_dir or not rank.isdigit() or not enabled(environ):
+        return None
+    if _owner_elsewhere(environ):
+        return None
+    # Imported here: a rank's children (which stay off) never load the thread and its records.
+    from orchestrate.diagnosis.sidecar import start
+
+    return start(run_dir, int(rank))
+
+
+def run_as_sitecustomize(entry: str) -> None:
+    """Everything the ``sitecustomize.py`` at ``entry`` does: :func:`activate` (an error of
+    ours never stops the program: one line on stderr), then run the ``sitecustomize`` it
+    hides."""
+    try:
+        activate(os.environ)
+    except Exception as exc:
+        sys.stderr.write(f"orchestrate sidecar: not started: {type(exc).__name__}: {exc}\n")
+    _chain_load_next_sitecustomize(entry)
+
+
+def _chain_load_next_sitecustomize(entry: str) -> None:
+    """Run the ``sitecustomize`` that ours hides (later on sys.path), as site.py would."""
+    import importlib.machinery
+    import importlib.util
+
+    mine = os.path.realpath(entry)
+    here = os.path.dirname(mine)
+    entries = []
+    seen_here = False
+    for path in sys.path:
+        real = os.path.realpath(path or os.getcwd())
+        if real == here:
+            seen_here = True
+            continue
+        if seen_here:
+            entries.append(path)
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", entries)
+    if spec is None or spec.loader is None or not spec.origin:
+        return
+    if os.path.realpath(spec.origin) == mine:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.stderr.write(f"Error in sitecustomize {spec.origin}; {type(exc).__name__}: {exc}\n")

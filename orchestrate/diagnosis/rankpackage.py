@@ -1,0 +1,78 @@
+"""The sidecar folder every Python rank loads: a short ``sitecustomize.py`` and
+``_orchestrate_rank/``, a private package of copies of orchestrate's stdlib-only modules.
+
+The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH`` (templates/node.sh.j2,
+sbatch.sh.j2), so Python runs its ``sitecustomize.py`` at start-up, before the rank's program,
+with no change to it. That entry imports the sidecar from ``_orchestrate_rank/`` beside it:
+the modules :data:`~orchestrate.hostside.shipping.SHIPPED` names for ``"sidecar"`` (the run-dir
+names, the diag records, the timeout bound, the flight recorder, the sidecar and its
+activation), each under its last name, with their imports of one another pointed at the private
+package. So the rank side and the launcher side share one text of every name and record, and
+a rank that imports the user's installed orchestrate (the built-in trainer does) never gets
+these copies instead: nothing here is called ``orchestrate``, and no import hook is needed.
+
+A carried module may import only the standard library and the other carried modules:
+:func:`folder` fails at once on any other ``orchestrate`` import (the tests build it).
+"""
+
+from __future__ import annotations
+
+import re
+
+from orchestrate.hostside.shipping import SHIPPED, module_source
+
+#: The private package inside the sidecar folder.
+PACKAGE = "_orchestrate_rank"
+
+#: ``sitecustomize.py``: what Python runs at start-up in every process of a rank.
+ENTRY = f'''"""orchestrate's rank sidecar (docs/hangs.md): heartbeats, and stacks on request,
+for the launcher's stall watch. Python loads this file at start-up because the launch script
+put this folder first on PYTHONPATH; {PACKAGE}/ beside it holds private copies of
+orchestrate's modules (orchestrate/diagnosis/rankpackage.py).
+"""
+
+from {PACKAGE}.activation import run_as_sitecustomize
+
+run_as_sitecustomize(__file__)
+'''
+
+_INIT = '''"""Private copies of orchestrate's stdlib-only modules for the rank sidecar (see
+../sitecustomize.py); not the orchestrate package, which the rank may import as well."""
+'''
+
+_IMPORT = re.compile(r"^(\s*from\s+)(orchestrate(?:\.\w+)+)(\s+import\b)", re.M)
+_ANY_IMPORT = re.compile(r"^\s*(?:from|import)\s+orchestrate\b", re.M)
+
+
+def _private(name: str) -> str:
+    return f"{PACKAGE}.{name.rsplit('.', 1)[1]}"
+
+
+def carried(module: str, modules: tuple[str, ...]) -> str:
+    """``module``'s source with its imports of ``modules`` pointed at :data:`PACKAGE`; raises
+    ValueError when it imports any other orchestrate module."""
+    def point(found: re.Match[str]) -> str:
+        if found.group(2) not in modules:
+            raise ValueError(f"{module} imports {found.group(2)}, which the sidecar folder "
+                             "does not carry (hostside.shipping.SHIPPED['sidecar'])")
+        return found.group(1) + _private(found.group(2)) + found.group(3)
+
+    text = _IMPORT.sub(point, module_source(module))
+    stray = _ANY_IMPORT.search(text)
+    if stray is not None:
+        raise ValueError(f"{module} imports orchestrate in a way the sidecar folder cannot "
+                         f"carry: {stray.group(0).strip()!r}")
+    return text
+
+
+def folder() -> dict[str, str]:
+    """The sidecar folder's files, by path inside it: ``sitecustomize.py``,
+    ``_orchestrate_rank/__init__.py`` and one ``_orchestrate_rank/<name>.py`` per module."""
+    modules = SHIPPED["sidecar"]
+    names = [_private(m).split(".")[1] for m in modules]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two carried modules share a name: {modules}")
+    files = {"sitecustomize.py": ENTRY, f"{PACKAGE}/__init__.py": _INIT}
+    for module, name in zip(modules, names, strict=True):
+        files[f"{PACKAGE}/{name}.py"] = carried(module, modules)
+    return files
