@@ -458,7 +458,10 @@ def _gpu_python(cli: SshCli) -> str:
     rows = "\\n".join([f"{i}, NVIDIA A100-SXM4-80GB, 81920" for i in (0, 1)]
                       + [f"{i}, NVIDIA RTX A6000, 49140" for i in range(2, 8)])
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nprintf '{rows}\\n'\n")
+    # nvidia-smi's CSV header unless asked noheader, as the real one (the probe reads it).
+    header = "index, name, memory.total [MiB]"
+    smi.write_text(f"#!/bin/sh\ncase \"$*\" in *noheader*) ;; *) echo '{header}' ;; esac\n"
+                   f"printf '{rows}\\n'\n")
     smi.chmod(0o755)
     wrapper = bin_dir / "python"
     wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
