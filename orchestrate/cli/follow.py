@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from orchestrate.core.layout import MERGED_LOG, METRICS
-from orchestrate.report.metricrecord import MetricRecord
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.run.store import JobRecord
 
 POLL_S = 0.05

@@ -20,7 +20,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from orchestrate.report.metricrecord import MetricRecord
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, Pace, Straggler
 
 #: The live view's figures cover the timing windows of the last this many seconds.

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from orchestrate.core.metricrecord import finite
 from orchestrate.report import svg
-from orchestrate.report.metricrecord import finite
 
 
 def bandwidth_section(doctor: Mapping[str, Any] | None) -> list[str]:

@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from orchestrate.core.metricrecord import MetricRecord, finite
 from orchestrate.core.plan.plan import Plan
 from orchestrate.report import svg
 from orchestrate.report.bandwidth import bandwidth_section
-from orchestrate.report.metricrecord import MetricRecord, finite
 from orchestrate.report.rundata import (
     RunData,
     effective_metrics,

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.core.plan.plan import Plan
 from orchestrate.diagnosis.stall import Diagnosis
-from orchestrate.report.metricrecord import MetricRecord
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ writer that is still appending is skipped. Files and the shapes accepted:
 
 - ``plan.json``: ``Plan.to_json()`` (read back with ``Plan.from_json``; a plan it cannot read is
   no plan); ``train.json``: the TrainSpec of ``train:`` jobs.
-- ``metrics.jsonl``: rank 0's records (:class:`orchestrate.report.metricrecord.MetricRecord`):
+- ``metrics.jsonl``: rank 0's records (:class:`orchestrate.core.metricrecord.MetricRecord`):
   kinds start, step, epoch, checkpoint, end.
 - ``timing/rank-<R>.jsonl``: each rank's step-timing windows (orchestrate/train/timing.py).
 - ``diag/diagnosis.json``: the stall watch's verdict(s): one ``Diagnosis.to_json()`` object, a
@@ -41,12 +41,12 @@ from orchestrate.core.layout import (
     TIMING_DIR,
     TRAIN_CONFIG,
 )
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.core.plan.plan import Plan
 from orchestrate.diagnosis.diagfiles import DiagFiles
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.report.html import render_report
-from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.report.rundata import RunData
 from orchestrate.report.straggler import Pace, pace
 

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrate.core.layout import MERGED_LOG, METRICS, rank_log
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
-from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import RESTARTING, STOPPED, Store
 

@@ -1,6 +1,6 @@
 """What rank 0 reports: ``metrics.jsonl`` for programs, one line per epoch for people.
 
-``<run_dir>/metrics.jsonl`` gets one :class:`~orchestrate.report.metricrecord.MetricRecord` per
+``<run_dir>/metrics.jsonl`` gets one :class:`~orchestrate.core.metricrecord.MetricRecord` per
 line (its kinds and fields are described there), appended and flushed as it happens; the
 launcher takes its "first step" time from the first (``start``) record.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.core.layout import METRICS
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
-from orchestrate.report.metricrecord import MetricRecord
 
 
 def format_epoch(record: MetricRecord, epochs: int) -> str:

@@ -26,9 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.train import checkpoint, rng
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate

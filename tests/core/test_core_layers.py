@@ -32,7 +32,7 @@ BELOW: dict[str, set[str]] = {
 }
 CORE = {"core", "core.spec", "core.plan", "core.render"}
 BELOW["core"] = CORE | {"hostside"}
-BELOW["train"] = BELOW["core"] | {"diagnosis", "report"}
+BELOW["train"] = BELOW["core"] | {"diagnosis"}
 BELOW["run"] = BELOW["train"] | {"report", "probe", "train"}
 BELOW["backends"] = BELOW["run"] | {"run"}
 BELOW["doctor"] = BELOW["backends"] | {"backends"}

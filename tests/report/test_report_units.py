@@ -14,6 +14,7 @@ from xml.etree import ElementTree
 import pytest
 
 from orchestrate.cli.live import Snapshot, loss_line, render, sparkline
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.core.plan.plan import Plan, make_plan
 from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
@@ -21,7 +22,6 @@ from orchestrate.core.spec.job import JobSpec
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.report import scales, svg
 from orchestrate.report.html import render_report
-from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.report.rundata import RunData, effective_metrics, step_at
 from orchestrate.report.runfiles import add_pace, load_run, read_jsonl, write_report
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, pace

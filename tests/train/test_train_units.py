@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import SchedulerSpec, TrainSpec
-from orchestrate.report.metricrecord import MetricRecord
 from orchestrate.train import checkpoint
 from orchestrate.train.distributed import backend_from, timeout_from
 from orchestrate.train.factories import call, resolve
