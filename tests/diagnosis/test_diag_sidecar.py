@@ -18,7 +18,7 @@ from diag_harness import PROGRAMS, REPO, Starter, install_site
 from orchestrate.core import layout
 from orchestrate.diagnosis import evidence, sidecar
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 
 def _single(starter: Starter, code: str, *, name: str, env: dict[str, str] | None = None,
@@ -34,6 +34,7 @@ def _wait_file(path: Path, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.unit
 def test_file_names_match_the_layout() -> None:
     """sidecar.py cannot import orchestrate, so it repeats the run-dir names."""
     assert (sidecar.DIAG_DIR, sidecar.HEARTBEAT_DIR, sidecar.REQUEST_FILE) == (

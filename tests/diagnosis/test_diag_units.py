@@ -34,6 +34,8 @@ from orchestrate.diagnosis.stall import (
     rank_table,
 )
 
+pytestmark = pytest.mark.unit
+
 CAPTURES = Path(__file__).resolve().parent / "captures"
 NAMES = ["mismatch", "laggard", "frozen", "rendezvous", "train"]
 
@@ -396,6 +398,7 @@ def _python38() -> str | None:
     return None
 
 
+@pytest.mark.process
 def test_classifier_on_python38(tmp_path: Path) -> None:
     python = _python38()
     if python is None:
@@ -425,6 +428,7 @@ print(json.dumps(out))
         assert got[name] == run_classify(load(name)).as_dict()
 
 
+@pytest.mark.process
 def test_sidecar_as_sitecustomize_on_python38_without_torch(tmp_path: Path) -> None:
     python = _python38()
     if python is None:

@@ -16,6 +16,8 @@ from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.probe.drift import node_drift
 from orchestrate.probe.facts import parse_facts
 
+pytestmark = pytest.mark.process
+
 CHECK = ("inventory", "check", "--no-torch")
 
 
@@ -164,6 +166,7 @@ def test_check_reaches_other_nodes_over_ssh_and_names_one_it_cannot_reach(
     assert "refused" in result.out.lower()
 
 
+@pytest.mark.unit
 def test_a_broken_file_is_a_user_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("name: broken\nnodes:\n  - name: localhost\n    gpuz: 2\n")

@@ -16,6 +16,8 @@ from probe_support import FIXTURES, REPO, machine
 
 from orchestrate.hostside import hostfacts
 
+pytestmark = pytest.mark.process
+
 
 def _python38() -> str | None:
     """A Python 3.8 that runs (pyenv's shim is on PATH even where 3.8 is not selected)."""

@@ -19,6 +19,8 @@ from probe_support import check_golden, cli, machine, normalise
 from orchestrate.cli.inventory import Unreachable, gather_local, write_probed
 from orchestrate.core.spec.inventory import load_inventory
 
+pytestmark = pytest.mark.process
+
 
 def probe(tmp: Path, box: str | None, **env: str) -> dict[str, Any]:
     """The raw facts of a captured machine, gathered for real."""
@@ -121,6 +123,7 @@ def test_probe_local_records_torchs_version(chdir_tmp: Path) -> None:
     assert "wrote here.yaml" in result.out
 
 
+@pytest.mark.unit
 def test_probe_needs_something_to_probe() -> None:
     result = cli("inventory", "probe")
     assert result.code == 2

@@ -19,6 +19,8 @@ from orchestrate.probe.facts import (
     parse_topo_matrix,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("name", "gb", "model"), [
     ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB"),

@@ -14,6 +14,8 @@ import pytest
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli, fake_nvidia_smi
 
+pytestmark = pytest.mark.process
+
 DDP_PROGRAM = """
 import os, sys, time
 import torch

@@ -21,6 +21,8 @@ import pytest
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli, fake_nvidia_smi
 
+pytestmark = pytest.mark.process
+
 ONE_GPU_INVENTORY = """
 name: one-gpu
 nodes:

@@ -22,6 +22,8 @@ import pytest
 from orchestrate.doctor.checkup import reachability
 from orchestrate.doctor.checkup.reachability import Listener, connect, connect_all
 
+pytestmark = pytest.mark.process
+
 SCRIPT = Path(reachability.__file__)
 
 
