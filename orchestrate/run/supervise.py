@@ -43,16 +43,17 @@ from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import RESTARTING, STOPPED, Store
 
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
 #: are probably waiting for it in a collective. Reported, not killed: rank 0 may legitimately
-#: finish alone (a final evaluation or save), and other ranks after it.
-EARLY_EXIT_NOTICE_S = 10.0
+#: finish alone (a final evaluation or save), and others after it (testing knob: run/knobs.py).
+EARLY_EXIT_NOTICE_S = seconds("ORCHESTRATE_EARLY_EXIT_NOTICE_S", 10.0)
 #: Past the process-group timeout, how long ranks may outlive a finished rank 0.
-LINGER_SLACK_S = 30.0
+LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
 #: After SIGKILL, how long to wait for a rank's end before giving up on it.
 KILL_WAIT_S = 5.0
 
