@@ -33,6 +33,7 @@ from orchestrate.diagnosis.stall import (
     parse_stacks,
     rank_table,
 )
+from tests.support.python38 import python38 as _python38
 
 pytestmark = pytest.mark.unit
 
@@ -385,17 +386,6 @@ def test_format_ranks() -> None:
 
 
 # --- Python 3.8: the node's python in a Slurm batch script -----------------------------------
-
-
-def _python38() -> str | None:
-    for candidate in ("python3.8", os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python")):
-        found = shutil.which(candidate)
-        if found:
-            probe = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2])"],
-                                   capture_output=True, text=True)
-            if probe.returncode == 0 and probe.stdout.strip() == "(3, 8)":
-                return found
-    return None
 
 
 @pytest.mark.process
