@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.core.layout import SSH_HOSTS
 from orchestrate.diagnosis.evidence import read_diagnosis, read_heartbeats
@@ -94,7 +93,7 @@ def look(job: JobRecord, timeout_s: float) -> dict[str, Any]:
     }
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.5, 60), default=4.0,

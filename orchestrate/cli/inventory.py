@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console, inventory_table
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec import hostlist
@@ -64,7 +63,7 @@ LOCAL_NAME, LOCAL_ADDRESS = "localhost", "127.0.0.1"
 EXIT_DRIFT = 1
 
 
-@cli.group()
+@click.group()
 def inventory() -> None:
     """Inspect inventory files, write them from the machines, check them for drift."""
 
