@@ -88,6 +88,8 @@ def main() -> None:
     env = dict(os.environ, ORCHESTRATE_HOME=str(work / "home"),
                ORCHESTRATE_RUNS=str(work / "runs"), OMP_NUM_THREADS="1")
     env.pop("ORCHESTRATE_JOB_ID", None)
+    # As a person runs it: compiled modules cached (.pyc), whatever this shell says.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     orchestrate(work, env)  # warm the page cache for both
     by_hand(work, env)
     ours: list[float] = []

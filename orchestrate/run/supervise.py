@@ -40,7 +40,6 @@ from orchestrate.core.layout import MERGED_LOG, METRICS, rank_log
 from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
-from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.run.knobs import seconds
@@ -131,7 +130,9 @@ class _Run:
         self.ending: Outcome | None = None  # why the job is being stopped, once it is
         self.stop_deadline: float | None = None
         self.limit_at: float | None = None
-        if plan.time_limit:
+        if plan.time_limit:  # the spec module (pydantic) only where a limit is set: start-up
+            from orchestrate.core.spec.job import time_limit_seconds
+
             self.limit_s = time_limit_seconds(plan.time_limit)
             self.limit_at = time.monotonic() + self.limit_s
         self.linger_s = plan.timeout_s + LINGER_SLACK_S
