@@ -335,8 +335,9 @@ def supervise(
     first_step_seen = current is not None and current.first_step_at is not None
     watcher = _watch(plan, run_dir, evidence, sink)
     try:
-        for handle in handles:
-            pid = handle.start(_emitter(sink, handle.rank))
+        # All started before any is recorded: a store write (a disk sync) delays the next.
+        pids = [(handle, handle.start(_emitter(sink, handle.rank))) for handle in handles]
+        for handle, pid in pids:
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
         store.update(job_id, state="RUNNING", started_at=time.time())
