@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 def test_every_table_entry_is_that_command_with_its_own_help() -> None:
     for name, lazy in COMMANDS.items():
         command = lazy.load()
-        assert command.name == name or (name, command.name) == ("list", "list-jobs"), name
+        assert command.name == name, (name, command.name)
         first = command.get_short_help_str(limit=10**6)
         assert lazy.help == first, f"{name}: the table says {lazy.help!r}, the command {first!r}"
         for width in (30, 45, 60, 80):

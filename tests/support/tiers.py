@@ -120,8 +120,9 @@ def resolve(items: list[pytest.Item]) -> None:
             + "\n  ".join(problems))
     for node in parents:
         node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
+        own = getattr(node.keywords, "_markers", {})  # what ``-k`` matches (pytest's own dict)
         for name in TIERS:
-            node.keywords._markers.pop(name, None)  # type: ignore[attr-defined]
+            own.pop(name, None)
 
 
 def tier_of(item: pytest.Item) -> str | None:
