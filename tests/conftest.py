@@ -19,6 +19,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tiers.resolve(items)
 
 
-pytest_runtest_setup = tiers.guarded_phase
-pytest_runtest_call = tiers.guarded_phase
-pytest_runtest_teardown = tiers.guarded_phase
+pytest_runtest_setup = tiers.guarded_setup
+pytest_runtest_call = tiers.guarded_call
+pytest_runtest_teardown = tiers.guarded_teardown

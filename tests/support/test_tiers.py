@@ -11,6 +11,7 @@ pytestmark = pytest.mark.process  # the inner suites' refusals must not count ag
 CONFTEST = """
 from tests.conftest import (pytest_collection_modifyitems, pytest_configure,
                             pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown)
+
 """
 
 INI = """
@@ -125,3 +126,27 @@ def test_the_closest_tier_wins_and_m_sees_only_it(pytester: pytest.Pytester) -> 
     process.assert_outcomes(passed=1, deselected=2)
     slurm = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-m", "slurm and torch")
     slurm.assert_outcomes(passed=1, deselected=2)
+
+
+def test_a_session_fixture_stopped_after_a_unit_test_is_not_that_tests(
+        pytester: pytest.Pytester) -> None:
+    """pytest tears a session fixture down in the last test's teardown: a unit test that
+    happens to be last is not blamed for stopping what a process test started."""
+    _suite(pytester, """
+        import subprocess
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def server():
+            yield
+            subprocess.run(["true"], check=True)
+
+        @pytest.mark.process
+        def test_uses_the_server(server):
+            pass
+
+        @pytest.mark.unit
+        def test_pure_and_last():
+            pass
+        """)
+    pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)

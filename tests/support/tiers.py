@@ -129,10 +129,10 @@ def tier_of(item: pytest.Item) -> str | None:
     return next((mark.name for mark in item.iter_markers() if mark.name in TIERS), None)
 
 
-@pytest.hookimpl(wrapper=True)
-def guarded_phase(item: pytest.Item) -> Iterator[None]:
-    """Wraps a test phase: a ``unit`` test runs with the guard on."""
-    if tier_of(item) != "unit":
+def _guarded(item: pytest.Item, on: bool) -> Iterator[None]:
+    """Runs a test phase (the ``yield``) with the guard on when ``on`` and the item is a unit
+    test; fails the test if the guard refused anything, caught or not."""
+    if not on or tier_of(item) != "unit":
         return (yield)
     before = len(GUARD.refused)
     GUARD.active = True
@@ -145,3 +145,24 @@ def guarded_phase(item: pytest.Item) -> Iterator[None]:
         pytest.fail(f"unit test started a process or opened a socket: {refused[0]} (mark it "
                     "@pytest.mark.process, or the tier it needs)", pytrace=False)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def guarded_setup(item: pytest.Item) -> Iterator[None]:
+    """Setup, with the fixtures the test is the first to ask for (a module or session fixture
+    a unit test starts is the unit test's)."""
+    return (yield from _guarded(item, True))
+
+
+@pytest.hookimpl(wrapper=True)
+def guarded_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _guarded(item, True))
+
+
+@pytest.hookimpl(wrapper=True)
+def guarded_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Teardown is guarded only while the next test is in the same module: at a module's end
+    (and the session's) pytest also tears down the module and session fixtures that earlier,
+    other tests asked for, whose stopping is not this test's doing."""
+    same_module = nextitem is not None and nextitem.module is item.module  # type: ignore[attr-defined]
+    return (yield from _guarded(item, same_module))
