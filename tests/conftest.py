@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.support import tiers
@@ -12,6 +14,11 @@ pytest_plugins = ["pytester"]  # tests/support/test_tiers.py runs small suites i
 
 def pytest_configure(config: pytest.Config) -> None:
     tiers.install()
+    # A run started as a background job of a script (``cmd &``) inherits SIGINT ignored, and so
+    # would every process the tests start: the tests that press Ctrl-C on the CLI need it
+    # delivered as a terminal delivers it. A caught signal is reset to the default in children.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: it must see the resolved tiers
