@@ -2,6 +2,7 @@
 
 Every user mistake surfaces as :class:`~orchestrate.core.errors.UserError` and leaves through
 :func:`main` as ``file: field: problem`` lines with hints and exit status 2, never a traceback.
+The commands themselves are imported only when they run (:mod:`orchestrate.cli.group`).
 """
 
 from __future__ import annotations
@@ -10,27 +11,14 @@ import sys
 
 import click
 
+from orchestrate.cli.group import cli
 from orchestrate.core.errors import UserError
-from orchestrate.version import __version__
 
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="orchestrate")
-def cli() -> None:
-    """Launch PyTorch DDP training on Slurm, SSH servers or this machine from one job file."""
+__all__ = ["cli", "entry", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (also used by ``python -m orchestrate``)."""
-    from orchestrate.cli import (  # noqa: F401  (registers the commands)
-        diagnose,
-        doctor,
-        inspect,
-        inventory,
-        jobs,
-        report,
-    )
-
     try:
         # Without standalone mode click returns a command's exit status instead of exiting.
         result = cli.main(args=argv, prog_name="orchestrate", standalone_mode=False)

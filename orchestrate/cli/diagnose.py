@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.core.layout import SSH_HOSTS
 from orchestrate.diagnosis.evidence import Collection, read_diagnosis, read_heartbeats
@@ -99,7 +98,7 @@ def _as_json(diagnosis: Diagnosis | None) -> dict[str, Any] | None:
     return None if diagnosis is None else diagnosis.to_json()
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.5, 60), default=4.0,

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.doctor.checkup.options import TIERS  # light: the CLI's start stays so
 
@@ -54,7 +53,7 @@ def report(run: Run, stderr: bool = False) -> None:
         out.print(f"wrote {path}", markup=False)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option("--tier", default="all", show_default=True,
               type=click.Choice([*TIERS, "all"]),

@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console, plan_tables
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec.inventory import InventorySpec, load_inventory
@@ -23,7 +22,7 @@ SET_HELP = "override a job field, e.g. --set resources.nodes=2 (repeatable)"
 JOB_ID_HELP = "job id to plan for (default: NAME-dryrun; submit makes a fresh one)"
 
 
-@cli.command()
+@click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def validate(files: tuple[Path, ...]) -> None:
     """Check inventory and job files; prints every problem found."""
@@ -98,7 +97,7 @@ def readable_json(value: Any, level: int = 0, depth: int = 2) -> str:
     return "[\n" + ",\n".join(items) + "\n" + "  " * level + "]"
 
 
-@cli.command()
+@click.command()
 @click.argument("job", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help=SET_HELP)
 @click.option("--job-id", default=None, help=JOB_ID_HELP)
@@ -119,7 +118,7 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
     out.print(prepared.plan.restart.describe(), highlight=False)
 
 
-@cli.command()
+@click.command()
 @click.argument("job", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help=SET_HELP)
 @click.option("--job-id", default=None, help=JOB_ID_HELP)
@@ -153,7 +152,7 @@ def render(job: Path, overrides: tuple[str, ...], job_id: str | None, output: Pa
                                got=str(exc.filename or output)) from None
 
 
-@cli.command()
+@click.command()
 @click.argument("kind", type=click.Choice(["inventory", "job"]))
 def schema(kind: str) -> None:
     """Print the JSON Schema of inventory or job files (for editors)."""

@@ -27,7 +27,6 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console, inventory_table
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec import hostlist
@@ -46,7 +45,7 @@ from orchestrate.probe.write import EXIT_DRIFT, check, inventory_text, read_gath
 __all__ = ["check_gathered", "findings_table", "write_probed"]
 
 
-@cli.group()
+@click.group()
 def inventory() -> None:
     """Inspect inventory files, write them from the machines, check them for drift."""
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrate.backends import get_backend
-from orchestrate.cli import cli
 from orchestrate.cli.tables import console
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import DOCTOR_FILE, MERGED_LOG, rank_log
@@ -41,7 +40,7 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
     return get_backend(job.backend).refresh(job, store)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="override a job field (repeatable)")
@@ -143,7 +142,7 @@ def _summary(job: JobRecord) -> None:
         click.echo(f"full log: orchestrate logs {job.id} --rank {failure.rank}", err=True)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB")
 @click.option("--follow/--detach", default=None,
               help="stream output until the job ends (default on a terminal) or return at once")
@@ -175,7 +174,7 @@ def resume(job_ref: str, follow: bool | None) -> None:
     raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
 
 
-@cli.command("list")
+@click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("-n", "--limit", default=20, show_default=True, help="how many jobs")
 def list_jobs(as_json: bool, limit: int) -> None:
@@ -197,7 +196,7 @@ def list_jobs(as_json: bool, limit: int) -> None:
     console().print(table)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB", required=False)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--watch", is_flag=True,
@@ -250,7 +249,7 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
         _summary(job)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB")
 @click.option("--rank", type=int, default=None, help="only this rank's log")
 @click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing until the job ends")
@@ -276,7 +275,7 @@ def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
     click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
 
 
-@cli.command()
+@click.command()
 @click.argument("job_refs", metavar="JOB...", nargs=-1, required=True)
 def cancel(job_refs: tuple[str, ...]) -> None:
     """Stop every process of the job(s), on every host."""

@@ -8,11 +8,10 @@ from typing import Any
 
 import click
 
-from orchestrate.cli import cli
 from orchestrate.run.store import JobRecord, Store
 
 
-@cli.command()
+@click.command()
 @click.argument("job_ref", metavar="JOB")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="write the HTML here instead of <run dir>/report.html")

@@ -28,12 +28,13 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.plan.outcome import Attempt, Failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.hostside import host
+from orchestrate.run.knobs import seconds
 
 T = TypeVar("T")
 
 SCHEMA_VERSION = 2
-#: How long the CLI waits for a locked store before saying so.
-PATIENCE_S = 30.0
+#: How long the CLI waits for a locked store before saying so (testing knob: run/knobs.py).
+PATIENCE_S = seconds("ORCHESTRATE_STORE_PATIENCE_S", 30.0)
 #: How long a supervisor keeps trying to record its job's progress and end.
 SUPERVISOR_PATIENCE_S = 900.0
 

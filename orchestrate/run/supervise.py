@@ -41,19 +41,19 @@ from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
-from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import RESTARTING, STOPPED, Store
 
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
 #: are probably waiting for it in a collective. Reported, not killed: rank 0 may legitimately
-#: finish alone (a final evaluation or save), and other ranks after it.
-EARLY_EXIT_NOTICE_S = 10.0
+#: finish alone (a final evaluation or save), and others after it (testing knob: run/knobs.py).
+EARLY_EXIT_NOTICE_S = seconds("ORCHESTRATE_EARLY_EXIT_NOTICE_S", 10.0)
 #: Past the process-group timeout, how long ranks may outlive a finished rank 0.
-LINGER_SLACK_S = 30.0
+LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
 #: After SIGKILL, how long to wait for a rank's end before giving up on it.
 KILL_WAIT_S = 5.0
 
@@ -131,7 +131,9 @@ class _Run:
         self.ending: Outcome | None = None  # why the job is being stopped, once it is
         self.stop_deadline: float | None = None
         self.limit_at: float | None = None
-        if plan.time_limit:
+        if plan.time_limit:  # the spec module (pydantic) only where a limit is set: start-up
+            from orchestrate.core.spec.job import time_limit_seconds
+
             self.limit_s = time_limit_seconds(plan.time_limit)
             self.limit_at = time.monotonic() + self.limit_s
         self.linger_s = plan.timeout_s + LINGER_SLACK_S
@@ -334,8 +336,9 @@ def supervise(
     first_step_seen = current is not None and current.first_step_at is not None
     watcher = _watch(plan, run_dir, evidence, sink)
     try:
-        for handle in handles:
-            pid = handle.start(_emitter(sink, handle.rank))
+        # All started before any is recorded: a store write (a disk sync) delays the next.
+        pids = [(handle, handle.start(_emitter(sink, handle.rank))) for handle in handles]
+        for handle, pid in pids:
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
         store.update(job_id, state="RUNNING", started_at=time.time())

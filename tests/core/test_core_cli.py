@@ -10,6 +10,8 @@ from core_support import CORE, INVENTORIES, REPO, cli, cli_process, shellcheck, 
 
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 
+pytestmark = pytest.mark.unit
+
 EXAMPLES = sorted(INVENTORIES.glob("*.yaml"))
 
 
@@ -64,6 +66,7 @@ def test_plan_table_shows_nodes_ranks_and_env() -> None:
         assert text in result.out
 
 
+@pytest.mark.process
 def test_plan_json_through_a_real_process() -> None:
     result = cli_process("plan", "--json", CORE / "jobs" / "mixed-a6000.yaml")
     assert result.code == 0, result.err
@@ -105,6 +108,7 @@ def test_published_schemas_are_up_to_date(kind: str) -> None:
     assert schema["additionalProperties"] is False  # unknown keys are errors in editors too
 
 
+@pytest.mark.process
 def test_a_job_can_bring_its_own_templates(tmp_path: Path) -> None:
     templates = tmp_path / "templates"
     templates.mkdir()
@@ -160,6 +164,7 @@ def test_version_and_help() -> None:
         assert command in result.out
 
 
+@pytest.mark.process
 def test_a_bad_set_value_is_blamed_on_set_not_on_a_file_line() -> None:
     import subprocess
     import sys

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = sorted(ROOT.glob("examples/**/*.yaml"))
 INVENTORIES = sorted(ROOT.glob("inventory/*.yaml"))

@@ -22,6 +22,8 @@ from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.hostside import host
 
+pytestmark = pytest.mark.unit
+
 CPU = CORE / "inventories" / "localhost-cpu.yaml"  # localhost, 3 slots
 GPUS = CORE / "inventories" / "uniform.yaml"  # node1-2, 4 GPUs each
 
@@ -96,6 +98,7 @@ def _hold(book: host.LeaseBook, slots: int, port: int | None = None) -> None:
         book.record(host.new_lease("other-1", "localhost", [], slots, port, os.getpid()))
 
 
+@pytest.mark.process
 def test_submit_on_a_busy_machine_exits_75(tmp_path: Path, lease_book: host.LeaseBook) -> None:
     _hold(lease_book, slots=2)
     result = cli("submit", "--detach", _local_job(tmp_path, "resources: {gpus_per_node: 2}\n"))

@@ -11,10 +11,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from core_support import CORE, INVENTORIES, cli, write_yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.unit
 
 LAB = yaml.safe_load((INVENTORIES / "lab.yaml").read_text())
 JOB = {

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from core_support import CORE, cli, compare_golden, normalise, shellcheck
 
+pytestmark = pytest.mark.unit
+
 JOBS = sorted((CORE / "jobs").glob("*.yaml"))
 
 
@@ -40,6 +42,7 @@ def test_plan_json_matches_golden(job: Path) -> None:
     compare_golden(f"{job.stem}.plan.json", normalise(result.out))
 
 
+@pytest.mark.process
 def test_every_rendered_script_passes_shellcheck(tmp_path: Path) -> None:
     scripts = []
     for job in JOBS:

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from orchestrate.core.spec import hostlist
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("text", "names"),

@@ -2,12 +2,12 @@
 
 The packages are stacked, bottom up (docs/architecture.md):
 ``hostside < core (spec < plan < render) < diagnosis < report | probe < train < run < backends
-< doctor < cli`` (the report reads the diagnosis' records and the plan; the metrics record that the trainer
-writes and the report reads sits in core). Each one is imported whole (every module in it) in a fresh
-interpreter, and the ``orchestrate`` packages that then sit in ``sys.modules`` must all be below
-it: an import that runs back up, at module level or through another module, fails here. The
-core also loads no process, database, SSH, Slurm or torch code, and the host side nothing but
-the standard library.
+< doctor < cli`` (the report reads the diagnosis' records and the plan; the metrics record that
+the trainer writes and the report reads sits in core). Each one is imported whole (every module
+in it) in a fresh interpreter, and the ``orchestrate`` packages that then sit in
+``sys.modules`` must all be below it: an import that runs back up, at module level or through
+another module, fails here. The core also loads no process, database, SSH, Slurm or torch code,
+and the host side nothing but the standard library.
 """
 
 from __future__ import annotations

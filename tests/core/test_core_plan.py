@@ -12,6 +12,8 @@ from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, derive_port
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 
+pytestmark = pytest.mark.unit
+
 A100 = {"model": "A100-80GB", "memory_gb": 80}
 A6000 = {"model": "RTX-A6000", "memory_gb": 48}
 

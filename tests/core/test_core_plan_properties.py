@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,8 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
+
+pytestmark = pytest.mark.unit
 
 MODELS = {"A100": 80.0, "A6000": 48.0, "T4": 16.0}
 

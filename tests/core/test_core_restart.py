@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
+
+pytestmark = pytest.mark.unit
 
 POLICY = Policy(max=2, on=("failure", "requeue", "stall"), backoff_s=(5.0, 30.0),
                 exclude_failed_node=True)

@@ -20,6 +20,8 @@ from core_support import TEST_INVENTORIES, shellcheck, write_yaml
 from orchestrate.backends import rendered
 from orchestrate.run.prepare import Prepared, prepare
 
+pytestmark = pytest.mark.process
+
 #: Values a path, an env value or an argument may carry, each a classic injection or quoting bug.
 HOSTILE = [
     "two words",
@@ -157,6 +159,7 @@ def test_hostile_values_reach_the_program_literally(tmp_path: Path, backend: str
     no_injection(root)
 
 
+@pytest.mark.unit
 def test_a_secret_is_never_written_into_a_script(hostile_job: tuple[Path, Path, Path]) -> None:
     job, _, _ = hostile_job
     for name, text in rendered(prepare(job)).items():

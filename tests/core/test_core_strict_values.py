@@ -24,6 +24,8 @@ from pydantic import BaseModel, ValidationError
 from orchestrate.core.spec.inventory import InventorySpec
 from orchestrate.core.spec.job import JobSpec
 
+pytestmark = pytest.mark.unit
+
 TRAIN_JOB = CORE / "jobs" / "train-slurm.yaml"
 JOB = {"name": "j", "command": ["python", "t.py"],
        "train": {"model": "m:f", "dataset": "d:f"}}  # one entrypoint is dropped per field

@@ -18,6 +18,8 @@ from core_support import CORE, cli, cli_process
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec.loader import ALIAS_LIMIT, MAX_DEPTH, MAX_FILE_BYTES, parse_yaml
 
+pytestmark = pytest.mark.unit
+
 INVENTORY = CORE / "inventories" / "localhost-cpu.yaml"
 
 
@@ -53,6 +55,7 @@ def test_an_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path,
     assert f"{ALIAS_LIMIT:,}" in result.err
 
 
+@pytest.mark.process
 @pytest.mark.timeout(30)
 def test_an_alias_bomb_through_a_real_process_is_exit_2_without_a_traceback(
         tmp_path: Path) -> None:
@@ -118,6 +121,7 @@ def test_an_alias_that_refers_to_itself_is_refused() -> None:
         assert "refers to itself" in problem.message
 
 
+@pytest.mark.process
 @pytest.mark.timeout(30)
 def test_deep_nesting_is_a_user_error_with_its_line(tmp_path: Path) -> None:
     job = tmp_path / "deep.yaml"

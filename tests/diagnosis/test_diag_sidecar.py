@@ -21,7 +21,7 @@ from orchestrate.diagnosis import evidence, rankpackage, sidecar
 from orchestrate.diagnosis.diagfiles import DiagFiles
 from orchestrate.hostside.shipping import SHIPPED, module_source
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 
 def _single(starter: Starter, code: str, *, name: str, env: dict[str, str] | None = None,
@@ -37,6 +37,7 @@ def _wait_file(path: Path, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.unit
 def test_file_names_match_the_layout() -> None:
     """The sidecar writes where every reader looks: one DiagFiles, built on the layout's names,
     on both sides."""

@@ -12,7 +12,7 @@ from diag_harness import DIGITS, PROGRAMS, REPO, Starter, drive
 
 from orchestrate.core.spec.trainspec import TrainSpec
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 STALL_S = 12.0
 HEARTBEAT_S = 0.3

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,9 @@ from orchestrate.diagnosis.ranktable import idle_s, rank_table
 from orchestrate.diagnosis.stacks import frame_kind, innermost_user_frame, parse_stacks
 from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall, StallWatch, format_ranks
+from tests.support.python38 import python38 as _python38
+
+pytestmark = pytest.mark.unit
 
 CAPTURES = Path(__file__).resolve().parent / "captures"
 NAMES = ["mismatch", "laggard", "frozen", "rendezvous", "train"]
@@ -421,17 +423,7 @@ def test_format_ranks() -> None:
 # --- Python 3.8: the node's python in a Slurm batch script -----------------------------------
 
 
-def _python38() -> str | None:
-    for candidate in ("python3.8", os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python")):
-        found = shutil.which(candidate)
-        if found:
-            probe = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2])"],
-                                   capture_output=True, text=True)
-            if probe.returncode == 0 and probe.stdout.strip() == "(3, 8)":
-                return found
-    return None
-
-
+@pytest.mark.process
 def test_classifier_on_python38(tmp_path: Path) -> None:
     python = _python38()
     if python is None:
@@ -461,6 +453,7 @@ print(json.dumps(out))
         assert got[name] == run_classify(load(name)).to_json()
 
 
+@pytest.mark.process
 def test_sidecar_as_sitecustomize_on_python38_without_torch(tmp_path: Path) -> None:
     python = _python38()
     if python is None:

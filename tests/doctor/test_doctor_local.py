@@ -13,7 +13,7 @@ import pytest
 
 from tests.backends.local.conftest import Cli
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 FAST = ["--sizes", "32K,1M", "--pair-size", "1M", "--budget-s", "0.2", "--timeout-s", "15"]
 

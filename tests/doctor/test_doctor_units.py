@@ -31,6 +31,8 @@ from orchestrate.hostside import hostfacts
 from orchestrate.run.prepare import Loaded, plan_job
 from tests.probe.probe_support import machine
 
+pytestmark = pytest.mark.unit
+
 
 def _inventory(nodes: list[dict[str, Any]], **defaults: Any) -> Inventory:
     return resolve_inventory(InventorySpec.model_validate(
@@ -52,6 +54,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.process
 def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
     port = _free_port()
     answers: dict[str, dict[str, Any]] = {}
@@ -81,6 +84,7 @@ def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
     assert answers["b"]["tries"] > 1  # refused until node 0 listened, then retried
 
 
+@pytest.mark.process
 def test_roll_call_closes_a_store_client_and_ends_at_its_window() -> None:
     port = _free_port()
     master = rollcall.RollCall(port)
@@ -108,6 +112,7 @@ def _say(port: int, line: bytes) -> bytes:
         return sock.recv(100)
 
 
+@pytest.mark.process
 def test_malformed_and_foreign_hellos_are_refused_and_the_planned_nodes_still_heard() -> None:
     """#25 item 6: one ``orchestrate-rollcall null`` line used to kill node 0's roll call
     (TypeError), and two hellos from names outside the plan used to fill it: the doctor then
@@ -138,6 +143,7 @@ def test_malformed_and_foreign_hellos_are_refused_and_the_planned_nodes_still_he
         assert sorted(d["node"] for d in answers[name]["directory"]) == ["a", "b"]
 
 
+@pytest.mark.process
 def test_a_node_says_hello_once() -> None:
     port = _free_port()
     master = rollcall.RollCall(port)
@@ -155,6 +161,7 @@ def test_a_node_says_hello_once() -> None:
     assert ["already said hello" in r for r in result["refused"]] == [True]
 
 
+@pytest.mark.process
 def test_a_leader_that_finds_no_roll_call_reports_refused_within_its_window() -> None:
     began = time.monotonic()
     answer = rollcall.answer("127.0.0.1", _free_port(), {"node": "a"}, window_s=1.2)
@@ -163,6 +170,7 @@ def test_a_leader_that_finds_no_roll_call_reports_refused_within_its_window() ->
     assert time.monotonic() - began < 2.5
 
 
+@pytest.mark.process
 def test_a_taken_master_port_is_an_error_at_once() -> None:
     with socket.socket() as holder:
         holder.bind(("", 0))
@@ -249,6 +257,7 @@ def test_tiers_include_the_ones_before() -> None:
 # -- node facts from the real gatherer ------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_node_facts_from_a_gathered_h100_box(tmp_path: Path) -> None:
     with machine(tmp_path, "h100-nvswitch"):
         raw = hostfacts.gather(peers=["127.0.0.1"], torch=False)

@@ -12,7 +12,7 @@ from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, j
 
 __all__ = ["cli"]  # the fixture, imported for this module
 
-pytestmark = [pytest.mark.torch, pytest.mark.frameworks]
+pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.frameworks]
 
 
 @pytest.mark.parametrize("probe", PROBES)

@@ -13,6 +13,8 @@ import pytest
 
 from tests.core.core_support import TEST_INVENTORIES, cli
 
+pytestmark = pytest.mark.unit
+
 
 def _job(tmp_path: Path, framework: str, backend: str, gpus_per_node: int | str = "all",
          name: str = "fw") -> Path:
@@ -28,6 +30,7 @@ def _job(tmp_path: Path, framework: str, backend: str, gpus_per_node: int | str 
     return path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("backend", ["slurm", "ssh"])
 def test_trainer_on_uneven_nodes_is_refused_before_launch(tmp_path: Path, backend: str) -> None:
     job = _job(tmp_path, "lightning-trainer", backend)

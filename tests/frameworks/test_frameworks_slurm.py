@@ -16,13 +16,12 @@ import pytest
 
 from tests.backends.slurm.conftest import OrchestrateCli, ocli, slurm_cluster
 from tests.frameworks.probes import assert_believes_plan, copy_probes, job_text
+from tests.support.clusters import BRING_UP
 
 __all__ = ["ocli", "slurm_cluster"]  # the fixtures, imported for this module
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.frameworks]
 
-# The first test that needs the cluster pays for `slurm.sh up`.
-BRING_UP = 180
 RUN = 300  # 4-5 ranks importing torch and Lightning on a small shared machine
 
 #: (node slots of the inventory, resources of the job): the rows of the issue's table.

@@ -18,6 +18,8 @@ from orchestrate.probe.gathering import Unreachable
 from orchestrate.probe.machine import gather_local
 from orchestrate.probe.write import check
 
+pytestmark = pytest.mark.process
+
 CHECK = ("inventory", "check", "--no-torch")
 
 
@@ -166,6 +168,7 @@ def test_check_reaches_other_nodes_over_ssh_and_names_one_it_cannot_reach(
     assert "refused" in result.out.lower()
 
 
+@pytest.mark.unit
 def test_a_broken_file_is_a_user_error(tmp_path: Path) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text("name: broken\nnodes:\n  - name: localhost\n    gpuz: 2\n")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -15,20 +14,9 @@ import pytest
 from probe_support import FIXTURES, REPO, machine
 
 from orchestrate.hostside import hostfacts
+from tests.support.python38 import python38 as _python38
 
-
-def _python38() -> str | None:
-    """A Python 3.8 that runs (pyenv's shim is on PATH even where 3.8 is not selected)."""
-    candidates = [*map(str, Path("/root/.pyenv/versions").glob("3.8*/bin/python3.8")),
-                  shutil.which("python3.8") or ""]
-    for exe in filter(None, candidates):
-        try:
-            ok = subprocess.run([exe, "-c", "pass"], capture_output=True, timeout=20).returncode
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if ok == 0:
-            return exe
-    return None
+pytestmark = pytest.mark.process
 
 
 PY38 = _python38()

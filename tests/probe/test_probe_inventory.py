@@ -21,6 +21,8 @@ from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.probe.gathering import Unreachable
 from orchestrate.probe.machine import gather_local
 
+pytestmark = pytest.mark.process
+
 
 def probe(tmp: Path, box: str | None, **env: str) -> dict[str, Any]:
     """The raw facts of a captured machine, gathered for real."""
@@ -123,6 +125,7 @@ def test_probe_local_records_torchs_version(chdir_tmp: Path) -> None:
     assert "wrote here.yaml" in result.out
 
 
+@pytest.mark.unit
 def test_probe_needs_something_to_probe() -> None:
     result = cli("inventory", "probe")
     assert result.code == 2

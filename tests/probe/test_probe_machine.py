@@ -19,6 +19,8 @@ from orchestrate.core.spec.inventory import Gpu, load_inventory
 from orchestrate.doctor.floors import intra_node_floor
 from orchestrate.probe.machine import local_inventory, probe_gpus
 
+pytestmark = pytest.mark.process  # the stand-in nvidia-smi is a process
+
 BOXES = ["h100-nvswitch", "a100-nvlink-pairs", "ambers-a100-a6000", "cpu"]
 
 

@@ -17,6 +17,8 @@ from orchestrate.probe.facts import (
 )
 from orchestrate.probe.network import HcaPort, NicFact, choose_network
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("name", "gb", "model"), [
     ("NVIDIA A100-SXM4-80GB", 80, "A100-80GB"),

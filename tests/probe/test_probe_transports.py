@@ -27,6 +27,8 @@ from orchestrate.probe.gathering import (
     shell_command,
 )
 
+pytestmark = pytest.mark.unit
+
 OUTPUTS = HERE / "slurm_outputs"
 
 
@@ -36,6 +38,7 @@ def run_as_sshd_would(argv: list[str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.process
 def test_the_shipped_program_runs_with_the_standard_library_and_routes_to_its_peers() -> None:
     done = run_as_sshd_would(facts_argv(sys.executable, ["127.0.0.1"], bound_s=30, torch=False))
     assert done.returncode == 0, done.stderr
@@ -46,6 +49,7 @@ def test_the_shipped_program_runs_with_the_standard_library_and_routes_to_its_pe
     assert facts["torch"] is None
 
 
+@pytest.mark.process
 def test_a_node_that_hangs_stops_itself_at_its_bound(tmp_path: Path) -> None:
     # nvidia-smi that does not answer for 20 s: the node gives up after its 1 s bound.
     with machine(tmp_path, "h100-nvswitch", FAKE_NVSMI_SLEEP="20"):
@@ -184,6 +188,7 @@ def test_the_command_line_refuses_what_cannot_be_meant(args: tuple[str, ...],
     assert message in result.err
 
 
+@pytest.mark.process
 def test_a_host_that_refuses_the_connection_is_named_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.backends.local.conftest import Cli
 from tests.report.conftest import SLOW_ITEM_S, make_cli, pace_job, reap_all
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 
 class Pane:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.report.conftest import EPOCHS, STEPS_PER_EPOCH, Run, Runs, chromium
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 

@@ -26,6 +26,8 @@ from orchestrate.report.rundata import RunData, effective_metrics, step_at
 from orchestrate.report.runfiles import add_pace, load_run, read_jsonl, write_report
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, pace
 
+pytestmark = pytest.mark.unit
+
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
 

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DistributedSampler
 from train_harness import Launch, Launcher
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 WORLD = 3
 EPOCHS = 2

@@ -7,6 +7,8 @@ import pytest
 from orchestrate.core.errors import UserError
 from orchestrate.train.env import DistEnv, parse_dist_env, parse_tasks_per_node
 
+pytestmark = pytest.mark.unit
+
 TORCHRUN = {
     "RANK": "3",
     "LOCAL_RANK": "1",

@@ -11,7 +11,7 @@ import torch
 import yaml
 from train_harness import DIGITS, Launch, Launcher
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 EPOCH_KEYS = {
     "kind", "epoch", "step", "train_loss", "val_loss", "val_accuracy", "samples_per_s",

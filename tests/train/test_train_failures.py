@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from train_harness import DIGITS, Launch, Launcher, base_env, digits_config, write_config
 
+pytestmark = pytest.mark.process
+
 PROMPT_S = 15  # from the first rank's exit to the last one's
 
 

@@ -20,7 +20,7 @@ from train_harness import DIGITS, base_env, digits_config, write_config
 from orchestrate.core.spec.trainspec import SchedulerSpec
 from orchestrate.train.optimizer import lr_factor
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 RUNNER = """
 import contextlib, io, json, sys

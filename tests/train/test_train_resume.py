@@ -17,7 +17,7 @@ import pytest
 import torch
 from train_harness import Launch, Launcher
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 TOTAL_STEPS = 48
 

@@ -23,6 +23,8 @@ from orchestrate.train.optimizer import lr_factor
 from orchestrate.train.params import param_count
 from orchestrate.train.sampling import ResumableSampler, validation_shard
 
+pytestmark = pytest.mark.unit
+
 # --- factories ---------------------------------------------------------------------------
 
 

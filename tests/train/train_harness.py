@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.core.spec.trainspec import TrainSpec
+from tests.support.ranks import Rank, RankGroup, free_port, start_rank, torchrun_env, without_place
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "examples" / "digits"
@@ -28,25 +27,10 @@ for _path in (str(DIGITS), str(HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-_INHERITED_PLACE = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_DIST_BACKEND",
-)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def base_env() -> dict[str, str]:
     """The environment of a rank before its place in the job is added."""
-    env = {
-        k: v for k, v in os.environ.items()
-        if k not in _INHERITED_PLACE and not k.startswith("SLURM_")
-    }
+    env = {k: v for k, v in without_place(os.environ).items() if not k.startswith("SLURM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DIGITS), str(HERE)])
     env["OMP_NUM_THREADS"] = "1"
     env["ORCHESTRATE_TIMEOUT_S"] = "60"
@@ -69,24 +53,7 @@ def _metrics_lines(run_dir: Path) -> list[str]:
 
 
 @dataclass
-class Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-    ended: float | None = None
-
-    @property
-    def stdout(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-
-@dataclass
-class Launch:
+class Launch(RankGroup):
     """The ranks of one run of the entrypoint."""
 
     run_dir: Path
@@ -96,35 +63,11 @@ class Launch:
 
     def wait(self, timeout: float = 90) -> list[int]:
         """Exit statuses of all ranks; kills them all and fails if they take too long."""
-        deadline = time.monotonic() + timeout
-        while any(r.proc.poll() is None for r in self.ranks):
-            for r in self.ranks:
-                if r.ended is None and r.proc.poll() is not None:
-                    r.ended = time.monotonic()
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"ranks still running after {timeout} s:\n{self.logs()}")
-            time.sleep(0.02)
-        for r in self.ranks:
-            if r.ended is None:
-                r.ended = time.monotonic()
+        self.wait_all(timeout)
         return [int(r.proc.returncode) for r in self.ranks]
-
-    def kill(self) -> None:
-        for r in self.ranks:
-            if r.proc.poll() is None:
-                r.proc.kill()
-                r.proc.wait()
 
     def signal(self, rank: int, sig: signal.Signals) -> None:
         self.ranks[rank].proc.send_signal(sig)
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- rank {r.rank} (exit {r.proc.poll()}) stdout:\n{r.stdout}\n"
-            f"--- rank {r.rank} stderr:\n{r.stderr}"
-            for r in self.ranks
-        )
 
     def metrics(self) -> list[dict[str, Any]]:
         """This run's metrics records (earlier runs' lines in the same file are skipped)."""
@@ -175,20 +118,11 @@ class Launcher:
                     MASTER_PORT=str(port),
                 )
             else:
-                rank_env.update(
-                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs),
-                    LOCAL_WORLD_SIZE=str(nprocs), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                )
+                rank_env.update(torchrun_env(rank, rank, nprocs, nprocs, 0, port))
             rank_env.update(env or {})
-            out, err = run_dir / f"rank{rank}.out", run_dir / f"rank{rank}.err"
-            with open(out, "wb") as stdout, open(err, "wb") as stderr:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
-                     "--run-dir", str(run_dir)],
-                    cwd=cwd, env=rank_env, stdout=stdout, stderr=stderr,
-                )
-            ranks.append(Rank(rank, proc, out, err))
+            ranks.append(start_rank(
+                rank, [sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
+                       "--run-dir", str(run_dir)], rank_env, run_dir, cwd))
         launch = Launch(run_dir, ranks, skip_lines=skip_lines)
         self.launches.append(launch)
         return launch

@@ -40,7 +40,7 @@ class LocalBackend:
     """Runs jobs on this machine."""
 
     name = "local"
-    poll_interval_s = 0.2
+    poll_interval_s = 0.05  # a read of the local store: `submit --follow` ends with the job
 
     def submit(self, prepared: Prepared, store: Store) -> JobRecord:
         """Lease GPUs, slots and a port, write the run directory, start the supervisor."""

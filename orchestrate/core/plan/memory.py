@@ -10,8 +10,12 @@ the fifth, which depends on batch size and architecture and is the user's to tun
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from orchestrate.core.spec.trainspec import TrainSpec
+if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
+    # supervisor and `status` read a stored plan; docs/performance.md)
+    from orchestrate.core.spec.trainspec import TrainSpec
+
 
 GB = 1e9  # decimal gigabytes, as GPU vendors count them
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
 from orchestrate.core.spec import hostlist
-from orchestrate.core.spec.inventory import Gpu, Inventory, Node
-from orchestrate.core.spec.job import JobSpec
+
+if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
+    # supervisor and `status` read a stored plan; docs/performance.md)
+    from orchestrate.core.spec.inventory import Gpu, Inventory, Node
+    from orchestrate.core.spec.job import JobSpec
 
 #: The "model" the search tries under ``allow_mixed_gpus``: any GPU, of any model.
 ANY_GPU = "*"

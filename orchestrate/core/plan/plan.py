@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
@@ -31,8 +31,11 @@ from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s,
 from orchestrate.core.plan.ranks import RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
 from orchestrate.core.spec import frameworks, hostlist
-from orchestrate.core.spec.inventory import Inventory
-from orchestrate.core.spec.job import JobSpec
+
+if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
+    # supervisor and `status` read a stored plan; docs/performance.md)
+    from orchestrate.core.spec.inventory import Inventory
+    from orchestrate.core.spec.job import JobSpec
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,15 @@ two (the planner applies it), so what the plan shows is what the ranks see.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.placement import Choice
 from orchestrate.core.spec import frameworks
-from orchestrate.core.spec.job import JobSpec
+
+if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
+    # supervisor and `status` read a stored plan; docs/performance.md)
+    from orchestrate.core.spec.job import JobSpec
 
 #: The attempt a rank belongs to (1, then 2 after a restart or a resume), set by the launcher
 #: at start time (not in the scripts, which stay the same for every attempt): a ``command:``

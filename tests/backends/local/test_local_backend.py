@@ -15,6 +15,8 @@ from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli, fake_nvidia_smi
 
+pytestmark = pytest.mark.process
+
 DDP_PROGRAM = """
 import os, sys, time
 import torch
@@ -169,10 +171,11 @@ def test_ctrl_c_on_follow_cancels_the_job(cli: Cli) -> None:
 
 @pytest.mark.timeout(120)
 def test_early_exit_with_code_zero_is_reported(cli: Cli) -> None:
+    cli.env["ORCHESTRATE_EARLY_EXIT_NOTICE_S"] = "1"  # not 10 s: rank 0 outlives it by 3 s
     job = cli.write("early.yaml", """
         name: early
         resources: {nodes: 1, gpus_per_node: 2}
-        command: [bash, -c, 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 14']
+        command: [bash, -c, 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 4']
         """)
     proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("early-1"), timeout=60)
     assert proc.returncode == 0

@@ -21,6 +21,8 @@ import pytest
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli, fake_nvidia_smi
 
+pytestmark = pytest.mark.process
+
 ONE_GPU_INVENTORY = """
 name: one-gpu
 nodes:
@@ -152,6 +154,8 @@ def test_the_time_limit_is_enforced_on_local_as_slurm_does(cli: Cli) -> None:
 def test_ranks_left_running_after_rank_0_finished_are_stopped_after_a_stated_grace(
     cli: Cli,
 ) -> None:
+    # The production waits (a notice after 10 s, a stop 30 s past the timeout) shortened.
+    cli.env.update(ORCHESTRATE_EARLY_EXIT_NOTICE_S="1", ORCHESTRATE_LINGER_SLACK_S="1")
     job = cli.write("linger.yaml", """
         name: linger
         resources: {nodes: 1, gpus_per_node: 2}
@@ -164,7 +168,8 @@ def test_ranks_left_running_after_rank_0_finished_are_stopped_after_a_stated_gra
     assert status["state"] == "FAILED"
     assert "rank(s) [1] still ran" in str(status["reason"])
     assert "after rank 0 finished" in str(status["reason"])
-    assert "they are stopped if still running 35s after it" in proc.stdout
+    assert "they are stopped if still running 6s after it" in proc.stdout
+    assert "(distributed.timeout_s + 1s)" in proc.stdout
     ranks = {r["rank"]: r for r in status["ranks"]}  # type: ignore[union-attr]
     assert ranks[0]["state"] == "COMPLETED" and ranks[1]["state"] == "STOPPED"
 
@@ -276,12 +281,14 @@ def test_a_read_only_home_is_a_clear_error(cli: Cli) -> None:
 def test_a_store_locked_for_longer_than_its_patience_never_decides_the_outcome(
     cli: Cli,
 ) -> None:
-    """A job whose ranks all exit 0 while another process holds the store for 40 s (longer
-    than the CLI's 30 s patience) is recorded COMPLETED once the lock goes, never FAILED."""
+    """A job whose ranks all exit 0 while another process holds the store for 8 s (longer
+    than the CLI's patience, shortened from 30 s to 2 s) is recorded COMPLETED once the lock
+    goes, never FAILED. The supervisor keeps its own (900 s) patience."""
+    cli.env["ORCHESTRATE_STORE_PATIENCE_S"] = "2"
     job = cli.write("patient.yaml", """
         name: patient
         resources: {nodes: 1, gpus_per_node: 1}
-        command: [bash, -c, "sleep 12"]
+        command: [bash, -c, "sleep 4"]
         """)
     cli.run("submit", str(job), "--detach", "--job-id", cli.id("patient-1"), check=True)
     _wait_running(cli, cli.id("patient-1"))
@@ -291,7 +298,7 @@ def test_a_store_locked_for_longer_than_its_patience_never_decides_the_outcome(
         holder = sqlite3.connect(cli.home / "jobs.db", isolation_level=None)
         holder.execute("BEGIN EXCLUSIVE")
         locked.set()
-        time.sleep(40)
+        time.sleep(8)
         holder.execute("ROLLBACK")
         holder.close()
         released.set()
@@ -301,7 +308,7 @@ def test_a_store_locked_for_longer_than_its_patience_never_decides_the_outcome(
     # Reading still works (WAL); a command that must write says the store is busy.
     assert cli.run("status", cli.id("patient-1")).returncode == 0
     busy = cli.run("submit", str(_quick_job(cli)), "--detach")
-    assert busy.returncode == 2 and "stayed locked for 30s" in busy.stderr
+    assert busy.returncode == 2 and "stayed locked for 2s" in busy.stderr
     assert "Traceback" not in busy.stderr
     released.wait(60)
     status = _wait(cli, cli.id("patient-1"), {"COMPLETED", "FAILED"}, 30)

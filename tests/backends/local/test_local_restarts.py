@@ -21,7 +21,7 @@ from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli
 from tests.support.checkpoints import differing_parameters, latest_state
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits"
 

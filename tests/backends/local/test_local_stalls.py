@@ -21,7 +21,7 @@ import pytest
 
 from tests.backends.local.conftest import Cli
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits"

@@ -14,6 +14,8 @@ from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.run.store import JobRecord, RankRecord, Store
 
+pytestmark = pytest.mark.unit
+
 
 def _plan(job_id: str, name: str, ranks: int) -> Plan:
     inventory = resolve_inventory(InventorySpec.model_validate(
@@ -81,6 +83,7 @@ def _writer(path: str, worker: int, count: int) -> None:
         store.finish(job_id, "COMPLETED")
 
 
+@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"

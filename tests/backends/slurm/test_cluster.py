@@ -15,16 +15,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.clusters import BRING_UP
+
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable by a stable name
     from conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 PYTHON = sys.executable
-# pytest-timeout charges fixture setup to the first test that needs it: on a fresh machine that
-# is `slurm.sh up` with apt-get install (seconds on a near mirror, a minute or more on a far one).
-BRING_UP = 180
-
 # One rank of a DDP job: the torchrun env names, filled from what srun gives each task.
 DDP_WORKER = """
 import datetime, json, os, socket, sys

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.support.clusters import BRING_UP
+
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable by a stable name
     from conftest import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 REPO = Path(__file__).resolve().parents[3]
-BRING_UP = 180  # the first test that needs the cluster pays for `slurm.sh up`
 
 
 @pytest.mark.timeout(BRING_UP + 180)

@@ -14,13 +14,13 @@ import pytest
 
 from orchestrate.backends.slurm.ctl import parse_show_node
 from orchestrate.core.spec.inventory import load_inventory
+from tests.support.clusters import BRING_UP
 
 if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
     from conftest import OrchestrateCli, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
-BRING_UP = 180  # the first test that needs the cluster pays for `slurm.sh up`
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 
 from orchestrate.run.store import Store
 from tests.support.checkpoints import differing_parameters, latest_state
+from tests.support.clusters import BRING_UP
 
 if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
     from conftest import OrchestrateCli
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[3]
 SLURM_SH = REPO / "tests" / "clusters" / "slurm.sh"
 # The first test that needs the cluster pays for `slurm.sh up` (see test_cluster.py).
-BRING_UP = 180
 
 # One rank: joins the gloo group through the torchrun variables alone, all-reduces its rank + 1,
 # and reports what it was told and where it ran.

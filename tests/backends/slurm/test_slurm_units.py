@@ -28,6 +28,8 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.run.prepare import prepare
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[3]
 
 # Recorded on the test cluster (Slurm 22.05.8): `scontrol show job --oneliner` of a failed job.
@@ -186,6 +188,7 @@ def test_allocation_refuses_what_slurm_cannot_do(tmp_path: Path) -> None:
         _options(mixed)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", ["uniform", "uneven-pinned", "uneven-gpus", "secrets-fixed"])
 def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
     bodies = {
@@ -237,6 +240,7 @@ def _stop(merger: subprocess.Popen[bytes]) -> None:
     assert merger.wait(timeout=10) == 0
 
 
+@pytest.mark.process
 def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path: Path) -> None:
     rank0, rank1 = tmp_path / "logs" / "rank-0.log", tmp_path / "logs" / "rank-1.log"
     merger = _start_merger(tmp_path, ["n1", "n2"])
@@ -289,6 +293,7 @@ def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[st
     return verdict, int(status)
 
 
+@pytest.mark.process
 def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path) -> None:
     """Equal timestamps: the lowest rank is named (a shell's glob order would pick rank 10)."""
     for rank in (2, 10):
@@ -298,6 +303,7 @@ def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path
     assert "rank 2 on n2 failed with exit code 1" in (tmp_path / "output.log").read_text()
 
 
+@pytest.mark.process
 def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_path: Path) -> None:
     for rank in range(3):
         _record(tmp_path / "exits", rank, 75, 1_000_000 + rank, "n1")

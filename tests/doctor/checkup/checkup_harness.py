@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,42 +19,25 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.support.ranks import (
+    PLACE_VARS,
+    Rank,
+    RankGroup,
+    free_port,
+    start_rank,
+    torchrun_env,
+    without_place,
+)
+
 REPO = Path(__file__).resolve().parents[3]
 # The harness reads rank 0's store while rank 0 may still be importing torch: keep c10d's
 # connection-retry lines out of the test output.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-_INHERITED = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_DIST_BACKEND", "ORCHESTRATE_NODE_NAMES",
-    "CUDA_VISIBLE_DEVICES",
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_INHERITED = (*PLACE_VARS, "ORCHESTRATE_NODE_NAMES", "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass
-class Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-    ended: float | None = None
-
-    @property
-    def stdout(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-
-@dataclass
-class Checkup:
+class Checkup(RankGroup):
     """The ranks of one checkup."""
 
     run_dir: Path
@@ -68,35 +48,11 @@ class Checkup:
 
     def wait(self, timeout: float) -> dict[int, int]:
         """Exit status per started rank; kills them all and fails past ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while any(r.proc.poll() is None for r in self.ranks):
-            for r in self.ranks:
-                if r.ended is None and r.proc.poll() is not None:
-                    r.ended = time.monotonic()
-            if time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"ranks still running after {timeout} s:\n{self.logs()}")
-            time.sleep(0.02)
-        for r in self.ranks:
-            if r.ended is None:
-                r.ended = time.monotonic()
+        self.wait_all(timeout)
         return {r.rank: int(r.proc.returncode) for r in self.ranks}
 
     def rank(self, number: int) -> Rank:
         return next(r for r in self.ranks if r.rank == number)
-
-    def kill(self) -> None:
-        for r in self.ranks:
-            if r.proc.poll() is None:
-                r.proc.send_signal(signal.SIGCONT)
-                r.proc.kill()
-                r.proc.wait()
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- rank {r.rank} (exit {r.proc.poll()}) stdout:\n{r.stdout}\n"
-            f"--- rank {r.rank} stderr:\n{r.stderr}" for r in self.ranks
-        )
 
     def result(self) -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.run_dir / "checkup.json").read_text())
@@ -152,10 +108,9 @@ class Starter:
         port = port or free_port()
         world = sum(layout)
         names = [chr(ord("a") + i) for i in range(len(layout))]
-        base = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+        base = without_place(os.environ, _INHERITED)
         base.update(
             PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
             ORCHESTRATE_NODE_NAMES=",".join(names), ORCHESTRATE_RUN_DIR=str(run_dir),
             GLOO_SOCKET_IFNAME="lo", CUDA_VISIBLE_DEVICES="",
         )
@@ -164,16 +119,11 @@ class Starter:
         for node, count in enumerate(layout):
             for local in range(count):
                 if rank not in skip:
-                    rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(local),
-                                    LOCAL_WORLD_SIZE=str(count), GROUP_RANK=str(node))
+                    rank_env = dict(base, **torchrun_env(rank, local, world, count, node, port))
                     rank_env.update(env or {})
-                    out, err = run_dir / f"rank{rank}.out", run_dir / f"rank{rank}.err"
-                    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-                        proc = subprocess.Popen(
-                            [sys.executable, "-m", "orchestrate.doctor.checkup", *args],
-                            env=rank_env, stdout=stdout, stderr=stderr, cwd=run_dir,
-                        )
-                    ranks.append(Rank(rank, proc, out, err))
+                    ranks.append(start_rank(
+                        rank, [sys.executable, "-m", "orchestrate.doctor.checkup", *args],
+                        rank_env, run_dir, run_dir))
                 rank += 1
         checkup = Checkup(run_dir, port, ranks, names)
         self.started.append(checkup)

@@ -30,6 +30,8 @@ from orchestrate.doctor.grading import (
     verdict,
 )
 
+pytestmark = pytest.mark.unit
+
 GiB = 1 << 30
 
 

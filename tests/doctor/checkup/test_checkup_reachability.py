@@ -8,7 +8,6 @@ once; the file runs with the standard library of Python 3.8.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +20,9 @@ import pytest
 
 from orchestrate.doctor.checkup import reachability
 from orchestrate.doctor.checkup.reachability import Listener, connect, connect_all
+from tests.support.python38 import python38 as _python38
+
+pytestmark = pytest.mark.process
 
 SCRIPT = Path(reachability.__file__)
 
@@ -84,16 +86,6 @@ def test_taken_port_is_an_error_at_once() -> None:
             Listener(first.port)
     finally:
         first.close()
-
-
-def _python38() -> str | None:
-    found = shutil.which("python3.8")
-    for candidate in (found, "/root/.pyenv/versions/3.8.18/bin/python3.8"):
-        if candidate and Path(candidate).exists():
-            probe = subprocess.run([candidate, "-c", "print(1)"], capture_output=True)
-            if probe.returncode == 0:
-                return candidate
-    return None
 
 
 @pytest.mark.parametrize("python", [sys.executable, _python38()], ids=["this", "py38"])

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
 from orchestrate.doctor.grading import JobShape, PlannedNode, exit_status
 from orchestrate.doctor.static_tier import NodeFacts, facts_from_json, judge_static
+
+pytestmark = pytest.mark.unit
 
 GiB = 1 << 30
 

@@ -13,6 +13,8 @@ from orchestrate.doctor.checkup.options import human, parse_options, parse_size
 from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
 from orchestrate.doctor.checkup.schedule import pair_rounds, plan_iters
 
+pytestmark = pytest.mark.unit
+
 
 @given(st.integers(min_value=0, max_value=40))
 def test_pair_rounds_cover_every_pair_once_with_disjoint_rounds(count: int) -> None:

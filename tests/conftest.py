@@ -1,0 +1,31 @@
+"""The whole suite's hooks: every test carries one tier mark, and ``unit`` tests are guarded
+(tests/support/tiers.py says why and how)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.support import tiers
+
+pytest_plugins = ["pytester"]  # tests/support/test_tiers.py runs small suites inline
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.install()
+    # A run started as a background job of a script (``cmd &``) inherits SIGINT ignored, and so
+    # would every process the tests start: the tests that press Ctrl-C on the CLI need it
+    # delivered as a terminal delivers it. A caught signal is reset to the default in children.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: it must see the resolved tiers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.resolve(items)
+
+
+pytest_runtest_setup = tiers.guarded_setup
+pytest_runtest_call = tiers.guarded_call
+pytest_runtest_teardown = tiers.guarded_teardown

@@ -1,0 +1,152 @@
+"""The tier marks and the unit guard (tests/support/tiers.py), on small suites run inline."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.process  # the inner suites' refusals must not count against this test
+
+CONFTEST = """
+from tests.conftest import (pytest_collection_modifyitems, pytest_configure,
+                            pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown)
+
+"""
+
+INI = """
+[pytest]
+markers =
+    unit: u
+    process: p
+    ssh: s
+    slurm: s
+    gpu: g
+    torch: t
+"""
+
+
+def _suite(pytester: pytest.Pytester, body: str) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(INI)
+    pytester.makepyfile(test_suite=textwrap.dedent(body))
+
+
+def test_a_unit_test_that_starts_a_process_fails_even_when_it_catches_the_refusal(
+        pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+        import contextlib, multiprocessing, os, socket, subprocess
+        import pytest
+
+        pytestmark = pytest.mark.unit
+
+        def test_subprocess():
+            subprocess.run(["true"])
+
+        def test_caught():
+            with contextlib.suppress(Exception):
+                subprocess.run(["true"])
+
+        def test_socket():
+            socket.socket().close()
+
+        def test_system():
+            os.system("true")
+
+        def test_multiprocessing():
+            ctx = multiprocessing.get_context("spawn")
+            process = ctx.Process(target=print)
+            process.start()
+            process.join()
+
+        def test_pure(tmp_path):
+            (tmp_path / "f").write_text("files are fine")
+        """)
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=5)
+    result.stdout.fnmatch_lines(["*unit test started a process or opened a socket*"])
+
+
+def test_the_same_tests_run_in_the_process_tier(pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+        import socket, subprocess
+        import pytest
+
+        pytestmark = pytest.mark.process
+
+        def test_subprocess():
+            assert subprocess.run(["true"]).returncode == 0
+
+        def test_socket():
+            socket.socket().close()
+        """)
+    pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_an_unmarked_test_stops_the_collection_by_name(pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+        import pytest
+
+        def test_forgotten():
+            pass
+
+        @pytest.mark.unit
+        @pytest.mark.process
+        def test_twice():
+            pass
+        """)
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_suite.py::test_forgotten: no tier mark*",
+                                 "*test_suite.py::test_twice: two tier marks at one level*"])
+
+
+def test_the_closest_tier_wins_and_m_sees_only_it(pytester: pytest.Pytester) -> None:
+    _suite(pytester, """
+        import pytest
+
+        pytestmark = [pytest.mark.unit, pytest.mark.torch]
+
+        def test_pure():
+            pass
+
+        @pytest.mark.process
+        def test_starts_ranks():
+            pass
+
+        class TestGroup:
+            pytestmark = pytest.mark.slurm
+
+            def test_on_the_cluster(self):
+                pass
+        """)
+    unit = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-m", "unit")
+    unit.assert_outcomes(passed=1, deselected=2)
+    process = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-m", "process")
+    process.assert_outcomes(passed=1, deselected=2)
+    slurm = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-m", "slurm and torch")
+    slurm.assert_outcomes(passed=1, deselected=2)
+
+
+def test_a_session_fixture_stopped_after_a_unit_test_is_not_that_tests(
+        pytester: pytest.Pytester) -> None:
+    """pytest tears a session fixture down in the last test's teardown: a unit test that
+    happens to be last is not blamed for stopping what a process test started."""
+    _suite(pytester, """
+        import subprocess
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def server():
+            yield
+            subprocess.run(["true"], check=True)
+
+        @pytest.mark.process
+        def test_uses_the_server(server):
+            pass
+
+        @pytest.mark.unit
+        def test_pure_and_last():
+            pass
+        """)
+    pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
