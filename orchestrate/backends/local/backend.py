@@ -25,7 +25,7 @@ from orchestrate.backends.base import (
 )
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.outcome import Attempt
-from orchestrate.core.plan.plan import HostFacts, Plan
+from orchestrate.core.plan.plan import Occupancy, Plan
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.hostside import host
 from orchestrate.run.store import JobRecord, Store
@@ -142,7 +142,7 @@ def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
         port = found
     if not port_busy and not busy_gpus and not busy_slots:
         return prepared
-    facts = HostFacts(
+    facts = Occupancy(
         busy_gpus={node.name: busy_gpus} if busy_gpus else {},
         busy_slots={node.name: busy_slots} if busy_slots else {},
         master_port=port if port != plan.master_port else None,

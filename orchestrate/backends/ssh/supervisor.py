@@ -28,7 +28,7 @@ from orchestrate.core.plan.outcome import Attempt
 from orchestrate.run.store import SUPERVISOR_PATIENCE_S, Store
 
 if TYPE_CHECKING:
-    from orchestrate.core.plan.plan import HostFacts
+    from orchestrate.core.plan.plan import Occupancy
     from orchestrate.run.prepare import Prepared
 
 
@@ -79,7 +79,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     from orchestrate.backends.ssh.evidence import RemoteEvidence
     from orchestrate.backends.ssh.launcher import Cancelled, Launcher, PreflightFailed
     from orchestrate.backends.ssh.reaping import HostStopper, progress_on
-    from orchestrate.core.plan.plan import HostFacts, Plan
+    from orchestrate.core.plan.plan import Occupancy, Plan
     from orchestrate.run.logsink import LogSink
     from orchestrate.run.prepare import Loaded, plan_job
     from orchestrate.run.supervise import Launched, StopRequest, run_with_restarts
@@ -93,7 +93,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     try:
         loaded = Loaded.from_json(handshake["loaded"])
 
-        def replan(facts: HostFacts) -> Prepared:
+        def replan(facts: Occupancy) -> Prepared:
             return plan_job(loaded, job_id, facts)
 
         prepared = plan_job(loaded, job_id)
@@ -165,7 +165,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
         nonlocal launcher, prepared
         if attempt > first_attempt:  # a restart: plan again (a node may be excluded), relaunch
             pool = HostPool(fanout, secrets)
-            facts = HostFacts(excluded=frozenset(excluded))
+            facts = Occupancy(excluded=frozenset(excluded))
             prepared = plan_job(loaded, job_id, facts)
             launcher = Launcher(prepared, lambda more: plan_job(loaded, job_id, _also(more,
                                                                                      excluded)),
@@ -215,7 +215,7 @@ def run_supervisor(job_id: str, store_path: Path) -> int:
     return 0 if outcome.state == "COMPLETED" else 1
 
 
-def _also(more: HostFacts, excluded: tuple[str, ...]) -> HostFacts:
+def _also(more: Occupancy, excluded: tuple[str, ...]) -> Occupancy:
     """What preflight found, with the nodes the restart policy excluded kept out."""
     return replace(more, excluded=more.excluded | frozenset(excluded))
 
