@@ -18,7 +18,8 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_FILE
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.hostside.shipping import SHIPPED, module_source
-from orchestrate.run.store import JobRecord, RankRecord, Store
+from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
+from orchestrate.run.store import Store
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import Plan
@@ -102,7 +103,7 @@ def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
     return run_dir
 
 
-def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord:
+def new_record(prepared: Prepared, state: JobState, submitted_at: float) -> JobRecord:
     """The store record of a job about to be launched."""
     plan = prepared.plan
     return JobRecord(

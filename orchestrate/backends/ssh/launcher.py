@@ -39,7 +39,7 @@ from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import node_script_name
-from orchestrate.core.plan.plan import Occupancy, NodePlan, Plan
+from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.spec.inventory import Inventory
 
