@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.backends.base import new_record, rank_files, write_run_dir
+from orchestrate.backends.base import Backend, new_record, rank_files, write_run_dir
 from orchestrate.backends.slurm.ctl import (
     FINAL_STATES,
     SlurmClient,
@@ -273,4 +273,4 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-BACKEND = SlurmBackend()
+BACKEND: Backend = SlurmBackend()  # mypy checks it keeps the protocol
