@@ -1,9 +1,47 @@
-"""What every backend does, and what they share.
+"""What every backend does, and what they share; the lifecycle of a job, backend by backend.
 
 A backend submits a prepared job, reports its state, cancels it, and checks it without running
 it (``submit --dry-run``). ``submit`` returns once the job is launched (or queued); watching it is
 the job store's and the log's business, so ``--follow``, ``status``, ``logs`` and ``cancel`` work
 the same on every backend. :class:`Backend` lists every entry point the CLI calls.
+
+**Local and SSH: one lifecycle** (:class:`~orchestrate.backends.detached.DetachedBackend`, and
+:class:`~orchestrate.backends.supervisor.Supervisor` on the other side of the pipe). Each job
+runs under a supervisor process of its own, and *the supervisor writes everything*:
+
+1. ``submit`` (the CLI): ``prepare`` loads and plans the job (pure); the backend refuses what
+   it can without starting anything (secrets not set; locally, a missing workdir or another
+   machine's node), makes the run directory (for the supervisor's log, nothing else), starts
+   the supervisor in its own session and hands it a
+   :class:`~orchestrate.backends.handshake.Handshake`: the job as loaded, and its plan.
+2. The supervisor **claims** what the job needs: local, GPUs, CPU slots and a port in this
+   machine's lease book, under its lock, re-planned around what other jobs hold, the
+   supervisor itself the holder; SSH, preflight on every host, a re-plan with what they said,
+   and a claim in each host's lease book through the agent of the host's first rank channel,
+   that agent the holder (:mod:`~orchestrate.backends.ssh.launcher`). Then it **writes the run
+   directory** (the backend's files, ``plan.json``, ``loaded.json``; SSH first copies each
+   host's files there, and writes ``ssh-hosts.json``), then **records** the job in the store
+   (a new record, or ``resume``'s next attempt of the old one) with its own pid and host. Until
+   its verdict it waits for a locked store as long as the CLI would (then the submit is
+   refused, saying so); afterwards as long as it takes to record how the job went.
+3. Only then does it answer ``submit``: a :class:`~orchestrate.backends.handshake.Verdict`,
+   and ``submit`` returns the record. A refusal before that (a failed preflight, GPUs held, the
+   job id taken) is a verdict with the problems: the claims are released and nothing is
+   recorded; the run directory holds the supervisor's log only.
+4. It runs the attempts (:func:`orchestrate.run.supervise.run_with_restarts`). A restart
+   re-claims, re-writes and re-records on SSH (it is planned again, maybe without a node); a
+   local restart keeps its leases and run directory. The supervisor records the end, writes
+   ``report.html``, and releases the leases as it exits (locally also its watchdog, if it is
+   killed; on SSH the agents, when their channels close).
+5. ``refresh``: a job not ended whose supervisor is gone failed ("the job's supervisor process
+   vanished"); whatever it left is stopped from the CLI (``stop_everywhere``). ``cancel``:
+   SIGTERM to the supervisor, which stops every rank its way and exits; one that has not
+   within :data:`~orchestrate.backends.detached.CANCEL_GRACE_S` is SIGKILLed and the job
+   stopped from the CLI.
+
+**Slurm** has no supervisor: ``submit`` writes the run directory, runs ``sbatch`` and records
+the job (Slurm's job id in it); Slurm holds the resources and runs the ranks; ``refresh`` reads
+``scontrol`` and the run directory; ``cancel`` is ``scancel`` (:mod:`~orchestrate.backends.slurm`).
 """
 
 from __future__ import annotations
@@ -18,7 +56,8 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
-from orchestrate.run.store import JobRecord, RankRecord, Store
+from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
+from orchestrate.run.store import Store
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import Plan
@@ -74,15 +113,22 @@ def rank_files(plan: Plan, scripts: Mapping[str, str],
     return files
 
 
-def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
-    """Create the run directory with the backend's ``files`` and the plan; returns it.
-
-    The directory is private (0700): scripts can hold paths and settings a user may not want
-    others to read, and secrets never go into it at all.
-    """
+def make_run_dir(prepared: Prepared) -> Path:
+    """The job's run directory, made if it is not there (private: 0700; scripts can hold paths
+    and settings a user may not want others to read, and secrets never go into it at all)."""
     run_dir = Path(prepared.plan.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise _unwritable(prepared, exc, run_dir) from None
+    return run_dir
+
+
+def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
+    """Create the run directory with the backend's ``files``, the plan and what was loaded
+    (``plan.json``, ``loaded.json``: what ``resume`` plans again from); returns it."""
+    run_dir = make_run_dir(prepared)
+    try:
         for name, text in files.items():
             target = run_dir / name
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -93,16 +139,20 @@ def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
         (run_dir / LOADED_FILE).write_text(json.dumps(prepared.loaded.to_json(), indent=2)
                                            + "\n")
     except OSError as exc:
-        raise UserError.single(
-            f"cannot write the run directory: {exc.strerror}", source=str(prepared.path),
-            field="run_root", got=str(exc.filename or run_dir),
-            hint="run directories go under the job's run_root, else $ORCHESTRATE_RUNS, else "
-            "./runs: choose a writable place with free space",
-        ) from None
+        raise _unwritable(prepared, exc, run_dir) from None
     return run_dir
 
 
-def new_record(prepared: Prepared, state: str, submitted_at: float) -> JobRecord:
+def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:
+    return UserError.single(
+        f"cannot write the run directory: {exc.strerror}", source=str(prepared.path),
+        field="run_root", got=str(exc.filename or run_dir),
+        hint="run directories go under the job's run_root, else $ORCHESTRATE_RUNS, else "
+        "./runs: choose a writable place with free space",
+    )
+
+
+def new_record(prepared: Prepared, state: JobState, submitted_at: float) -> JobRecord:
     """The store record of a job about to be launched."""
     plan = prepared.plan
     return JobRecord(

@@ -1,37 +1,185 @@
-"""Detached supervisors: the process that watches a job's ranks, started and stopped from the CLI.
+"""Detached supervisors: the local and SSH backends' common shape, and the process plumbing.
 
-The local and SSH backends run each job under a supervisor process of its own, started in a new
-session so that it outlives the ``submit`` that started it (``--detach``, a closed terminal).
-This module is the plumbing they share: starting one, knowing whether it still runs, and
-stopping it (SIGTERM, wait until the store says the job ended, SIGKILL as a last resort).
-A supervisor is identified by its pid *and* its command line naming the job id, so a reused pid
-is never mistaken for it.
+Each job of these backends runs under a supervisor process of its own, started in a new session
+so that it outlives the ``submit`` that started it (``--detach``, a closed terminal).
+:class:`DetachedBackend` is the CLI side of their one lifecycle (written down in
+:mod:`orchestrate.backends.base`): ``submit`` and ``resume`` start the supervisor with a
+:class:`~orchestrate.backends.handshake.Handshake` and wait for its verdict; ``refresh`` and
+``cancel`` are the same for both. A backend fills in only what really differs: which program
+supervises (``supervisor_module``), what ``submit`` checks first, and how to stop the job's
+processes everywhere once its supervisor is gone (``stop_everywhere``). The supervisor side is
+:class:`orchestrate.backends.supervisor.Supervisor`.
+
+The plumbing: starting a supervisor, knowing whether it still runs, and stopping it (SIGTERM,
+wait until it is gone, SIGKILL as a last resort). A supervisor is identified by its pid *and* its
+command line naming the job id, so a reused pid is never mistaken for it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
+from orchestrate.backends.base import make_run_dir, secret_values
+from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
+from orchestrate.core.errors import UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
 from orchestrate.hostside.shipping import shipped
 from orchestrate.run.store import JobRecord, Store
 
+if TYPE_CHECKING:
+    from orchestrate.core.plan.plan import Plan
+    from orchestrate.run.prepare import Prepared
 
-def start(module: str, job_id: str, store: Store, run_dir: Path, *, pipe: bool = False,
-          cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start ``python -m MODULE JOB_ID STORE_PATH`` in its own session, logging to the run
-    dir's supervisor log; with ``pipe`` its stdin and stdout are pipes to this process."""
+#: How long ``cancel`` gives a supervisor to stop its job its own way and exit, before it is
+#: SIGKILLed and the job is stopped from here (:meth:`DetachedBackend.stop_everywhere`). Its way
+#: is bounded, step by step: SIGTERM to every rank and STOP_GRACE_S (5 s) to checkpoint, then
+#: SIGKILL and run/supervise.py's KILL_WAIT_S (5 s) for their ends; then kill-by-tag wherever
+#: anything was left, with its own 5 s grace, on hosts whose connection may have to log in again
+#: (ssh.connect_timeout_s, 10 s by default); then it records the end, reads the training progress
+#: and writes report.html (10 s on a loaded machine). 5 + 5 + 5 + 10 + 10 = 35 s, for every
+#: backend: a healthy local supervisor needs a few seconds of it, and only a stuck one waits out
+#: the rest (the local and SSH backends had 15 s and 35 s; the shorter one was too short for a
+#: sweep that must log in again).
+CANCEL_GRACE_S = 35.0
+#: Longest ``submit`` waits for the supervisor's verdict (its own steps all have deadlines).
+VERDICT_TIMEOUT_S = 900.0
+
+
+class DetachedBackend(ABC):
+    """The CLI side of a backend whose jobs run under a detached supervisor (local, SSH).
+
+    ``files`` and ``check`` are the backend's own (the :class:`~orchestrate.backends.base.Backend`
+    protocol); the rest of the protocol is here, once.
+    """
+
+    name: str
+    #: The store is written by the supervisor on this machine: it can be asked often.
+    poll_interval_s: float = 0.2
+    #: The supervisor program, run as ``python -m MODULE JOB_ID STORE_PATH``.
+    supervisor_module: ClassVar[str]
+    #: How messages name this backend ("the SSH supervisor ...").
+    label: ClassVar[str]
+
+    # ---- what differs ----------------------------------------------------------------------
+
+    @abstractmethod
+    def files(self, plan: Plan, templates_dir: Path | None) -> dict[str, str]:
+        """Every file the job's run directory gets (see the Backend protocol)."""
+
+    @abstractmethod
+    def check(self, prepared: Prepared) -> None:
+        """``submit --dry-run`` (see the Backend protocol)."""
+
+    @abstractmethod
+    def stop_everywhere(self, job: JobRecord) -> dict[str, str]:
+        """Stop whatever the job left running, wherever it ran, and release what it held, with
+        no supervisor to do it (it vanished, or did not stop in time); failure reasons by
+        host."""
+
+    def check_submit(self, prepared: Prepared) -> None:
+        """What ``submit`` (not ``resume``) refuses before starting anything; nothing here."""
+        return None  # nothing by default
+
+    def handshake(self, prepared: Prepared, attempt: int | None) -> Handshake:
+        """What the supervisor is handed (a backend may add to it)."""
+        return Handshake(job_id=prepared.plan.job_id, source=str(prepared.path),
+                         submitted_at=time.time(), attempt=attempt, plan=prepared.plan,
+                         loaded=prepared.loaded.to_json())
+
+    # ---- the lifecycle, CLI side -----------------------------------------------------------
+
+    def submit(self, prepared: Prepared, store: Store) -> JobRecord:
+        """Start the supervisor; return once it launched the job, or raise what it refused."""
+        self.check_submit(prepared)
+        return self._start(prepared, store, None)
+
+    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
+        """The next attempt of an ended job, through a new supervisor (claims as at submit)."""
+        return self._start(prepared, store, job.attempt + 1)
+
+    def _start(self, prepared: Prepared, store: Store, attempt: int | None) -> JobRecord:
+        plan = prepared.plan
+        secret_values(plan.secret_env, str(prepared.path))
+        run_dir = make_run_dir(prepared)  # for the supervisor's log; it writes the rest
+        handshake = self.handshake(prepared, attempt)
+        proc = start(self.supervisor_module, plan.job_id, store, run_dir)
+        verdict = _exchange(proc, handshake)
+        if verdict is None:
+            if proc.poll() is None:
+                proc.terminate()
+            raise UserError.single(
+                f"the {self.label} supervisor ended before launching the job",
+                source=str(prepared.path), hint=f"its log: {run_dir / SUPERVISOR_LOG}")
+        if not verdict.ok:
+            if verdict.table is not None:
+                verdict.table.print(only_failed=True)
+            raise UserError(verdict.problems)
+        record = store.get(plan.job_id)
+        assert record is not None  # the supervisor recorded it before its verdict
+        return record
+
+    def refresh(self, job: JobRecord, store: Store) -> JobRecord:
+        """A running job whose supervisor (on this machine) is gone has failed: stop what it
+        may have left and say so."""
+        if job.terminal or job.supervisor_pid is None or not on_this_machine(job):
+            return job
+        if alive(job.supervisor_pid, job.id):
+            return job
+        failed = self.stop_everywhere(job)
+        store.finish(job.id, "FAILED", "the job's supervisor process vanished" + unreached(failed))
+        return store.get(job.id) or job
+
+    def cancel(self, job: JobRecord, store: Store) -> JobRecord:
+        """SIGTERM the supervisor (it stops every rank its way); when it cannot (gone, stuck),
+        stop everything from here."""
+        if job.terminal:
+            return job
+        reason = "cancelled"
+        if not stop(job, store, CANCEL_GRACE_S):
+            reason += unreached(self.stop_everywhere(job))
+        store.finish(job.id, "CANCELLED", reason)
+        return store.get(job.id) or job
+
+
+def _exchange(proc: subprocess.Popen[bytes], handshake: Handshake) -> Verdict | None:
+    """Hand the supervisor its job and wait for its verdict; a Ctrl-C meanwhile stops it
+    (it aborts, launching nothing)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write((json.dumps(handshake.to_json()) + "\n").encode())
+        proc.stdin.close()
+        return read_verdict(proc.stdout, VERDICT_TIMEOUT_S)
+    except BaseException:
+        proc.terminate()
+        raise
+    finally:
+        proc.stdout.close()
+
+
+def unreached(failed: Mapping[str, str]) -> str:
+    """The end of a reason naming the hosts that could not be stopped, if any."""
+    if not failed:
+        return ""
+    return "; could not reach " + ", ".join(f"{h} ({why})" for h, why in failed.items())
+
+
+def start(module: str, job_id: str, store: Store, run_dir: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m MODULE JOB_ID STORE_PATH`` in its own session, in this directory (so
+    relative paths agree), its stdin and stdout pipes to this process (the handshake and the
+    verdict), its stderr the run dir's supervisor log."""
     with open(run_dir / SUPERVISOR_LOG, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", module, job_id, str(store.path)],
-            stdin=subprocess.PIPE if pipe else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if pipe else log, stderr=log,
-            start_new_session=True, cwd=cwd,
+            [sys.executable, "-m", module, job_id, str(store.path)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=log, start_new_session=True,
         )
 
 
@@ -60,17 +208,15 @@ def on_this_machine(job: JobRecord) -> bool:
 
 
 def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
-    """SIGTERM the job's supervisor and wait up to ``wait_s`` for it to record the end; SIGKILL
-    it if it does not. True when it ended the job itself (its ranks stopped its way)."""
+    """SIGTERM the job's supervisor and wait up to ``wait_s`` for it to end the job and exit;
+    SIGKILL it if it does not. True when it ended the job itself (its ranks stopped its way, its
+    leases released as it exited)."""
     pid = job.supervisor_pid
     if pid is None or not on_this_machine(job) or not alive(pid, job.id):
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and alive(pid, job.id):
-        current = store.get(job.id)
-        if current is not None and current.terminal:
-            return True
         time.sleep(0.05)
     if alive(pid, job.id):
         os.kill(pid, signal.SIGKILL)

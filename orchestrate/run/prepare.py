@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.spec.inventory import (
     Inventory,
     InventorySpec,
@@ -173,7 +173,7 @@ def load_spec(
 def plan_job(
     loaded: Loaded,
     job_id: str,
-    facts: HostFacts | None = None,
+    occupancy: Occupancy | None = None,
 ) -> Prepared:
     """Plan a loaded job (pure). Its scripts are its backend's to render, when they are wanted:
     ``orchestrate plan`` needs none, and a 4,096-node job would render 4,096 of them."""
@@ -186,7 +186,7 @@ def plan_job(
         source=loaded.source,
         python=sys.executable if loaded.job.backend == "local" else "python3",
         param_count=loaded.param_count,
-        facts=facts,
+        occupancy=occupancy,
         debug=loaded.debug,
     )
     if loaded.notes:

@@ -3,8 +3,8 @@
 An embedded SQLite database in the user's state directory (``$ORCHESTRATE_HOME``, default
 ``~/.local/state/orchestrate``; :func:`orchestrate.hostside.host.state_dir`). WAL mode and a busy
 timeout make concurrent CLI invocations and job supervisors safe; ``PRAGMA user_version`` versions
-the
-schema and older stores are migrated in place.
+the schema and older stores are migrated in place. What it holds is :mod:`orchestrate.run.jobrecord`
+(re-exported here, where most readers look for it).
 
 A busy store never decides a job's fate: every transaction is retried while the database is
 locked, for ``patience_s`` (30 s for the CLI, which then says the store is busy; minutes for a
@@ -20,15 +20,31 @@ import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.outcome import Attempt, Failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.hostside import host
+from orchestrate.run.jobrecord import (
+    STOPPED,
+    EndFields,
+    JobFields,
+    JobState,
+    RankFields,
+    job_state,
+    rank_state,
+)
+
+# Re-exported: readers of the store (the CLI, the doctor) import the records from here.
+from orchestrate.run.jobrecord import TERMINAL as TERMINAL
+from orchestrate.run.jobrecord import JobRecord as JobRecord
+from orchestrate.run.jobrecord import RankRecord as RankRecord
 from orchestrate.run.knobs import seconds
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11; only mypy needs it
 
 T = TypeVar("T")
 
@@ -37,18 +53,6 @@ SCHEMA_VERSION = 2
 PATIENCE_S = seconds("ORCHESTRATE_STORE_PATIENCE_S", 30.0)
 #: How long a supervisor keeps trying to record its job's progress and end.
 SUPERVISOR_PATIENCE_S = 900.0
-
-#: States a job ends in: the local backends' and Slurm's terminal states (a preempted Slurm job
-#: that Slurm requeues is shown as REQUEUED, not PREEMPTED).
-TERMINAL = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "PREEMPTED", "PREEMPTED_FINAL", "REVOKED"}
-)
-#: A job between attempts: its last attempt ended, the restart policy starts another.
-RESTARTING = "RESTARTING"
-#: The state of a rank the job stopped itself (after another rank failed, on a cancel, at the
-#: time limit): its exit code says how it went, but it did not fail on its own.
-STOPPED = "STOPPED"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -103,90 +107,6 @@ def home() -> Path:
             field="ORCHESTRATE_HOME",
             hint="point ORCHESTRATE_HOME (or XDG_STATE_HOME) at a directory you can write",
         ) from None
-
-
-@dataclass
-class RankRecord:
-    """What happened to one rank."""
-
-    rank: int
-    node: str
-    host: str | None = None
-    pid: int | None = None
-    state: str = "PENDING"
-    exit_code: int | None = None
-    signal: int | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-
-
-@dataclass
-class JobRecord:
-    """One submitted job."""
-
-    id: str
-    name: str
-    backend: str
-    state: str
-    run_dir: str
-    plan: Plan
-    submitted_at: float
-    reason: str = ""
-    external_id: str | None = None
-    supervisor_pid: int | None = None
-    supervisor_host: str | None = None
-    hosts: list[str] = field(default_factory=list)
-    failure: Failure | None = None
-    started_at: float | None = None
-    first_step_at: float | None = None
-    finished_at: float | None = None
-    attempts: list[Attempt] = field(default_factory=list)
-    diagnosis: dict[str, Any] | None = None
-    ranks: list[RankRecord] = field(default_factory=list)
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the job has ended."""
-        return self.state in TERMINAL
-
-    @property
-    def attempt(self) -> int:
-        """The number of the current (or last) attempt; 1 for a job never restarted."""
-        return self.attempts[-1].n if self.attempts else 1
-
-    def to_json(self) -> dict[str, Any]:
-        """The status document (``orchestrate status --json``)."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "backend": self.backend,
-            "state": self.state,
-            "reason": self.reason,
-            "run_dir": self.run_dir,
-            "external_id": self.external_id,
-            "hosts": self.hosts,
-            "failure": None if self.failure is None else self.failure.to_json(),
-            "diagnosis": self.diagnosis,
-            "world_size": self.plan.world_size,
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "first_step_at": self.first_step_at,
-            "finished_at": self.finished_at,
-            "attempt": self.attempt,
-            "attempts": [a.to_json() for a in self.attempts],
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "node": r.node,
-                    "host": r.host,
-                    "pid": r.pid,
-                    "state": r.state,
-                    "exit_code": r.exit_code,
-                    "signal": r.signal,
-                }
-                for r in self.ranks
-            ],
-        }
 
 
 _JOB_COLUMNS = (
@@ -317,10 +237,10 @@ class Store:
                 hint=f"choose another id, or `orchestrate resume {job.id}` to run it again",
             ) from None
 
-    def update(self, job_id: str, **fields: Any) -> None:
-        """Set job columns (JSON columns take Python values)."""
+    def update(self, job_id: str, **fields: Unpack[JobFields]) -> None:
+        """Set job columns (typed records and lists as Python values)."""
         unknown = set(fields) - set(_JOB_COLUMNS)
-        if unknown:
+        if unknown:  # mypy refuses these already; a caller that bypassed it still fails
             raise ValueError(f"unknown job fields {sorted(unknown)}")
         values = [_encode(k, v) for k, v in fields.items()]
         self._transact(lambda db: db.execute(
@@ -328,15 +248,18 @@ class Store:
             [*values, job_id],
         ))
 
-    def finish(self, job_id: str, state: str, reason: str = "", **fields: Any) -> bool:
-        """Move a job to a terminal state unless it already is in one; True if it moved.
+    def finish(self, job_id: str, state: JobState, reason: str = "",
+               **fields: Unpack[EndFields]) -> bool:
+        """Move a job to a terminal ``state`` unless it already is in one; True if it moved.
         Ranks still recorded as running are marked stopped: a finished job runs nothing."""
+        if state not in TERMINAL:
+            raise ValueError(f"{state} is not a state a job ends in")
 
         def body(db: sqlite3.Connection) -> bool:
             row = db.execute("SELECT state FROM jobs WHERE id = ?", [job_id]).fetchone()
             if row is None or row[0] in TERMINAL:
                 return False
-            values = {"state": state, "finished_at": time.time(), **fields}
+            values: dict[str, Any] = {"state": state, "finished_at": time.time(), **fields}
             if reason:  # an empty reason keeps a notice recorded while the job ran
                 values["reason"] = reason
             db.execute(
@@ -393,7 +316,7 @@ class Store:
 
         self._transact(body)
 
-    def update_rank(self, job_id: str, rank: int, **fields: Any) -> None:
+    def update_rank(self, job_id: str, rank: int, **fields: Unpack[RankFields]) -> None:
         """Set rank columns."""
         unknown = set(fields) - set(_RANK_COLUMNS)
         if unknown:
@@ -495,6 +418,10 @@ def _record(row: tuple[Any, ...], ranks: list[tuple[Any, ...]]) -> JobRecord:
     values["plan"] = Plan.from_json(values["plan"])
     values["failure"] = None if values["failure"] is None else Failure.from_json(values["failure"])
     values["attempts"] = [Attempt.from_json(a) for a in values["attempts"] or []]
+    values["state"] = job_state(values["state"])
     job = JobRecord(**values)
-    job.ranks = [RankRecord(**dict(zip(_RANK_COLUMNS, r, strict=True))) for r in ranks]
+    for r in ranks:
+        rank = RankRecord(**dict(zip(_RANK_COLUMNS, r, strict=True)))
+        rank.state = rank_state(rank.state)
+        job.ranks.append(rank)
     return job

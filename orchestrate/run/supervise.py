@@ -4,9 +4,8 @@ It starts the ranks (through a backend's :class:`RankHandle`), copies their outp
 log sink, records each exit in the store, and ends the job the moment it cannot succeed, naming
 why, instead of leaving ranks to wait in a collective for torch's timeout:
 
-- the first rank that fails (:func:`orchestrate.core.plan.outcome.first_failure`) is named with its
-node,
-  exit status and last log lines, and every other rank is stopped (FAILED);
+- the first rank that fails (:func:`orchestrate.core.plan.outcome.first_failure`) is named with
+  its node, exit status and last log lines, and every other rank is stopped (FAILED);
 - a cancel (SIGTERM/SIGINT/SIGHUP to the supervisor) stops every rank (CANCELLED);
 - the job's time limit (``resources.time``), enforced as Slurm does: SIGTERM to every rank, a
   grace period, SIGKILL (TIMEOUT);
@@ -26,6 +25,8 @@ first failure failed. Local and SSH jobs share this loop; only the handles diffe
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import queue
 import signal
@@ -43,9 +44,10 @@ from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
 from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
-from orchestrate.run.store import RESTARTING, STOPPED, Store
+from orchestrate.run.store import Store
 
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
@@ -95,7 +97,7 @@ class StopRequest:
 class Outcome:
     """How the job (or one attempt of it) ended."""
 
-    state: str
+    state: JobState
     reason: str
     failure: Failure | None
     failed_exits: list[Exit] = field(default_factory=list)  # every rank's non-zero exit
@@ -155,8 +157,9 @@ class _Run:
             now = time.time()
             ended.append(RankEnd(rank, handle.node, result, now))
             stopped_by_us = self.ending is not None
-            state = "COMPLETED" if result.ok else (STOPPED if stopped_by_us else "FAILED")
-            self.store.update_rank(self.job_id, rank, state=state, exit_code=result.code,
+            ended_as: RankState = "COMPLETED" if result.ok else (
+                STOPPED if stopped_by_us else "FAILED")
+            self.store.update_rank(self.job_id, rank, state=ended_as, exit_code=result.code,
                                    signal=result.signal, finished_at=now)
             if result.ok and self.first_done is None:
                 self.first_done = (rank, handle.node, time.monotonic())
@@ -171,8 +174,7 @@ class _Run:
             if self.failure.requeue:
                 reason += (" (it checkpointed and asks to be started again: "
                            f"`orchestrate resume {self.job_id}`)")
-            state = "NODE_FAIL" if lost else "FAILED"
-            self.stop_all(Outcome(state, reason, self.failure,
+            self.stop_all(Outcome("NODE_FAIL" if lost else "FAILED", reason, self.failure,
                                   lost_node=first.node if lost else None),
                           f"{self.failure.sentence()}; stopping the other "
                           f"{len(self.running)} rank(s)")
@@ -313,18 +315,10 @@ def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
     run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
 
 
-def supervise(
-    job_id: str,
-    run_dir: Path,
-    store: Store,
-    handles: Sequence[RankHandle],
-    stop: StopRequest,
-    grace_s: float,
-    plan: Plan,
-    cleanup: Callable[[], None] | None = None,
-    sink: LogSink | None = None,
-    evidence: Evidence | None = None,
-) -> Outcome:
+def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHandle],
+              stop: StopRequest, grace_s: float, plan: Plan,
+              cleanup: Callable[[], None] | None = None, sink: LogSink | None = None,
+              evidence: Evidence | None = None) -> Outcome:
     """Run one attempt's ranks to the end and return how it ended (recording each rank, not
     the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
     (made here unless the caller made it to write notes of its own); it is closed at the end.
@@ -337,7 +331,8 @@ def supervise(
     watcher = _watch(plan, run_dir, evidence, sink)
     try:
         # All started before any is recorded: a store write (a disk sync) delays the next.
-        pids = [(handle, handle.start(_emitter(sink, handle.rank))) for handle in handles]
+        pids = [(handle, handle.start(functools.partial(sink.line, handle.rank)))
+                for handle in handles]
         for handle, pid in pids:
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
@@ -380,24 +375,20 @@ class Launched:
     evidence: Evidence | None = None  # where the stall watch reads heartbeats
 
 
-def run_with_restarts(
-    job_id: str,
-    run_dir: Path,
-    store: Store,
-    plan: Plan,
-    stop: StopRequest,
-    grace_s: float,
-    launch: Callable[[int, tuple[str, ...]], tuple[Plan, Launched]],
-    progress: Callable[[Plan], dict[str, int | None]],
-) -> Outcome:
+#: Readies attempt N's ranks, avoiding the excluded nodes: ``launch(n, excluded) -> (plan, ranks)``.
+Launch = Callable[[int, tuple[str, ...]], tuple[Plan, Launched]]
+
+
+def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop: StopRequest,
+                      grace_s: float, launch: Launch,
+                      progress: Callable[[Plan], dict[str, int | None]]) -> Outcome:
     """Run the job's attempts until one ends for good; record the job's end.
 
     ``launch(attempt, excluded_nodes)`` readies an attempt's ranks (re-planning where the
     backend must: other hosts, a node excluded) and returns its plan; ``progress(plan)`` reads
-    how far training got (:func:`orchestrate.core.plan.restart.progress_marker`, on the right host).
-    The restart policy of :mod:`orchestrate.core.plan.restart` decides between attempts; a cancel
-    during
-    the wait ends the job for good.
+    how far training got (:func:`orchestrate.core.plan.restart.progress_marker`, on the right
+    host). The restart policy of :mod:`orchestrate.core.plan.restart` decides between attempts; a
+    cancel during the wait ends the job for good.
     """
     record = store.get(job_id)
     attempt = record.attempt if record is not None else 1
@@ -480,11 +471,8 @@ def final_report(store: Store, job_id: str) -> None:
 
 def _note(run_dir: Path, text: str) -> None:
     """A line from orchestrate in the merged log, between attempts (no sink is open then)."""
-    try:
-        with open(run_dir / MERGED_LOG, "a", encoding="utf-8") as merged:
-            merged.write(f"[orchestrate] {text}\n")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(run_dir / MERGED_LOG, "a", encoding="utf-8") as log:
+        log.write(f"[orchestrate] {text}\n")
 
 
 def _resumed_from(run_dir: Path) -> int | None:
@@ -501,13 +489,6 @@ def _resumed_from(run_dir: Path) -> int | None:
         if record is not None and record.kind == "start":
             return record.resumed_from_step
     return None
-
-
-def _emitter(sink: LogSink, rank: int) -> Callable[[str], None]:
-    def emit(text: str) -> None:
-        sink.line(rank, text)
-
-    return emit
 
 
 def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:

@@ -17,7 +17,7 @@ from core_support import CORE, cli
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.exits import EXIT_BUSY, EXIT_USER_ERROR
-from orchestrate.core.plan.plan import HostFacts, make_plan
+from orchestrate.core.plan.plan import Occupancy, make_plan
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.hostside import host
@@ -28,17 +28,17 @@ CPU = CORE / "inventories" / "localhost-cpu.yaml"  # localhost, 3 slots
 GPUS = CORE / "inventories" / "uniform.yaml"  # node1-2, 4 GPUs each
 
 
-def _refusal(job: dict[str, object], inventory: Path, facts: HostFacts) -> UserError:
+def _refusal(job: dict[str, object], inventory: Path, facts: Occupancy) -> UserError:
     spec = JobSpec.model_validate({"name": "j", "command": ["python", "t.py"], **job})
     with pytest.raises(UserError) as caught:
         make_plan(spec, load_inventory(inventory), job_id="j-1", run_dir="/r", workdir="/w",
-                  facts=facts)
+                  occupancy=facts)
     return caught.value
 
 
 def test_slots_held_by_other_jobs_are_try_again_later() -> None:
     refused = _refusal({"resources": {"gpus_per_node": 2}}, CPU,
-                       HostFacts(busy_slots={"localhost": 2}))
+                       Occupancy(busy_slots={"localhost": 2}))
     assert refused.exit_status == EXIT_BUSY == 75
     assert "held by other jobs" in str(refused) and "try again" in str(refused)
 
@@ -46,17 +46,17 @@ def test_slots_held_by_other_jobs_are_try_again_later() -> None:
 def test_gpus_held_by_other_jobs_are_try_again_later() -> None:
     held = frozenset({0, 1, 2})
     refused = _refusal({"backend": "ssh", "resources": {"nodes": 2, "gpus_per_node": 2}}, GPUS,
-                       HostFacts(busy_gpus={"node1": held, "node2": held}))
+                       Occupancy(busy_gpus={"node1": held, "node2": held}))
     assert refused.exit_status == EXIT_BUSY
     assert "held by other jobs" in str(refused)
 
 
 def test_a_request_that_can_never_fit_stays_a_user_error_even_on_a_busy_machine() -> None:
     too_big = _refusal({"resources": {"gpus_per_node": 4}}, CPU,
-                       HostFacts(busy_slots={"localhost": 2}))
+                       Occupancy(busy_slots={"localhost": 2}))
     assert too_big.exit_status == EXIT_USER_ERROR == 2
     too_many = _refusal({"backend": "ssh", "resources": {"nodes": 3, "gpus_per_node": 1}}, GPUS,
-                        HostFacts(busy_gpus={"node1": frozenset({0})}))
+                        Occupancy(busy_gpus={"node1": frozenset({0})}))
     assert too_many.exit_status == EXIT_USER_ERROR
     # One real mistake among busy problems: fix the file first.
     mixed = UserError([Problem("held", busy=True), Problem("a typo")])
@@ -66,7 +66,7 @@ def test_a_request_that_can_never_fit_stays_a_user_error_even_on_a_busy_machine(
 def test_a_spare_node_held_by_other_jobs_is_try_again_later() -> None:
     job = {"backend": "ssh", "resources": {"nodes": 1, "gpus_per_node": 4},
            "restart": {"exclude_failed_node": True}}
-    refused = _refusal(job, GPUS, HostFacts(busy_gpus={"node2": frozenset({3})}))
+    refused = _refusal(job, GPUS, Occupancy(busy_gpus={"node2": frozenset({3})}))
     assert refused.exit_status == EXIT_BUSY
     assert "no spare node" in str(refused) and "other jobs hold them now" in str(refused)
 
@@ -114,6 +114,7 @@ def test_submit_that_can_never_fit_exits_2(tmp_path: Path, lease_book: host.Leas
     assert "4 requested" in result.err
 
 
+@pytest.mark.process  # the supervisor decides, after it started
 def test_submit_whose_fixed_port_another_job_holds_exits_75(tmp_path: Path,
                                                             lease_book: host.LeaseBook) -> None:
     _hold(lease_book, slots=1, port=29517)

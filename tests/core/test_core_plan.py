@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, derive_port
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
@@ -95,23 +95,23 @@ def test_a_job_asking_fewer_gpus_gets_a_subset_in_pci_order() -> None:
 
 
 def test_gpus_held_by_other_jobs_are_not_picked() -> None:
-    held = HostFacts(busy_gpus={"a": frozenset({0, 2})})
-    p = plan(job(resources={"gpus_per_node": 2}), inventory(gpu_node("a", 4)), facts=held)
+    held = Occupancy(busy_gpus={"a": frozenset({0, 2})})
+    p = plan(job(resources={"gpus_per_node": 2}), inventory(gpu_node("a", 4)), occupancy=held)
     assert p.nodes[0].cuda_visible_devices == "1,3"
     message = refusal(job(resources={"gpus_per_node": 3}), inventory(gpu_node("a", 4)),
-                      facts=held)
+                      occupancy=held)
     assert "2 usable GPU(s) (2 held by other jobs), 3 requested" in message
 
 
 def test_cpu_slots_held_by_other_jobs_are_not_given_again() -> None:
     """CPU slots are the CPU analogue of GPUs: a 4-slot node with 3 held has 1 left."""
     inv = inventory({"name": "c", "slots": 4})
-    held = HostFacts(busy_slots={"c": 3})
-    assert plan(job(resources={"gpus_per_node": "all"}), inv, facts=held).world_size == 1
-    message = refusal(job(resources={"gpus_per_node": 2}), inv, facts=held)
+    held = Occupancy(busy_slots={"c": 3})
+    assert plan(job(resources={"gpus_per_node": "all"}), inv, occupancy=held).world_size == 1
+    message = refusal(job(resources={"gpus_per_node": 2}), inv, occupancy=held)
     assert "1 free slots (3 held by other jobs), 2 requested" in message
     message = refusal(job(resources={"gpus_per_node": "all"}), inv,
-                      facts=HostFacts(busy_slots={"c": 4}))
+                      occupancy=Occupancy(busy_slots={"c": 4}))
     assert "0 free slots (4 held by other jobs)" in message
 
 
@@ -122,7 +122,7 @@ def test_exclude_failed_node_needs_a_spare_first_then_plans_without_the_failed_o
     spec = job(resources={"nodes": 2, "gpus_per_node": 1},
                restart={"max": 1, "on": ["failure"], "exclude_failed_node": True})
     assert [n.name for n in plan(spec, three).nodes] == ["a", "b"]
-    again = plan(spec, three, facts=HostFacts(excluded=frozenset({"b"})))
+    again = plan(spec, three, occupancy=Occupancy(excluded=frozenset({"b"})))
     assert [n.name for n in again.nodes] == ["a", "c"]
     two = inventory(*({"name": n, "slots": 1} for n in ("a", "b")))
     assert "no spare node: the job uses 2 node(s)" in refusal(spec, two)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.plan.plan import HostFacts, Plan, make_plan
+from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 
@@ -99,7 +99,7 @@ def cases(draw: st.DrawFn) -> tuple[Inventory, JobSpec, dict[str, frozenset[int]
 def _plan(inv: Inventory, spec: JobSpec, busy: dict[str, frozenset[int]]) -> Plan | None:
     try:
         return make_plan(spec, inv, job_id="prop-1", run_dir="/r", workdir="/w",
-                         facts=HostFacts(busy_gpus=busy))
+                         occupancy=Occupancy(busy_gpus=busy))
     except UserError as exc:
         assert exc.problems and all(p.render() for p in exc.problems)
         return None

@@ -8,13 +8,8 @@ import json
 
 import pytest
 
-from tests.backends.ssh.conftest import (
-    SshCli,
-    no_stray_remote_processes,
-    ssh_cli,
-    ssh_hosts,
-    tagged_on,
-)
+from tests.backends.conftest import ssh_hosts
+from tests.backends.ssh.conftest import SshCli, no_stray_remote_processes, ssh_cli, tagged_on
 from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
 
 __all__ = ["no_stray_remote_processes", "ssh_cli", "ssh_hosts"]  # fixtures, for this module

@@ -1,50 +1,42 @@
 """The local backend: every rank a process on this machine, watched by a detached supervisor.
 
-``submit`` leases GPUs, CPU slots and a free master port in this machine's lease book (the same
-book SSH jobs on this machine use, :mod:`orchestrate.hostside.host`), re-plans around what other
-jobs hold, writes the run directory, and starts the supervisor
-(:mod:`orchestrate.backends.local.supervisor`)
-in its own session. It outlives the CLI, so ``--detach`` and ``logs --follow`` work the same way.
+``submit`` refuses what it can see at once (a node of the plan that is another machine, a
+missing working directory) and starts the supervisor (:mod:`orchestrate.backends.local.supervisor`)
+in its own session, which leases GPUs, CPU slots and a free master port in this machine's lease
+book (the same book SSH jobs on this machine use, :mod:`orchestrate.hostside.host`), re-plans
+around what other jobs hold, writes the run directory and records the job, in the lifecycle of
+:mod:`orchestrate.backends.base`. It outlives the CLI, so ``--detach`` and ``logs --follow`` work
+the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrate.backends import detached
-from orchestrate.backends.base import (
-    STOP_GRACE_S,
-    new_record,
-    rank_files,
-    secret_values,
-    write_run_dir,
-)
+from orchestrate.backends.base import STOP_GRACE_S, Backend, rank_files
+from orchestrate.backends.detached import DetachedBackend
 from orchestrate.core.errors import UserError
-from orchestrate.core.plan.outcome import Attempt
-from orchestrate.core.plan.plan import HostFacts, Plan
-from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.hostside import host
-from orchestrate.run.store import JobRecord, Store
+from orchestrate.run.store import JobRecord
 
 if TYPE_CHECKING:
+    from orchestrate.core.plan.plan import Plan
     from orchestrate.run.prepare import Prepared
 
-SUPERVISOR = "orchestrate.backends.local.supervisor"
 
-
-class LocalBackend:
+class LocalBackend(DetachedBackend):
     """Runs jobs on this machine."""
 
     name = "local"
     poll_interval_s = 0.05  # a read of the local store: `submit --follow` ends with the job
+    label = "local"
+    supervisor_module = "orchestrate.backends.local.supervisor"
 
-    def submit(self, prepared: Prepared, store: Store) -> JobRecord:
-        """Lease GPUs, slots and a port, write the run directory, start the supervisor."""
-        secret_values(prepared.plan.secret_env, str(prepared.path))
+    def check_submit(self, prepared: Prepared) -> None:
+        """A node that is another machine, or a working directory that does not exist."""
         _check_is_this_machine(prepared)
         if not Path(prepared.plan.workdir).is_dir():
             raise UserError.single(
@@ -52,37 +44,6 @@ class LocalBackend:
                 field="workdir", got=prepared.plan.workdir,
                 hint="create it, or set workdir (relative to the job file)",
             )
-        return self._launch(prepared, store, None)
-
-    def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
-        """The next attempt of an ended job, planned again around today's leases."""
-        secret_values(prepared.plan.secret_env, str(prepared.path))
-        return self._launch(prepared, store, job)
-
-    def _launch(self, prepared: Prepared, store: Store, again: JobRecord | None) -> JobRecord:
-        """Lease, write the run directory, record the job (or its next attempt), start the
-        supervisor, all under the lease book's lock."""
-        book = host.LeaseBook()
-        with book.locked():
-            prepared = _fit(prepared, host.held(book.live()))
-            plan = prepared.plan
-            _check_gpus_exist(prepared)
-            run_dir = write_run_dir(prepared, self.files(plan, prepared.templates_dir))
-            if again is None:
-                store.add(new_record(prepared, "PENDING", time.time()))
-            else:
-                store.reopen(plan.job_id, Attempt(again.attempt + 1, time.time()))
-                store.update(plan.job_id, plan=plan)
-            proc = detached.start(SUPERVISOR, plan.job_id, store, run_dir, cwd=run_dir)
-            node = plan.nodes[0]
-            book.record(host.new_lease(
-                plan.job_id, node.name, list(node.gpu_indices),
-                0 if node.gpu_indices else node.nproc, plan.master_port, proc.pid,
-            ))
-        store.update(plan.job_id, supervisor_pid=proc.pid, supervisor_host=socket.gethostname())
-        record = store.get(plan.job_id)
-        assert record is not None
-        return record
 
     def files(self, plan: Plan, templates_dir: Path | None) -> dict[str, str]:
         """One ``launch-<node>.sh`` (run once per rank), the sidecar and ``train.json``."""
@@ -93,62 +54,12 @@ class LocalBackend:
     def check(self, prepared: Prepared) -> None:
         """Nothing to ask beyond what ``submit`` checks: the plan is the whole story here."""
 
-    def refresh(self, job: JobRecord, store: Store) -> JobRecord:
-        """A running job whose supervisor is gone has failed: say so and clean up."""
-        if job.terminal or job.supervisor_pid is None:
-            return job
-        if detached.alive(job.supervisor_pid, job.id):
-            return job
+    def stop_everywhere(self, job: JobRecord) -> dict[str, str]:
+        """Kill-by-tag here, and drop the job's lease: this machine is everywhere."""
         host.reap(job.id, STOP_GRACE_S)
-        store.finish(job.id, "FAILED", "the job's supervisor process vanished")
         with contextlib.suppress(OSError):
             host.LeaseBook().release(job.id)
-        return store.get(job.id) or job
-
-    def cancel(self, job: JobRecord, store: Store) -> JobRecord:
-        """SIGTERM the supervisor (it stops every rank); make sure nothing is left."""
-        if job.terminal:
-            return job
-        detached.stop(job, store, STOP_GRACE_S + 10)
-        host.reap(job.id, STOP_GRACE_S)
-        store.finish(job.id, "CANCELLED", "cancelled")
-        with contextlib.suppress(OSError):
-            host.LeaseBook().release(job.id)
-        return store.get(job.id) or job
-
-
-def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
-    """The plan again around what other jobs hold here (GPUs, slots, ports), if it must."""
-    from orchestrate.run.prepare import plan_job
-
-    plan = prepared.plan
-    node = plan.nodes[0]
-    busy_gpus = frozenset(int(g) for g in held["gpus"])
-    busy_slots = int(held["slots"])
-    taken = {int(p) for p in held["ports"]}
-    port = plan.master_port
-    port_busy = port in taken or not host.port_free(port)
-    if port_busy and plan.port_fixed:  # busy: exit 75, try again when it is free
-        why = "held by another orchestrate job" if port in taken else "in use"
-        raise UserError.single(
-            f"master port {port} is {why} on this machine",
-            source=str(prepared.path), field="distributed.master_port",
-            hint="choose another port or 'auto', or try again when it is free", busy=True,
-        )
-    if port_busy:
-        found = pick_port(port, taken, host.port_free)
-        if found is None:
-            raise UserError.single(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}",
-                                   field="distributed.master_port", busy=True)
-        port = found
-    if not port_busy and not busy_gpus and not busy_slots:
-        return prepared
-    facts = HostFacts(
-        busy_gpus={node.name: busy_gpus} if busy_gpus else {},
-        busy_slots={node.name: busy_slots} if busy_slots else {},
-        master_port=port if port != plan.master_port else None,
-    )
-    return plan_job(prepared.loaded, plan.job_id, facts)
+        return {}
 
 
 def _this_machine_names() -> set[str]:
@@ -174,21 +85,4 @@ def _check_is_this_machine(prepared: Prepared) -> None:
     )
 
 
-def _check_gpus_exist(prepared: Prepared) -> None:
-    wanted = set(prepared.plan.nodes[0].gpu_indices)
-    if not wanted:
-        return
-    from orchestrate.probe.machine import probe_gpus
-
-    present = {g.index for g in probe_gpus()}
-    missing = sorted(wanted - present)
-    if missing:
-        raise UserError.single(
-            f"GPU(s) {missing} of the plan are not on this machine "
-            f"(nvidia-smi shows {sorted(present) or 'none'})",
-            source=str(prepared.path), field="inventory",
-            hint="check the inventory's CUDA indices, or drop 'inventory' to use this machine",
-        )
-
-
-BACKEND = LocalBackend()
+BACKEND: Backend = LocalBackend()  # mypy checks it keeps the protocol

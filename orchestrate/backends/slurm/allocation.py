@@ -86,51 +86,10 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     slurm = plan.slurm
     nodes = plan.nodes
     pinned = slurm.nodelist is not None
-    options: list[Option] = [("--job-name", plan.job_name), ("--nodes", str(len(nodes)))]
     counts = [n.nproc for n in nodes]
-    if plan.uniform:
-        options.append(("--ntasks-per-node", str(counts[0])))
-    else:
-        # Slurm allocates the same number of CPUs on every node of a job; the step then starts
-        # exactly each node's count (the smaller nodes keep a few allocated CPUs idle).
-        options += [("--ntasks", str(plan.world_size)), ("--ntasks-per-node", str(max(counts)))]
-    options += _gpu_options(plan)
-    if slurm.cpus_per_task:
-        options.append(("--cpus-per-task", str(slurm.cpus_per_task)))
-    if slurm.mem:
-        options.append(("--mem", slurm.mem))
-    if plan.time_limit:
-        options.append(("--time", plan.time_limit))
-    partition = _one_of(
-        "partition", [n.partition for n in nodes], "slurm.partition",
-        "set slurm.partition, or name nodes of one partition in resources.node_names",
-    )
-    if partition:
-        options.append(("--partition", partition))
-    if slurm.account:
-        options.append(("--account", slurm.account))
-    if slurm.qos:
-        options.append(("--qos", slurm.qos))
-    if slurm.nodelist is not None:
-        options.append(("--nodelist", slurm.nodelist))
-    _check_signal_time(plan.time_limit, slurm.signal_seconds_before)
-    # Without "B:" Slurm signals every process of the job's steps (the ranks), not the batch
-    # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
-    options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
     # Slurm requeues a job whose node failed by itself when allowed to: the restart policy says.
     requeue = "node_lost" in plan.restart.on and plan.restart.max > 0
-    options.append(("--requeue" if requeue else "--no-requeue", None))
-    options.append(("--open-mode", "append"))
-    for i, arg in enumerate(slurm.extra_args):
-        name, sep, value = arg.partition("=")
-        if not _OPTION.match(name):
-            raise UserError.single(
-                "each item is one sbatch option", field=f"slurm.extra_args.{i}", got=arg,
-                hint="write '--constraint=a100', not '--constraint', 'a100'",
-            )
-        options.append((name, value if sep else None))
-    for option, given in options:
-        _check_printable(option if given is None else f"{option}={given}")
+    options = _sbatch_options(plan, requeue)
     node_slots = tuple(
         NodeSlot(
             index=i,
@@ -160,6 +119,70 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         expects_progress="1" if plan.train_config is not None else "0",
         watch=_watch_settings(plan),
     )
+
+
+def _sbatch_options(plan: Plan, requeue: bool) -> list[Option]:
+    """The job's ``#SBATCH`` lines: its size, where and how long it runs, its signal and
+    requeue, then the job's own ``slurm.extra_args``; every one checked printable."""
+    slurm = plan.slurm
+    options = _size_options(plan)
+    partition = _one_of(
+        "partition", [n.partition for n in plan.nodes], "slurm.partition",
+        "set slurm.partition, or name nodes of one partition in resources.node_names",
+    )
+    if partition:
+        options.append(("--partition", partition))
+    if slurm.account:
+        options.append(("--account", slurm.account))
+    if slurm.qos:
+        options.append(("--qos", slurm.qos))
+    if slurm.nodelist is not None:
+        options.append(("--nodelist", slurm.nodelist))
+    _check_signal_time(plan.time_limit, slurm.signal_seconds_before)
+    # Without "B:" Slurm signals every process of the job's steps (the ranks), not the batch
+    # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
+    options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
+    options.append(("--requeue" if requeue else "--no-requeue", None))
+    options.append(("--open-mode", "append"))
+    options += _extra_args(slurm.extra_args)
+    for option, given in options:
+        _check_printable(option if given is None else f"{option}={given}")
+    return options
+
+
+def _size_options(plan: Plan) -> list[Option]:
+    """Nodes, tasks, GPUs, CPUs, memory and time."""
+    slurm = plan.slurm
+    counts = [n.nproc for n in plan.nodes]
+    options: list[Option] = [("--job-name", plan.job_name), ("--nodes", str(len(plan.nodes)))]
+    if plan.uniform:
+        options.append(("--ntasks-per-node", str(counts[0])))
+    else:
+        # Slurm allocates the same number of CPUs on every node of a job; the step then starts
+        # exactly each node's count (the smaller nodes keep a few allocated CPUs idle).
+        options += [("--ntasks", str(plan.world_size)), ("--ntasks-per-node", str(max(counts)))]
+    options += _gpu_options(plan)
+    if slurm.cpus_per_task:
+        options.append(("--cpus-per-task", str(slurm.cpus_per_task)))
+    if slurm.mem:
+        options.append(("--mem", slurm.mem))
+    if plan.time_limit:
+        options.append(("--time", plan.time_limit))
+    return options
+
+
+def _extra_args(extra_args: tuple[str, ...]) -> list[Option]:
+    """``slurm.extra_args``, one sbatch option each (``--name=value`` or ``--flag``)."""
+    options: list[Option] = []
+    for i, arg in enumerate(extra_args):
+        name, sep, value = arg.partition("=")
+        if not _OPTION.match(name):
+            raise UserError.single(
+                "each item is one sbatch option", field=f"slurm.extra_args.{i}", got=arg,
+                hint="write '--constraint=a100', not '--constraint', 'a100'",
+            )
+        options.append((name, value if sep else None))
+    return options
 
 
 def _watch_settings(plan: Plan) -> str | None:

@@ -5,24 +5,20 @@ prints; it returns once Slurm has queued the job. The script itself places the r
 their logs, records how each ended and requeues the job when the ranks checkpointed on the stop
 signal (see templates/sbatch.sh.j2). ``refresh`` asks the controller (``scontrol show job``,
 never ``sacct`` unless accounting works) and, for a job the controller has forgotten, decides from
-what the script left in the run directory, so no caller ever waits for a job that is gone.
-
-States are Slurm's names (PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT,
-NODE_FAIL, PREEMPTED, ...), with one addition: a job waiting to run again after a requeue is
-shown as REQUEUED (Slurm says PENDING with Restarts > 0), with the reason it was requeued.
+what the script left in the run directory, so no caller ever waits for a job that is gone
+(:mod:`orchestrate.backends.slurm.view`, which also says which states a Slurm job shows).
+There is no supervisor: Slurm is the one watching the ranks.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrate.backends.base import new_record, rank_files, write_run_dir
+from orchestrate.backends.base import Backend, new_record, rank_files, write_run_dir
 from orchestrate.backends.slurm.ctl import (
     FINAL_STATES,
     SlurmClient,
@@ -30,20 +26,17 @@ from orchestrate.backends.slurm.ctl import (
     SlurmTimeout,
     parse_job_id,
 )
-from orchestrate.backends.slurm.record import (
-    Run,
-    attempts_of,
-    job_failure,
-    rank_exits,
-    rank_hosts,
-    read_runs,
+from orchestrate.backends.slurm.record import read_runs
+from orchestrate.backends.slurm.view import (
+    SUBMITTING,
+    forgotten_view,
+    record_view,
+    view_of,
 )
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import METRICS, SBATCH_SCRIPT, slurm_exit_dir
-from orchestrate.core.plan.outcome import Attempt, Failure
-from orchestrate.diagnosis.evidence import read_diagnosis
-from orchestrate.run.store import STOPPED, JobRecord, Store
-from orchestrate.run.supervise import final_report
+from orchestrate.core.layout import SBATCH_SCRIPT
+from orchestrate.core.plan.outcome import Attempt
+from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import Plan
@@ -52,10 +45,6 @@ if TYPE_CHECKING:
 #: How long ``cancel`` waits for Slurm to report every process of the job gone.
 CANCEL_WAIT_S = 60.0
 POLL_S = 0.5
-#: Shown instead of Slurm's PENDING while a requeued job waits to run again.
-REQUEUED = "REQUEUED"
-#: A job whose sbatch did not answer: it may be queued; refresh looks it up.
-SUBMITTING = "SUBMITTING"
 #: How long after such a submit a controller that answers but has no such job means "never
 #: queued" (the job's record, the controller's, and the clocks may lag a little).
 FIND_GRACE_S = 30.0
@@ -195,8 +184,9 @@ class SlurmBackend:
             return store.get(job.id) or job
         run_dir = Path(job.run_dir)
         runs = read_runs(run_dir)
-        view = self._vanished(job, runs) if info is None else _view(job, info, runs, self.client)
-        return _apply(job, store, view, runs)
+        view = forgotten_view(job, runs, self.client) if info is None else \
+            view_of(job, info, runs, self.client)
+        return record_view(job, store, view, runs)
 
     def _find_submitted(self, job: JobRecord, store: Store) -> JobRecord:
         """A job whose sbatch timed out: find it by its name and batch script once the
@@ -218,31 +208,6 @@ class SlurmBackend:
             store.finish(job.id, "FAILED", "sbatch timed out and the controller never queued "
                          "the job: nothing ran; submit it again")
         return store.get(job.id) or job
-
-    def _vanished(self, job: JobRecord, runs: list[Run]) -> View:
-        """The controller no longer knows the job: accounting if it works, else the run dir."""
-        assert job.external_id is not None
-        accounted = self.client.accounted(job.external_id)
-        if accounted is not None and accounted[0] in FINAL_STATES:
-            state, code = accounted
-            return View(state, f"from accounting: {state} {code}", None)
-        last = runs[-1] if runs else None
-        forgotten = "the controller forgot the job and there is no accounting to ask"
-        if last is None:
-            return View("FAILED", f"{forgotten}; it left no sign of having started", None)
-        exits = rank_exits(Path(job.run_dir), last.restart)
-        failure = job_failure(Path(job.run_dir), exits)
-        end = last.end
-        if end is None:
-            return View("FAILED", f"{forgotten}; its last run (restart {last.restart}) never "
-                        "finished (the batch host was lost, or it was killed)", failure)
-        outcome = str(end.get("outcome"))
-        if outcome == "COMPLETED":
-            return View("COMPLETED", f"all {len(job.ranks)} rank(s) exited 0 (the controller "
-                        "has forgotten the job; decided from its run directory)", None)
-        if outcome == "FAILED":
-            return View("FAILED", _failed_reason(failure, end, job, last), failure)
-        return View("FAILED", f"{forgotten}; its last run ended {outcome}", failure)
 
     # ---- cancel --------------------------------------------------------------------------
 
@@ -278,190 +243,6 @@ class SlurmBackend:
         return store.get(job.id) or refreshed
 
 
-@dataclass(frozen=True)
-class View:
-    """What the job looks like now: its state, why, and the failing rank if one failed."""
-
-    state: str
-    reason: str
-    failure: Failure | None
-    restarts: int = 0
-
-    @property
-    def final(self) -> bool:
-        """Whether the job will not run again."""
-        return self.state in FINAL_STATES
-
-
-def _view(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmClient) -> View:
-    """The job's state from ``scontrol show job`` and the run directory."""
-    state = info.get("JobState", "UNKNOWN")
-    slurm_reason = info.get("Reason", "None")
-    restarts = _int(info.get("Restarts"))
-    requeue = info.get("Requeue") == "1"
-    run_dir = Path(job.run_dir)
-    last = runs[-1] if runs else None
-    exits = rank_exits(run_dir, last.restart) if last is not None else {}
-    failure = job_failure(run_dir, exits)
-    end = last.end if last is not None else None
-    max_restarts = job.plan.restart.max
-    if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
-        why = _requeue_reason(end, failure, last, client)
-        return View(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
-                    f"(waiting: {slurm_reason})", None, restarts)
-    if state == "PENDING":
-        waiting = "queued" if slurm_reason == "None" else f"waiting: {slurm_reason}"
-        return View(state, f"Slurm job {job.external_id} {waiting}", None, restarts)
-    again = f" (run {restarts + 1}, after {restarts} requeue(s))" if restarts else ""
-    if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING",
-                 "SIGNALING", "STAGE_OUT"):
-        return View(state, f"Slurm job {job.external_id}{again}", None, restarts)
-    if state == "COMPLETED":
-        return View(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
-    if state == "FAILED":
-        return View(state, _failed_reason(failure, end, job, last) + again, failure, restarts)
-    # Cancelled, out of time, a node lost: the ranks were stopped, none of them failed.
-    if state == "CANCELLED":
-        return View(state, "cancelled" + again, None, restarts)
-    if state == "TIMEOUT":
-        return View(state, f"time limit ({info.get('TimeLimit', '?')}) reached" + again,
-                    None, restarts)
-    if state == "NODE_FAIL":
-        down = _down_nodes(last, info, client)
-        not_requeued = "" if requeue else "; not requeued (slurm.requeue_on_node_failure: false)"
-        return View(state, f"node failure ({down}){not_requeued}" + again, None, restarts)
-    if state in FINAL_STATES:
-        return View(state, f"Slurm: {state} ({slurm_reason})" + again, failure, restarts)
-    return View(state, f"Slurm: {state} ({slurm_reason})", None, restarts)
-
-
-def _requeue_reason(end: dict[str, Any] | None, failure: Failure | None,
-                    last: Run | None, client: SlurmClient) -> str:
-    if end is not None and end.get("outcome") == "REQUEUED":
-        who = f"rank {failure.rank}" if failure else "the ranks"
-        return f"requeued: {who} checkpointed on the stop signal and asked to resume"
-    if last is None:
-        return "requeued by Slurm before it ran"
-    down = [n for n, s in client.node_states(last.hosts).items()
-            if s.rstrip("*~#!%$@^-") in ("down", "drained", "draining", "fail", "failing")
-            or s.endswith("*")]
-    if down:
-        return f"requeued by Slurm after node failure ({', '.join(down)} not responding)"
-    return "requeued by Slurm (node failure, preemption or `scontrol requeue`)"
-
-
-def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> str:
-    hosts = last.hosts if last is not None else []
-    states = client.node_states(hosts) if hosts else {}
-    down = [n for n, s in states.items() if s not in ("allocated", "idle", "mixed", "completing")]
-    if down:
-        return ", ".join(f"{n} {states[n]}" for n in down)
-    return f"nodes {info.get('NodeList', '?')}"
-
-
-def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
-                   job: JobRecord, last: Run | None) -> str:
-    decided = _decided(Path(job.run_dir), last)
-    if decided.startswith("stalled: "):
-        # The stall watch stopped the step: the ranks' ends are its doing, not failures.
-        return decided
-    if failure is not None:
-        if failure.requeue and decided:
-            return decided  # why the batch job did not requeue it, in its own words
-        text = failure.sentence()
-        if failure.requeue:
-            limit = job.plan.restart.max
-            text += (f" (it checkpointed and asked to resume, but the job was requeued "
-                     f"{limit} time(s) already: restart.max)")
-        return text
-    if end is not None and end.get("outcome") == "FAILED":
-        return (f"srun failed with exit code {end.get('srun_exit')} before any rank reported "
-                "(see the slurm-*.out file in the run directory)")
-    return "the batch script failed before starting the ranks (see output.log)"
-
-
-def _decided(run_dir: Path, last: Run | None) -> str:
-    """What monitor.py decide said of the last run (its REASON file), or ""."""
-    if last is None:
-        return ""
-    try:
-        return (slurm_exit_dir(run_dir, last.restart) / "REASON").read_text(
-            encoding="utf-8").strip()
-    except OSError:
-        return ""
-
-
-def _apply(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobRecord:
-    """Record the view; the ranks' table too when the state changes."""
-    run_dir = Path(job.run_dir)
-    fields: dict[str, Any] = {}
-    if runs and job.started_at is None:
-        fields["started_at"] = float(runs[0].start.get("time") or time.time())
-    if runs:
-        hosts = runs[-1].hosts
-        if hosts and hosts != job.hosts:
-            fields["hosts"] = hosts
-    if job.first_step_at is None:
-        stamp = _first_step(run_dir)
-        if stamp is not None:
-            fields["first_step_at"] = stamp
-    attempts = attempts_of(run_dir, runs, job)
-    if attempts and attempts != job.attempts:
-        fields["attempts"] = attempts
-    found = read_diagnosis(run_dir)  # the stall watch in the batch job keeps it there
-    diagnosis = None if found is None else found.to_json()
-    if diagnosis is not None and diagnosis != job.diagnosis and \
-            float(diagnosis.get("at") or 0) >= job.submitted_at:
-        fields["diagnosis"] = diagnosis
-    changed = view.state != job.state or view.reason != job.reason
-    if changed or view.final:
-        _update_ranks(job, store, runs, view)
-    if view.final:
-        if store.finish(job.id, view.state, view.reason or "", failure=view.failure, **fields):
-            final_report(store, job.id)  # the first to see the end writes the report
-    elif changed or fields:
-        store.update(job.id, state=view.state, reason=view.reason, failure=view.failure,
-                     **fields)
-    return store.get(job.id) or job
-
-
-def _update_ranks(job: JobRecord, store: Store, runs: list[Run], view: View) -> None:
-    if not runs:
-        return
-    run_dir = Path(job.run_dir)
-    last = runs[-1]
-    hosts = rank_hosts(run_dir, last.restart)
-    exits = rank_exits(run_dir, last.restart)
-    for record in job.ranks:
-        fields: dict[str, Any] = {}
-        if record.rank < len(hosts):
-            fields["host"] = hosts[record.rank]
-        ended = exits.get(record.rank)
-        if ended is not None:
-            # Only the first failure failed; the ranks srun stopped after it (or a cancel, the
-            # time limit, a node failure stopped) were stopped, whatever their exit says.
-            failed = view.failure is not None and view.failure.rank == record.rank
-            fields.update(
-                state="COMPLETED" if ended.exit.ok else ("FAILED" if failed else STOPPED),
-                exit_code=ended.exit.code, signal=ended.exit.signal, finished_at=ended.at,
-            )
-        elif view.state == "RUNNING":
-            fields.update(state="RUNNING", exit_code=None, signal=None, finished_at=None)
-        elif view.final or view.state == REQUEUED:
-            fields["state"] = STOPPED if last.start else "PENDING"
-        if fields:
-            store.update_rank(job.id, record.rank, **fields)
-
-
-def _first_step(run_dir: Path) -> float | None:
-    try:
-        with open(run_dir / METRICS, encoding="utf-8") as f:
-            first = f.readline()
-        return float(json.loads(first).get("time")) if first.strip() else None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-
-
 def _check_secrets(prepared: Prepared) -> None:
     from orchestrate.backends.base import secret_values
 
@@ -492,11 +273,4 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _int(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
-
-
-BACKEND = SlurmBackend()
+BACKEND: Backend = SlurmBackend()  # mypy checks it keeps the protocol

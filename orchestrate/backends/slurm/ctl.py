@@ -14,9 +14,13 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrate.run.jobrecord import JobState
 
 #: Slurm job states after which the job never runs again (unless someone requeues it by hand).
-FINAL_STATES = frozenset(
+FINAL_STATES: frozenset[JobState] = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
      "PREEMPTED", "REVOKED", "TIMEOUT"}
 )

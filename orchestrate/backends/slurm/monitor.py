@@ -78,10 +78,11 @@ def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
     """Merge rank logs into ``merged`` until SIGTERM (see the module docstring)."""
     with open(hostfile, encoding="utf-8") as listing:
         hosts = [line.strip() for line in listing if line.strip()]
-    paths = [os.path.join(log_dir, f"rank-{r}.log") for r in range(len(hosts))]
-    prefixes = [f"[{host}:{r}] ".encode() for r, host in enumerate(hosts)]
-    offsets = _load_offsets(offsets_file, len(paths))
-    partial = [b""] * len(paths)
+    ranks = _RankFiles(
+        [os.path.join(log_dir, f"rank-{r}.log") for r in range(len(hosts))],
+        [f"[{host}:{r}] ".encode() for r, host in enumerate(hosts)],
+        _load_offsets(offsets_file, len(hosts)),
+    )
     state = {"stop": False, "sleeping": False}
 
     def on_signal(*_: Any) -> None:
@@ -98,30 +99,11 @@ def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
     idle = 0.05
     while True:
         last = state["stop"]
-        lines: list[bytes] = []
-        for r, path in enumerate(paths):
-            size = _size(path)
-            if size < offsets[r]:  # truncated by someone: start again
-                offsets[r] = 0
-            if size == offsets[r]:
-                continue
-            with open(path, "rb") as f:
-                f.seek(offsets[r])
-                data = f.read(size - offsets[r])
-            offsets[r] += len(data)
-            pieces = (partial[r] + data).split(b"\n")
-            partial[r] = pieces.pop()
-            if len(partial[r]) > LONGEST:
-                pieces.append(partial[r])
-                partial[r] = b""
-            lines.extend(prefixes[r] + piece + b"\n" for piece in pieces)
-        if last:
-            lines.extend(prefixes[r] + rest + b"\n" for r, rest in enumerate(partial) if rest)
+        lines = ranks.new_lines(last)
         if lines:
             out.write(b"".join(lines))
             out.flush()
-            done = [offsets[r] - (0 if last else len(partial[r])) for r in range(len(paths))]
-            _save_offsets(offsets_file, done)
+            _save_offsets(offsets_file, ranks.merged(last))
             idle = 0.05
         else:
             idle = min(idle * 1.5, 0.5)
@@ -136,6 +118,51 @@ def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
             pass
         finally:
             state["sleeping"] = False
+
+
+class _RankFiles:
+    """The rank log files being merged: how far each has been read, and the line each one has
+    begun but not ended yet."""
+
+    def __init__(self, paths: list[str], prefixes: list[bytes], offsets: list[int]) -> None:
+        self.paths = paths
+        self.prefixes = prefixes
+        self.offsets = offsets
+        self.partial = [b""] * len(paths)
+
+    def new_lines(self, last: bool) -> list[bytes]:
+        """Every complete line written since the last call, prefixed; on the ``last`` pass the
+        begun lines too."""
+        lines: list[bytes] = []
+        for r in range(len(self.paths)):
+            lines.extend(self.prefixes[r] + piece + b"\n" for piece in self._read(r))
+        if last:
+            lines.extend(self.prefixes[r] + rest + b"\n"
+                         for r, rest in enumerate(self.partial) if rest)
+        return lines
+
+    def _read(self, r: int) -> list[bytes]:
+        path, size = self.paths[r], _size(self.paths[r])
+        if size < self.offsets[r]:  # truncated by someone: start again
+            self.offsets[r] = 0
+        if size == self.offsets[r]:
+            return []
+        with open(path, "rb") as f:
+            f.seek(self.offsets[r])
+            data = f.read(size - self.offsets[r])
+        self.offsets[r] += len(data)
+        pieces = (self.partial[r] + data).split(b"\n")
+        self.partial[r] = pieces.pop()
+        if len(self.partial[r]) > LONGEST:
+            pieces.append(self.partial[r])
+            self.partial[r] = b""
+        return pieces
+
+    def merged(self, last: bool) -> list[int]:
+        """How far each file is merged into the log (a begun line is not, until the last pass
+        writes it)."""
+        return [self.offsets[r] - (0 if last else len(self.partial[r]))
+                for r in range(len(self.paths))]
 
 
 def _load_offsets(path: str, count: int) -> list[int]:

@@ -211,6 +211,91 @@ def _accept_unknown_policy() -> Any:
     return AcceptUnknown()
 
 
+def _check_files(t: Target) -> None:
+    """The files the inventory names must exist (else the login fails for a reason it hides)."""
+    if t.config_file and not os.path.isfile(os.path.expanduser(t.config_file)):
+        raise ConnectError("ssh", f"ssh config file {t.config_file} not found "
+                                  "(inventory ssh.config_file)")
+    if t.identity_file and not os.path.isfile(os.path.expanduser(t.identity_file)):
+        raise ConnectError("login", f"identity file {t.identity_file} not found "
+                                    "(inventory ssh.identity_file)")
+
+
+def _connection(t: Target) -> Any:
+    """A Fabric connection to ``t``, not yet open: ssh_config, then the inventory's settings."""
+    import fabric
+
+    timeout = t.connect_timeout_s
+    # A Connection writes into its Config (fabric sets ``inline_ssh_env`` through it, and
+    # each write re-merges the whole Config): a Config shared by connections opened in
+    # parallel is read half-merged by the others ("No attribute or config key found for
+    # 'port'"). Each gets its own copy of the parsed ssh_config's Config.
+    config = _config(t.config_file).clone()
+    kwargs: dict[str, Any] = {
+        "banner_timeout": timeout,
+        "auth_timeout": timeout,
+        "channel_timeout": timeout,
+    }
+    conn = fabric.Connection(
+        t.address, user=t.user, port=t.port, config=config,
+        connect_timeout=max(1, math.ceil(timeout)), connect_kwargs=kwargs,
+    )
+    if t.identity_file:
+        others = list(conn.connect_kwargs.get("key_filename", []))
+        conn.connect_kwargs["key_filename"] = [os.path.expanduser(t.identity_file), *others]
+    if str(conn.ssh_config.get("identitiesonly", "no")).lower() == "yes":
+        conn.connect_kwargs["look_for_keys"] = False
+    return conn
+
+
+def _refusal(exc: Exception, where: str, conn: Any, timeout: float, known: list[str],
+             wanted: list[str]) -> ConnectError | None:
+    """What a failed open means to a user, by the step that failed; None for an error that is
+    not about reaching or logging in (a bug: let it through)."""
+    import paramiko
+
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return ConnectError(
+            "host key",
+            f"host key of {where} does NOT match known_hosts ({', '.join(known)}): "
+            "refused (a changed key can mean another machine answers at this address)")
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return ConnectError("login", "the identity file needs a passphrase: load the key "
+                                     "into ssh-agent (orchestrate never asks)")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return ConnectError(
+            "login", f"authentication as {conn.user} failed ({exc}); "
+            "orchestrate uses keys and the agent, no passwords")
+    if isinstance(exc, paramiko.SSHException):
+        return _handshake_refusal(exc, where, conn, known, wanted)
+    if isinstance(exc, socket.gaierror):
+        return ConnectError("ssh", f"unknown host {conn.host!r}: {exc}")
+    if isinstance(exc, TimeoutError):
+        return ConnectError("ssh", f"unreachable: no answer from {where} within {timeout:g}s")
+    if isinstance(exc, OSError):
+        inner = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
+        causes = list(inner.values()) if isinstance(inner, dict) else [exc]
+        reason = "; ".join(sorted({c.strerror or str(c) for c in causes}))
+        return ConnectError("ssh", f"unreachable: {where}: {reason}")
+    return None
+
+
+def _handshake_refusal(exc: Exception, where: str, conn: Any, known: list[str],
+                       wanted: list[str]) -> ConnectError:
+    """An SSH-level failure: an unknown host key, a login refused, or the handshake itself."""
+    if "known_hosts" in str(exc):
+        looked = ", ".join(known) or f"any known_hosts file (none of {', '.join(wanted)})"
+        return ConnectError(
+            "host key",
+            f"unknown host key for {where}: not in {looked} (add it, e.g. with "
+            "ssh-keyscan, or set ssh.accept_unknown_host_keys: true in the inventory)")
+    if "authentication" in str(exc).lower():
+        return ConnectError(
+            "login", f"cannot log in to {where} as {conn.user}: {exc} (give "
+            "ssh.identity_file, an IdentityFile in ssh_config, or load ssh-agent)")
+    return ConnectError("ssh", f"ssh handshake with {where} failed: {exc}")
+
+
 class Link:
     """The SSH connection(s) to one host; more open as sessions fill up (sshd's MaxSessions)."""
 
@@ -228,36 +313,13 @@ class Link:
                 self._connections.append((self._connect(), 0))
 
     def _connect(self) -> Any:
-        import fabric
+        """One connection, logged in: ssh_config and the inventory's settings, host keys
+        checked; whatever fails is a :class:`ConnectError` naming the step."""
         import paramiko
 
         t = self.target
-        timeout = t.connect_timeout_s
-        if t.config_file and not os.path.isfile(os.path.expanduser(t.config_file)):
-            raise ConnectError("ssh", f"ssh config file {t.config_file} not found "
-                                      "(inventory ssh.config_file)")
-        if t.identity_file and not os.path.isfile(os.path.expanduser(t.identity_file)):
-            raise ConnectError("login", f"identity file {t.identity_file} not found "
-                                        "(inventory ssh.identity_file)")
-        # A Connection writes into its Config (fabric sets ``inline_ssh_env`` through it, and
-        # each write re-merges the whole Config): a Config shared by connections opened in
-        # parallel is read half-merged by the others ("No attribute or config key found for
-        # 'port'"). Each gets its own copy of the parsed ssh_config's Config.
-        config = _config(t.config_file).clone()
-        kwargs: dict[str, Any] = {
-            "banner_timeout": timeout,
-            "auth_timeout": timeout,
-            "channel_timeout": timeout,
-        }
-        conn = fabric.Connection(
-            t.address, user=t.user, port=t.port, config=config,
-            connect_timeout=max(1, math.ceil(timeout)), connect_kwargs=kwargs,
-        )
-        if t.identity_file:
-            others = list(conn.connect_kwargs.get("key_filename", []))
-            conn.connect_kwargs["key_filename"] = [os.path.expanduser(t.identity_file), *others]
-        if str(conn.ssh_config.get("identitiesonly", "no")).lower() == "yes":
-            conn.connect_kwargs["look_for_keys"] = False
+        _check_files(t)
+        conn = _connection(t)
         client = conn.client
         wanted = _known_hosts(t, conn.ssh_config)
         known = [path for path in wanted if os.path.isfile(path)]
@@ -266,54 +328,15 @@ class Link:
         client.set_missing_host_key_policy(
             _accept_unknown_policy() if t.accept_unknown_host_keys else paramiko.RejectPolicy()
         )
-        where = f"{conn.host}:{conn.port}"
         try:
             conn.open()
-        except paramiko.BadHostKeyException:
+        except Exception as exc:
             client.close()
-            raise ConnectError(
-                "host key",
-                f"host key of {where} does NOT match known_hosts ({', '.join(known)}): "
-                "refused (a changed key can mean another machine answers at this address)",
-            ) from None
-        except paramiko.PasswordRequiredException:
-            client.close()
-            raise ConnectError("login", "the identity file needs a passphrase: load the key "
-                                        "into ssh-agent (orchestrate never asks)") from None
-        except paramiko.AuthenticationException as exc:
-            client.close()
-            raise ConnectError(
-                "login", f"authentication as {conn.user} failed ({exc}); "
-                "orchestrate uses keys and the agent, no passwords") from None
-        except paramiko.SSHException as exc:
-            client.close()
-            if "known_hosts" in str(exc):
-                looked = ", ".join(known) or f"any known_hosts file (none of {', '.join(wanted)})"
-                raise ConnectError(
-                    "host key",
-                    f"unknown host key for {where}: not in {looked} (add it, e.g. with "
-                    "ssh-keyscan, or set ssh.accept_unknown_host_keys: true in the inventory)",
-                ) from None
-            if "authentication" in str(exc).lower():
-                raise ConnectError(
-                    "login", f"cannot log in to {where} as {conn.user}: {exc} (give "
-                    "ssh.identity_file, an IdentityFile in ssh_config, or load ssh-agent)",
-                ) from None
-            raise ConnectError("ssh", f"ssh handshake with {where} failed: {exc}") from None
-        except socket.gaierror as exc:
-            client.close()
-            raise ConnectError("ssh", f"unknown host {conn.host!r}: {exc}") from None
-        except TimeoutError:
-            client.close()
-            raise ConnectError(
-                "ssh", f"unreachable: no answer from {where} within {timeout:g}s"
-            ) from None
-        except OSError as exc:
-            client.close()
-            inner = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
-            causes = list(inner.values()) if isinstance(inner, dict) else [exc]
-            reason = "; ".join(sorted({c.strerror or str(c) for c in causes}))
-            raise ConnectError("ssh", f"unreachable: {where}: {reason}") from None
+            refused = _refusal(exc, f"{conn.host}:{conn.port}", conn, t.connect_timeout_s,
+                               known, wanted)
+            if refused is None:
+                raise
+            raise refused from None
         transport = conn.client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_S)

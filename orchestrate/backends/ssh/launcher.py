@@ -39,7 +39,7 @@ from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import node_script_name
-from orchestrate.core.plan.plan import HostFacts, NodePlan, Plan
+from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.spec.inventory import Inventory
 
@@ -50,7 +50,7 @@ PREFLIGHT_TIMEOUT_S = 300.0  # includes `import torch` on a cold cache
 STEP_TIMEOUT_S = 30.0
 MAX_ROUNDS = 5
 
-Replan = Callable[[HostFacts], "Prepared"]
+Replan = Callable[[Occupancy], "Prepared"]
 
 
 class PreflightFailed(Exception):
@@ -187,7 +187,7 @@ class Launcher:
                 self.log(f"re-plan: busy GPUs {busy or 'none'}, busy slots {slots or 'none'}, "
                          f"port {port}, interfaces {interfaces}")
                 started = time.monotonic()
-                prepared = self.replan(HostFacts(busy_gpus=busy, busy_slots=slots,
+                prepared = self.replan(Occupancy(busy_gpus=busy, busy_slots=slots,
                                                  master_port=port, interfaces=interfaces))
                 self.timings["replan_s"] = round(time.monotonic() - started, 3)
                 continue

@@ -7,16 +7,17 @@ own port space, not the controller's), which interface carries traffic to MASTER
 GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
 
 Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
-A failed check is named per host; a busy derived port or GPUs held by other jobs are not
-failures but inputs to the re-plan.
+A failed check is named per host (:func:`host_table`); a busy derived port or GPUs held by other
+jobs are not failures but inputs to the re-plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.backends.hosttable import HostRow, HostTable
 from orchestrate.backends.ssh.connections import Target
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
@@ -103,6 +104,10 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) ->
     }
 
 
+#: Records a failed check: ``fail(check, detail)``.
+Fail = Callable[[str, str], None]
+
+
 def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) -> Judgement:
     """Judge every host's facts against ``plan``."""
     verdict = Judgement()
@@ -121,43 +126,12 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
             fail(host.failed or "ssh", host.detail)
             continue
         facts = host.facts
-        cells["ssh"] = "ok"
-        cells["python"] = "ok " + str(facts.get("python", "")).rsplit(" ", 1)[-1]
-        torch = facts.get("torch")
-        if torch is not None:
-            if torch.get("ok"):
-                cells["torch"] = "ok " + str(torch.get("detail", ""))
-            else:
-                fail("torch", f"import torch failed: {torch.get('detail')}")
-        workdir = facts["workdir"]
-        if workdir.get("ok"):
-            cells["workdir"] = "ok"
-        else:
-            fail("workdir", f"{workdir.get('path')} does not exist")
+        _judge_runtime(facts, cells, fail)
         leases = facts.get("leases", {})
-        if leases.get("error"):
-            fail("leases", f"lease book unusable: {leases['error']}")
-        else:
-            cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)"
-        held = frozenset(int(g) for g in leases.get("gpus", []))
-        if held:
-            verdict.busy_gpus[node.name] = held
-            if held & set(node.gpu_indices):
-                verdict.replan = True
-        held_slots = int(leases.get("slots") or 0)
-        if held_slots and not node.gpu_indices:
-            verdict.busy_slots[node.name] = held_slots
+        _judge_leases(node, leases, cells, fail, verdict)
         _judge_gpus(node, facts, cells, fail)
         if node.name in wanted_interface:
-            found = facts.get("interface") or {}
-            if found.get("ok"):
-                verdict.interfaces[node.name] = str(found["name"])
-                cells["interface"] = str(found["name"])
-                if node.env.get("GLOO_SOCKET_IFNAME") != found["name"]:
-                    verdict.replan = True
-            else:
-                fail("interface", f"no interface towards {plan.master_addr}: "
-                                  f"{found.get('detail', 'not answered')}")
+            _judge_interface(plan, node, facts, cells, fail, verdict)
         elif node.env.get("GLOO_SOCKET_IFNAME"):
             cells["interface"] = node.env["GLOO_SOCKET_IFNAME"] + " (inventory)"
         if node.node_rank == 0:
@@ -165,7 +139,56 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
     return verdict
 
 
-def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Any) -> None:
+def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> None:
+    """The login worked; the node's python, torch (when asked) and the working directory."""
+    cells["ssh"] = "ok"
+    cells["python"] = "ok " + str(facts.get("python", "")).rsplit(" ", 1)[-1]
+    torch = facts.get("torch")
+    if torch is not None:
+        if torch.get("ok"):
+            cells["torch"] = "ok " + str(torch.get("detail", ""))
+        else:
+            fail("torch", f"import torch failed: {torch.get('detail')}")
+    workdir = facts["workdir"]
+    if workdir.get("ok"):
+        cells["workdir"] = "ok"
+    else:
+        fail("workdir", f"{workdir.get('path')} does not exist")
+
+
+def _judge_leases(node: NodePlan, leases: dict[str, Any], cells: dict[str, str], fail: Fail,
+                  verdict: Judgement) -> None:
+    """What other jobs hold on the host: GPUs and CPU slots the re-plan must avoid."""
+    if leases.get("error"):
+        fail("leases", f"lease book unusable: {leases['error']}")
+    else:
+        cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)"
+    held = frozenset(int(g) for g in leases.get("gpus", []))
+    if held:
+        verdict.busy_gpus[node.name] = held
+        if held & set(node.gpu_indices):
+            verdict.replan = True
+    held_slots = int(leases.get("slots") or 0)
+    if held_slots and not node.gpu_indices:
+        verdict.busy_slots[node.name] = held_slots
+
+
+def _judge_interface(plan: Plan, node: NodePlan, facts: dict[str, Any], cells: dict[str, str],
+                     fail: Fail, verdict: Judgement) -> None:
+    """The interface the host found towards MASTER_ADDR (the inventory names none)."""
+    found = facts.get("interface") or {}
+    if found.get("ok"):
+        verdict.interfaces[node.name] = str(found["name"])
+        cells["interface"] = str(found["name"])
+        if node.env.get("GLOO_SOCKET_IFNAME") != found["name"]:
+            verdict.replan = True
+    else:
+        fail("interface", f"no interface towards {plan.master_addr}: "
+                          f"{found.get('detail', 'not answered')}")
+
+
+def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
+                ) -> None:
     if not node.gpu_indices:
         return
     gpus = facts.get("gpus") or {}
@@ -186,7 +209,7 @@ def _judge_port(
     facts: dict[str, Any],
     leases: dict[str, Any],
     cells: dict[str, str],
-    fail: Any,
+    fail: Fail,
     verdict: Judgement,
 ) -> None:
     held = frozenset(int(p) for p in leases.get("ports", []))
@@ -222,30 +245,13 @@ def problems(verdict: Judgement, source: str) -> list[Problem]:
     ]
 
 
-def table(verdict: Judgement, targets: Mapping[str, Target], only_failed: bool) -> Any:
-    """A rich table, a row per host and a column per check (failed cells in red)."""
-    from rich.table import Table
-
-    failed_hosts = {t.name for t, _, _ in verdict.failures}
-    shown = [n for n in verdict.cells if not only_failed or n in failed_hosts]
-    title = "preflight: what failed" if only_failed else "preflight"
-    if only_failed and len(shown) < len(verdict.cells):
-        title += f" ({len(verdict.cells) - len(shown)} other host(s) passed)"
-    grid = Table(title=title, title_justify="left")
-    grid.add_column("host")
-    for check in CHECKS:
-        grid.add_column(check, overflow="fold")
-    failing = {(t.name, c if c in CHECKS else "ssh") for t, c, _ in verdict.failures}
-    for name in shown:
-        row = [targets[name].label]
-        for check in CHECKS:
-            text = verdict.cells[name][check]
-            row.append(f"[red]{_escape(text)}[/]" if (name, check) in failing else _escape(text))
-        grid.add_row(*row)
-    return grid
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+def host_table(verdict: Judgement, targets: Mapping[str, Target]) -> HostTable:
+    """The per-host table of ``verdict``: a row per host, a column per check; a failed check
+    that has no column of its own (host key, login) fails the ``ssh`` column."""
+    failing: dict[str, set[str]] = {}
+    for target, check, _ in verdict.failures:
+        failing.setdefault(target.name, set()).add(check if check in CHECKS else "ssh")
+    return HostTable("preflight", CHECKS, tuple(
+        HostRow(targets[name].label, tuple(cells[c] for c in CHECKS),
+                frozenset(failing.get(name, ())))
+        for name, cells in verdict.cells.items()))

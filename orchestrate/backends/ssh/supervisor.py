@@ -1,224 +1,163 @@
 """The SSH supervisor process: ``python -m orchestrate.backends.ssh.supervisor JOB STORE``.
 
-Started detached by :class:`~orchestrate.backends.ssh.backend.SSHBackend`, which writes one
-handshake line on its stdin (the loaded job, the hosts it planned, the names of the secrets) and
-waits for
-one verdict line on its stdout. It logs into the planned hosts at once, plans from the loaded
-job (re-planning with what the hosts say, never reading the job file), launches, then runs the
-ranks to the end with the shared loop of :mod:`orchestrate.run.supervise`.
+Started detached by :class:`~orchestrate.backends.ssh.backend.SSHBackend`, it is a
+:class:`~orchestrate.backends.supervisor.Supervisor` (the lifecycle of
+:mod:`orchestrate.backends.base`). It reads its handshake
+(:class:`~orchestrate.backends.ssh.backend.SSHHandshake`) and logs into the planned hosts at
+once, before it imports or decodes anything else; then each attempt -- the first, and every
+restart -- is the same launch sequence: the plan (a restart's planned again without the nodes the
+restart policy excluded), :meth:`~orchestrate.backends.ssh.launcher.Launcher.settle` (preflight,
+re-plans with what the hosts say, lease claims), the files copied to each host, the run
+directory and ``ssh-hosts.json`` written here, the rank rows recorded; then the ranks run to the
+end with the shared loop of :mod:`orchestrate.run.supervise`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
-import traceback
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from orchestrate.backends.base import STOP_GRACE_S, new_record, secret_values, write_run_dir
-from orchestrate.backends.ssh.backend import BACKEND
-from orchestrate.core.errors import Problem, UserError
-from orchestrate.core.layout import SSH_HOSTS, SUPERVISOR_LOG
-from orchestrate.core.plan.outcome import Attempt
-from orchestrate.run.store import SUPERVISOR_PATIENCE_S, Store
+from orchestrate.backends.base import STOP_GRACE_S, secret_values
+from orchestrate.backends.handshake import Handshake, Verdict
+from orchestrate.backends.ssh.backend import SSHBackend, SSHHandshake
+from orchestrate.backends.supervisor import Supervisor
+from orchestrate.core.errors import Problem
+from orchestrate.core.layout import SSH_HOSTS
 
 if TYPE_CHECKING:
-    from orchestrate.core.plan.plan import HostFacts
-    from orchestrate.run.prepare import Prepared
-
-
-class _Verdict:
-    """The one line ``submit`` waits for, on the supervisor's original stdout."""
-
-    def __init__(self) -> None:
-        self.fd: int | None = os.dup(1)
-        os.dup2(2, 1)  # anything else printed goes to the supervisor log
-
-    def send(self, verdict: dict[str, Any]) -> None:
-        if self.fd is None:
-            return
-        try:
-            os.write(self.fd, (json.dumps(verdict) + "\n").encode())
-        except OSError:
-            pass  # submit is gone (Ctrl-C): the record in the store says the rest
-        finally:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _log(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
-
-
-def run_supervisor(job_id: str, store_path: Path) -> int:
-    """The supervisor process's body: launch the job, then run its ranks to the end."""
-    from orchestrate.backends.ssh.connections import Target, preload
+    from orchestrate.backends.ssh.launcher import Launcher
     from orchestrate.backends.ssh.sessions import HostPool
+    from orchestrate.core.plan.plan import Occupancy, Plan
+    from orchestrate.run.prepare import Prepared
+    from orchestrate.run.supervise import Launched
 
-    handshake = json.loads(sys.stdin.readline() or "{}")
-    verdict = _Verdict()
-    source = str(handshake["loaded"]["source"])
-    run_dir = Path(handshake["loaded"]["runs"]) / job_id
-    try:
-        secrets = secret_values(tuple(handshake.get("secret_env", ())), source)
-    except UserError as exc:
-        verdict.send({"ok": False, "problems": [asdict(p) for p in exc.problems]})
-        return 2
-    # Log into the hosts submit planned while this process imports and plans (the logins are
-    # what costs; they need no plan). SSH first: imports hold the GIL the handshakes need.
-    preload()
-    pool = HostPool(int(handshake["fanout"]), secrets)
-    for host in handshake.get("hosts", []):
-        pool.open(Target.from_json(host["target"]), int(host["nproc"]))
 
-    from orchestrate.backends.ssh.evidence import RemoteEvidence
-    from orchestrate.backends.ssh.launcher import Cancelled, Launcher, PreflightFailed
-    from orchestrate.backends.ssh.reaping import HostStopper, progress_on
-    from orchestrate.core.plan.plan import HostFacts, Plan
-    from orchestrate.run.logsink import LogSink
-    from orchestrate.run.prepare import Loaded, plan_job
-    from orchestrate.run.supervise import Launched, StopRequest, run_with_restarts
+class SSHSupervisor(Supervisor):
+    """One SSH job's supervisor: one set of connections per attempt, from check to launch."""
 
-    stop = StopRequest()
-    stop.install()
-    store = Store(store_path, patience_s=SUPERVISOR_PATIENCE_S)
-    submitted_at = float(handshake.get("submitted_at", time.time()))
-    started = time.monotonic()
-    _log(f"up after {time.time() - submitted_at:.2f}s (since submit started)")
-    try:
-        loaded = Loaded.from_json(handshake["loaded"])
+    backend = SSHBackend()
+    handshake_type = SSHHandshake
 
-        def replan(facts: HostFacts) -> Prepared:
-            return plan_job(loaded, job_id, facts)
+    def __init__(self, job_id: str, store_path: Path) -> None:
+        super().__init__(job_id, store_path)
+        self.pool: HostPool | None = None
+        self.secrets: list[str] = []
 
-        prepared = plan_job(loaded, job_id)
-        _log(f"planned in {time.monotonic() - started:.2f}s")
-        launcher = Launcher(prepared, replan, pool, lambda: stop.reason, _log)
-        prepared = launcher.settle()
-        files = BACKEND.files(prepared.plan, prepared.templates_dir)
-        launcher.copy(prepared, files)
-    except PreflightFailed as failed:
-        from orchestrate.backends.ssh.preflight import problems
+    def begin(self, handshake: Handshake) -> None:
+        """Log into the hosts ``submit`` planned while this process imports and plans (the
+        logins are what costs; they need no plan). SSH first: imports hold the GIL the
+        handshakes need."""
+        assert isinstance(handshake, SSHHandshake)
+        from orchestrate.backends.ssh.connections import preload
+        from orchestrate.backends.ssh.sessions import HostPool
 
-        _log(f"preflight failed: {failed.verdict.failures}")
-        pool.close(abort_all=True)
-        verdict.send({
-            "ok": False,
-            "problems": [asdict(p) for p in problems(failed.verdict, source)],
-            "table": {
-                "targets": {n: t.to_json() for n, t in failed.targets.items()},
-                "cells": failed.verdict.cells,
-                "failures": [[t.name, c, d] for t, c, d in failed.verdict.failures],
-            },
-        })
-        return 2
-    except (UserError, Cancelled) as exc:
-        pool.close(abort_all=True)
-        problems_ = exc.problems if isinstance(exc, UserError) else (
-            Problem(f"not launched: {exc}", source=source),)
-        verdict.send({"ok": False, "problems": [asdict(p) for p in problems_]})
-        return 2
-    except BaseException as exc:
-        _log("".join(traceback.format_exception(exc)))
-        pool.close(abort_all=True)
-        verdict.send({"ok": False, "problems": [asdict(Problem(
-            f"the SSH launch failed: {type(exc).__name__}: {exc}", source=source,
-            hint=f"details in {run_dir / SUPERVISOR_LOG}"))]})
-        return 1
+        plan = handshake.plan
+        self.secrets = secret_values(plan.secret_env, handshake.source)
+        preload()
+        self.pool = HostPool(plan.ssh.fanout, self.secrets)
+        for login in handshake.hosts:
+            self.pool.open(login.target, login.nproc)
+        self.log(f"up after {time.time() - handshake.submitted_at:.2f}s (since submit started)")
 
-    plan = prepared.plan
-    run_dir = write_run_dir(prepared, files)
-    targets = launcher.targets(plan)
-    (run_dir / SSH_HOSTS).write_text(
-        json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
-    hostnames = launcher.hostnames()
-    again = handshake.get("attempt")
-    if again is None:
-        record = new_record(prepared, "PENDING", submitted_at)
-        record.supervisor_pid = os.getpid()
-        record.supervisor_host = socket.gethostname()
-        for rank in record.ranks:
-            rank.host = hostnames.get(rank.node)
-        store.add(record)
-    else:  # `orchestrate resume`: the next attempt of the same job
-        store.reopen(job_id, Attempt(int(again), submitted_at))
-        store.update(job_id, plan=plan, hosts=[n.address for n in plan.nodes],
-                     supervisor_pid=os.getpid(), supervisor_host=socket.gethostname())
-        for r in plan.ranks:
-            store.update_rank(job_id, r.rank, node=r.node, host=hostnames.get(r.node))
-        found = store.get(job_id)
-        assert found is not None
-        record = found
-    _log(f"launching {plan.world_size} rank(s) on {len(plan.nodes)} host(s) after "
-         f"{time.monotonic() - started:.2f}s ({launcher.timings})")
-    verdict.send({"ok": True, "timings": launcher.timings})
+    def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared:
+        """Preflight, re-plan and claim on every host (a restart: over new connections, the
+        job planned again without the ``excluded`` nodes)."""
+        from orchestrate.backends.ssh.launcher import Launcher
+        from orchestrate.backends.ssh.sessions import HostPool
+        from orchestrate.core.plan.plan import Occupancy
+        from orchestrate.run.prepare import plan_job
 
-    fanout = int(handshake["fanout"])
-    first_attempt = record.attempt
+        loaded = self.submitted.loaded
+        prepared = self.submitted
+        if attempt != self.first:
+            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets)
+            prepared = plan_job(loaded, self.job_id, Occupancy(excluded=frozenset(excluded)))
+        assert self.pool is not None
 
-    def launch(attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
-        nonlocal launcher, prepared
-        if attempt > first_attempt:  # a restart: plan again (a node may be excluded), relaunch
-            pool = HostPool(fanout, secrets)
-            facts = HostFacts(excluded=frozenset(excluded))
-            prepared = plan_job(loaded, job_id, facts)
-            launcher = Launcher(prepared, lambda more: plan_job(loaded, job_id, _also(more,
-                                                                                     excluded)),
-                                pool, lambda: stop.reason, _log)
-            prepared = launcher.settle()
-            files = BACKEND.files(prepared.plan, prepared.templates_dir)
-            launcher.copy(prepared, files)
-            write_run_dir(prepared, files)
-            targets = launcher.targets(prepared.plan)
-            (run_dir / SSH_HOSTS).write_text(
-                json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
-            store.update(job_id, plan=prepared.plan,
-                         hosts=[n.address for n in prepared.plan.nodes])
-            names = launcher.hostnames()  # a rank may have moved (a node excluded)
-            for r in prepared.plan.ranks:
-                store.update_rank(job_id, r.rank, node=r.node, host=names.get(r.node))
-        plan = prepared.plan
-        sink = LogSink(run_dir, {r.rank: r.node for r in plan.ranks})
+        def replan(found: Occupancy) -> Prepared:
+            return plan_job(loaded, self.job_id, _also(found, excluded))
+
+        self.launcher: Launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason,
+                                           self.log)
+        self.timings = self.launcher.timings
+        return self.launcher.settle()
+
+    def ship(self, prepared: Prepared, files: dict[str, str]) -> None:
+        """Each host's files into the run directory there; here, how to reach the hosts later
+        (``ssh-hosts.json``, for ``cancel`` and ``diagnose`` without a supervisor)."""
+        self.launcher.copy(prepared, files)
+        targets = self.launcher.targets(prepared.plan)
+        (self.run_dir / SSH_HOSTS).write_text(
+            json.dumps([t.to_json() for t in targets.values()], indent=2) + "\n")
+
+    def hostnames(self) -> dict[str, str]:
+        """What each host said it is called."""
+        return self.launcher.hostnames()
+
+    def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
+        """The rank handles on the channels the preflight opened; stopping is kill-by-tag."""
+        from orchestrate.backends.ssh.evidence import RemoteEvidence
+        from orchestrate.backends.ssh.reaping import HostStopper
+        from orchestrate.run.logsink import LogSink
+        from orchestrate.run.supervise import Launched
+
+        plan, launcher, pool = prepared.plan, self.launcher, self.launcher.pool
+        sink = LogSink(self.run_dir, {r.rank: r.node for r in plan.ranks})
 
         def note(text: str) -> None:
-            _log(text)
+            self.log(text)
             sink.note(text)
 
-        stopper = HostStopper(launcher.links, launcher.targets(plan), job_id, STOP_GRACE_S,
+        stopper = HostStopper(launcher.links, launcher.targets(plan), self.job_id, STOP_GRACE_S,
                               note=note)
         handles = launcher.handles(plan, stopper, STOP_GRACE_S, attempt)
-        pool_now = launcher.pool
         for handle in handles:
             handle.prime()
 
         def cleanup() -> None:
             # Hosts whose agent saw nothing of the job left when a rank ended are clean
             # already; the others (a rank lost, a process left behind) get kill-by-tag.
-            clean = {h.node for h in handles if h.left_host_clean}
-            stopper.sweep(launcher.fanout, skip=clean)
-            pool_now.close(abort_all=False)
+            stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
+            pool.close(abort_all=False)
 
-        evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links,
-                                  launcher.fanout, run_dir)
-        return plan, Launched(handles, cleanup, sink, evidence)
+        evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
+                                  self.run_dir)
+        return Launched(handles, cleanup, sink, evidence)
 
-    def progress(plan: Plan) -> dict[str, int | None]:
-        return progress_on(plan, launcher.targets(plan))
+    def progress(self, plan: Plan) -> dict[str, int | None]:
+        """Read on the host of rank 0 (no shared file system is assumed)."""
+        from orchestrate.backends.ssh.reaping import progress_on
 
-    outcome = run_with_restarts(job_id, run_dir, store, plan, stop, STOP_GRACE_S, launch,
-                                progress)
-    return 0 if outcome.state == "COMPLETED" else 1
+        return progress_on(plan, self.launcher.targets(plan))
+
+    def refusal(self, exc: BaseException) -> Verdict | None:
+        """A failed check (with the per-host table), or a cancel before the launch."""
+        from orchestrate.backends.ssh.launcher import Cancelled, PreflightFailed
+        from orchestrate.backends.ssh.preflight import host_table, problems
+
+        if isinstance(exc, PreflightFailed):
+            self.log(f"preflight failed: {exc.verdict.failures}")
+            return Verdict(ok=False, problems=tuple(problems(exc.verdict, self.handshake.source)),
+                           table=host_table(exc.verdict, exc.targets))
+        if isinstance(exc, Cancelled):
+            return Verdict(ok=False, problems=(
+                Problem(f"not launched: {exc}", source=self.handshake.source),))
+        return None
+
+    def abort(self) -> None:
+        """Tell every agent nothing starts (each releases its claim), and log out."""
+        if self.pool is not None:
+            self.pool.close(abort_all=True)
 
 
-def _also(more: HostFacts, excluded: tuple[str, ...]) -> HostFacts:
+def _also(more: Occupancy, excluded: tuple[str, ...]) -> Occupancy:
     """What preflight found, with the nodes the restart policy excluded kept out."""
     return replace(more, excluded=more.excluded | frozenset(excluded))
 
 
 if __name__ == "__main__":
-    sys.exit(run_supervisor(sys.argv[1], Path(sys.argv[2])))
+    sys.exit(SSHSupervisor(sys.argv[1], Path(sys.argv[2])).main())

@@ -9,7 +9,7 @@ typed
 down to the backend settings; templates only lay it out.
 
 Facts only a backend can know (what other jobs hold on a host, a port found free there, the
-interface towards the master) come in as a :class:`HostFacts` value, so a backend re-plans by
+interface towards the master) come in as an :class:`Occupancy` value, so a backend re-plans by
 calling :func:`make_plan` again with what it found.
 
 A plan crosses process and store boundaries as JSON (``plan.json`` in the run directory, the
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
 from orchestrate.core.plan.memory import MemoryEstimate, estimate
-from orchestrate.core.plan.placement import Busy, place
-from orchestrate.core.plan.ports import derive_port
+from orchestrate.core.plan.placement import Busy, Choice, place
+from orchestrate.core.plan.ports import master_endpoint
 from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
 from orchestrate.core.plan.ranks import RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
@@ -101,13 +101,15 @@ class SSHSettings:
 
 
 @dataclass(frozen=True)
-class HostFacts:
-    """What a backend found on the hosts, for a re-plan.
+class Occupancy:
+    """How the hosts are occupied right now, as a backend found them: the input to a re-plan.
 
     ``busy_gpus``/``busy_slots``: GPUs and CPU slots other running jobs lease, per node;
     ``master_port``: a port found free on the master host, replacing the derived one;
     ``interfaces``: the interface carrying traffic to the master, per node, used where the
     inventory names none; ``excluded``: nodes not to use (a restart avoiding a failed node).
+    (Not the records of :mod:`orchestrate.probe.facts`: those describe what a host *is*; this says
+    what other jobs hold on it and what the backend found free.)
     """
 
     busy_gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
@@ -115,6 +117,10 @@ class HostFacts:
     master_port: int | None = None
     interfaces: Mapping[str, str] = field(default_factory=dict)
     excluded: frozenset[str] = frozenset()
+
+    def busy(self) -> Busy:
+        """What placement must avoid."""
+        return Busy(self.busy_gpus, self.busy_slots, self.excluded)
 
 
 @dataclass(frozen=True)
@@ -295,25 +301,24 @@ def make_plan(
     source: str = "job",
     python: str = "python3",
     param_count: float | None = None,
-    facts: HostFacts | None = None,
+    occupancy: Occupancy | None = None,
     debug: bool = False,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
     ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
-    model size when the caller counted it (else ``train.model_params``); ``facts`` what a
-    backend found on the hosts (see :class:`HostFacts`).
+    model size when the caller counted it (else ``train.model_params``); ``occupancy`` what a
+    backend found on the hosts (see :class:`Occupancy`).
     """
-    facts = facts or HostFacts()
+    occupancy = occupancy or Occupancy()
     warnings: list[str] = []
     memory = _memory(job, param_count)
-    placement = place(job, inventory, memory,
-                      Busy(facts.busy_gpus, facts.busy_slots, facts.excluded), source)
+    placement = place(job, inventory, memory, occupancy.busy(), source)
     choices = placement.choices
-    if job.restart.exclude_failed_node and not facts.excluded:
+    if job.restart.exclude_failed_node and not occupancy.excluded:
         # Asked before the first attempt only: once a node is excluded, the placement above
         # (without it) is the whole question; a restart with no node left cannot start, saying so.
-        _check_spare_node(job, inventory, memory, facts, source)
+        _check_spare_node(job, inventory, memory, occupancy, source)
     backend = dist_backend(job, placement.any_gpu, source, warnings)
     notes = list(placement.notes)
     frameworks.check(job.framework, job.backend, job.name,
@@ -321,24 +326,57 @@ def make_plan(
     if len(placement.models) > 1:
         warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
                         "every step waits for the slowest GPU")
-    master_addr, port, addr_fixed, port_fixed = _master(job, choices[0].node.address, job_id,
-                                                        facts.master_port, source)
+    master_addr, port, addr_fixed, port_fixed = master_endpoint(
+        job, choices[0].node.address, job_id, occupancy.master_port, source)
     world_size = sum(c.nproc for c in choices)
-    if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
-        raise UserError.single(
-            f"contradicts the plan, which runs {world_size} rank(s)", source=source,
-            field="env.WORLD_SIZE", got=text(job.env["WORLD_SIZE"]),
-            hint="drop it from env: the planner sets WORLD_SIZE from resources",
-        )
+    _check_world_size(job, world_size, source)
     common = common_env(job, job_id=job_id, run_dir=run_dir, backend=backend,
                         any_gpu=placement.any_gpu, world_size=world_size,
                         master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
+    nodes = _node_plans(job, choices, common, backend, occupancy.interfaces, python, command)
+    return Plan(
+        job_id=job_id,
+        job_name=job.name,
+        backend=job.backend,
+        dist_backend=backend,
+        world_size=world_size,
+        master_addr=master_addr,
+        master_port=port,
+        port_fixed=port_fixed,
+        master_addr_fixed=addr_fixed,
+        nodes=nodes,
+        env=common,
+        command=command,
+        workdir=workdir,
+        run_dir=run_dir,
+        timeout_s=job.distributed.timeout_s,
+        slurm=_slurm_settings(job, [c.node.name for c in choices]),
+        ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
+        restart=_policy(job),
+        secret_env=tuple(job.secret_env),
+        train_config=None if job.train is None else job.train.model_dump(mode="json"),
+        memory=memory,
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+        time_limit=job.resources.time,
+        stall_s=job.distributed.stall_s,
+        on_stall=job.distributed.on_stall,
+        sidecar=job.distributed.sidecar,
+    )
+
+
+def _node_plans(job: JobSpec, choices: tuple[Choice, ...], common: dict[str, str], backend: str,
+                interfaces: Mapping[str, str], python: str, command: tuple[str, ...]
+                ) -> tuple[NodePlan, ...]:
+    """Every node's part of the plan, in node-rank order. The job's ``env`` wins over anything
+    the planner set: a variable of a node's own environment is replaced there, any other goes
+    into ``common`` (updated in place: it is the plan's common environment being built)."""
     nodes: list[NodePlan] = []
     for numbered in number_ranks(choices):
         choice = numbered.choice
         env = node_env(job, choice, numbered.node_rank, len(choices) > 1, backend,
-                       facts.interfaces.get(choice.node.name))
+                       interfaces.get(choice.node.name))
         # The job's env overrides any of it (the master's address and port included): the plan,
         # and so the tables, the JSON and the scripts, show what the ranks will really use.
         for key, value in job.env.items():
@@ -360,41 +398,27 @@ def make_plan(
             gres_type=job.slurm.gres_type or choice.node.gres_type,
             ranks=numbered.ranks,
         ))
-    return Plan(
-        job_id=job_id,
-        job_name=job.name,
-        backend=job.backend,
-        dist_backend=backend,
-        world_size=world_size,
-        master_addr=master_addr,
-        master_port=port,
-        port_fixed=port_fixed,
-        master_addr_fixed=addr_fixed,
-        nodes=tuple(nodes),
-        env=common,
-        command=command,
-        workdir=workdir,
-        run_dir=run_dir,
-        timeout_s=job.distributed.timeout_s,
-        slurm=_slurm_settings(job, [c.node.name for c in choices]),
-        ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
-        restart=Policy(max=job.restart.max, on=tuple(job.restart.on),
-                       backoff_s=tuple(job.restart.backoff_s),
-                       exclude_failed_node=job.restart.exclude_failed_node),
-        secret_env=tuple(job.secret_env),
-        train_config=None if job.train is None else job.train.model_dump(mode="json"),
-        memory=memory,
-        warnings=tuple(warnings),
-        notes=tuple(notes),
-        time_limit=job.resources.time,
-        stall_s=job.distributed.stall_s,
-        on_stall=job.distributed.on_stall,
-        sidecar=job.distributed.sidecar,
-    )
+    return tuple(nodes)
+
+
+def _check_world_size(job: JobSpec, world_size: int, source: str) -> None:
+    """A ``WORLD_SIZE`` in the job's env must agree with the plan (it is the planner's)."""
+    if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
+        raise UserError.single(
+            f"contradicts the plan, which runs {world_size} rank(s)", source=source,
+            field="env.WORLD_SIZE", got=text(job.env["WORLD_SIZE"]),
+            hint="drop it from env: the planner sets WORLD_SIZE from resources",
+        )
+
+
+def _policy(job: JobSpec) -> Policy:
+    restart = job.restart
+    return Policy(max=restart.max, on=tuple(restart.on), backoff_s=tuple(restart.backoff_s),
+                  exclude_failed_node=restart.exclude_failed_node)
 
 
 def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
-                      facts: HostFacts, source: str) -> None:
+                      occupancy: Occupancy, source: str) -> None:
     """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
     if job.backend == "local":
         raise UserError.single(
@@ -405,7 +429,7 @@ def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate
     spare = job.model_copy(update={"resources": job.resources.model_copy(
         update={"nodes": job.resources.nodes + 1})})
     try:
-        place(spare, inventory, memory, Busy(facts.busy_gpus, facts.busy_slots, facts.excluded),
+        place(spare, inventory, memory, occupancy.busy(),
               source)
     except UserError as exc:
         busy = exc.exit_status == EXIT_BUSY  # the spare is held by other jobs now
@@ -417,27 +441,6 @@ def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate
             hint="add a node to the inventory (or to resources.node_names), or set it to false "
             "(a restart then reuses the node)", busy=busy,
         ) from None
-
-
-def _master(
-    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
-) -> tuple[str, int, bool, bool]:
-    """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived)."""
-    port_fixed = isinstance(job.distributed.master_port, int)
-    if found_port is not None:
-        port = found_port
-    elif isinstance(job.distributed.master_port, int):
-        port = job.distributed.master_port
-    else:
-        port = derive_port(job_id)
-    addr = first_address
-    addr_fixed = "MASTER_ADDR" in job.env
-    if addr_fixed:
-        addr = text(job.env["MASTER_ADDR"])
-    if "MASTER_PORT" in job.env:
-        port = _env_port(job.env["MASTER_PORT"], source)
-        port_fixed = True
-    return addr, port, addr_fixed, port_fixed
 
 
 def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
@@ -485,17 +488,3 @@ def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
     if params is None:
         return None
     return estimate(job.train, params)
-
-
-def _env_port(value: str | int | float | bool, source: str) -> int:
-    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
-    port = text(value)
-    if not port.isdigit() or not 1024 <= int(port) <= 65535:
-        raise UserError.single(
-            "MASTER_PORT must be a port between 1024 and 65535",
-            source=source,
-            field="env.MASTER_PORT",
-            got=port,
-            hint="or set distributed.master_port, or leave both out for a derived port",
-        )
-    return int(port)

@@ -61,6 +61,41 @@ def test_a_terminal_state_is_final(tmp_path: Path) -> None:
     assert job.finished_at is not None
 
 
+
+def test_a_job_ends_only_in_a_terminal_state(tmp_path: Path) -> None:
+    store = Store(tmp_path / "jobs.db")
+    store.add(_job("j-1", "j", 1.0))
+    with pytest.raises(ValueError, match="RUNNING is not a state a job ends in"):
+        store.finish("j-1", "RUNNING")
+    job = store.get("j-1")
+    assert job is not None and job.state == "PENDING" and job.finished_at is None
+
+
+def test_a_misspelled_field_is_refused_even_without_mypy(tmp_path: Path) -> None:
+    store = Store(tmp_path / "jobs.db")
+    store.add(_job("j-1", "j", 1.0))
+    with pytest.raises(ValueError, match="unknown job fields"):
+        store.update("j-1", **{"stat": "RUNNING"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown rank fields"):
+        store.update_rank("j-1", 0, **{"exit_cod": 1})  # type: ignore[arg-type]
+
+
+def test_a_state_this_version_does_not_know_reads_as_unknown(tmp_path: Path) -> None:
+    """A store written by a newer orchestrate (or a newer Slurm's state) still reads."""
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    store = Store(path)
+    store.add(_job("j-1", "j", 1.0))
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE jobs SET state = 'WARPED' WHERE id = 'j-1'")
+        db.execute("UPDATE ranks SET state = 'FROZEN' WHERE job_id = 'j-1'")
+    job = store.get("j-1")
+    assert job is not None
+    assert job.state == "UNKNOWN" and not job.terminal
+    assert [r.state for r in job.ranks] == ["PENDING", "PENDING"]
+
+
 def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     import sqlite3
 

@@ -180,9 +180,13 @@ def _leftovers_after_down(
     return problems
 
 
-@pytest.fixture(scope="session")
-def ssh_hosts() -> Iterator[SshHosts]:
-    """Three real SSH hosts h1..h3 for the whole session; torn down and checked clean at the end."""
+def hosts_up() -> Iterator[SshHosts]:
+    """Three real SSH hosts h1..h3 for the whole session; torn down and checked clean at the end.
+
+    The body of the session fixture ``ssh_hosts``, which tests/backends/conftest.py defines so
+    that the backend contract test (tests/backends/test_backend_contract.py) shares the same
+    hosts with the tests of this folder (one bring-up per session).
+    """
     if os.geteuid() != 0:
         pytest.fail(
             f"the SSH test hosts need root (network namespaces, /etc/hosts): run as root, or "

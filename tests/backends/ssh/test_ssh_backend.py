@@ -23,6 +23,8 @@ from orchestrate.core.plan.ports import derive_port
 from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
+#: This checkout (what the tests test, wherever orchestrate is installed).
+REPO = Path(__file__).resolve().parents[3]
 
 DDP_PROGRAM = """
 import datetime, json, os, socket, time
@@ -680,10 +682,11 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
     fakebin = Path(wrapper).parent
     # That home outlives the test hosts and job ids are never reused: a fresh id each run.
     local_id = f"local-half-{uuid.uuid4().hex[:8]}"
+    # This checkout's orchestrate, not whatever is installed: a login has its own environment.
     started = ssh_cli.hosts.run(
         "h1", f"cd {ssh_cli.work} && PATH={fakebin}:$PATH ORCHESTRATE_RUNS={ssh_cli.work}/h1runs "
-        f"{sys.executable} -m orchestrate submit {local_job} --detach --job-id {local_id}",
-        timeout=90)
+        f"PYTHONPATH={REPO} {sys.executable} -m orchestrate submit {local_job} --detach "
+        f"--job-id {local_id}", timeout=90)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
         leases = Path.home() / ".local/state/orchestrate/leases/h1"
@@ -713,6 +716,6 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
         assert three.returncode == 75, three.stdout + three.stderr  # EX_TEMPFAIL
         assert "4 held by other jobs" in three.stderr
     finally:
-        ssh_cli.hosts.run("h1", f"cd {ssh_cli.work} && {sys.executable} -m orchestrate cancel "
-                          f"{local_id}", timeout=60)
+        ssh_cli.hosts.run("h1", f"cd {ssh_cli.work} && PYTHONPATH={REPO} {sys.executable} -m "
+                          f"orchestrate cancel {local_id}", timeout=60)
         stop_tagged(ssh_cli.hosts, local_id, grace_s=1.0)

@@ -1,0 +1,141 @@
+"""What ``submit`` and a job's detached supervisor say to each other: one line each way.
+
+``submit`` starts the supervisor with pipes on its stdin and stdout, writes one
+:class:`Handshake` line (the job as loaded and planned: the supervisor reads no file again) and
+waits for one :class:`Verdict` line: launched, or refused with the problems (and, where hosts
+were checked, the per-host table). Everything the supervisor prints after that goes to its log.
+Both are typed records with ``to_json``/``from_json``, read and written by the same classes on
+both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+from orchestrate.backends.hosttable import HostTable
+from orchestrate.core.errors import Problem
+from orchestrate.core.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; only mypy needs it
+
+    from orchestrate.run.prepare import Loaded
+
+
+@dataclass(frozen=True)
+class Handshake:
+    """The job, handed to its supervisor: what was loaded at submit and the plan made from it.
+
+    ``attempt`` is None for a new job, else the attempt ``resume`` starts. ``loaded`` stays JSON
+    until :meth:`loaded_job` decodes it: validating it costs, and a supervisor may have better
+    things to start first (the SSH logins).
+    """
+
+    job_id: str
+    source: str  # the job file, for messages
+    submitted_at: float
+    attempt: int | None
+    plan: Plan
+    loaded: Mapping[str, Any]  # Loaded.to_json()
+
+    def loaded_job(self) -> Loaded:
+        """What was loaded at submit, as a value again."""
+        from orchestrate.run.prepare import Loaded
+
+        return Loaded.from_json(dict(self.loaded))
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON values (one line on the supervisor's stdin)."""
+        return {"job_id": self.job_id, "source": self.source, "submitted_at": self.submitted_at,
+                "attempt": self.attempt, "plan": self.plan.to_json(), "loaded": self.loaded}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The inverse of :meth:`to_json` (a subclass reads its own fields beside these)."""
+        return cls(**cls.fields_of(data))
+
+    @staticmethod
+    def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
+        """This class's fields from ``data``, for a subclass's :meth:`from_json`."""
+        attempt = data.get("attempt")
+        return {"job_id": str(data["job_id"]), "source": str(data["source"]),
+                "submitted_at": float(data["submitted_at"]),
+                "attempt": None if attempt is None else int(attempt),
+                "plan": Plan.from_json(data["plan"]), "loaded": data["loaded"]}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The supervisor's answer: launched (``ok``), or refused with the problems, nothing
+    launched. ``table``: what was found on each host, when hosts were checked; ``timings``:
+    how long the launch steps took (the supervisor's log and ``bench/`` read them)."""
+
+    ok: bool
+    problems: tuple[Problem, ...] = ()
+    table: HostTable | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """As JSON values (one line on the supervisor's stdout)."""
+        return {"ok": self.ok, "problems": [asdict(p) for p in self.problems],
+                "table": None if self.table is None else self.table.to_json(),
+                "timings": dict(self.timings)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        """The inverse of :meth:`to_json`."""
+        table = data.get("table")
+        return cls(ok=bool(data["ok"]),
+                   problems=tuple(Problem(**p) for p in data.get("problems", ())),
+                   table=None if table is None else HostTable.from_json(table),
+                   timings={str(k): float(v) for k, v in (data.get("timings") or {}).items()})
+
+
+class VerdictLine:
+    """The supervisor's end: the one line ``submit`` waits for, on the original stdout.
+
+    Made first thing in the supervisor: it keeps stdout for the verdict and points file
+    descriptor 1 at the log (stderr), so nothing else printed can reach ``submit``.
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = os.dup(1)
+        os.dup2(2, 1)
+
+    def send(self, verdict: Verdict) -> None:
+        """Send it (once; later calls do nothing)."""
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, (json.dumps(verdict.to_json()) + "\n").encode())
+        except OSError:
+            pass  # submit is gone (Ctrl-C): the record in the store says the rest
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def read_verdict(stream: IO[bytes], timeout: float) -> Verdict | None:
+    """``submit``'s end: the supervisor's verdict, or None if it ended (or hung for
+    ``timeout``) without one."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    fd = stream.fileno()
+    while b"\n" not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
+        data += chunk
+    return Verdict.from_json(json.loads(data.split(b"\n", 1)[0]))
