@@ -46,7 +46,7 @@ import json
 import os
 import socket
 import struct
-import subprocess  # noqa: TID251 - gathering facts from commands is this module's whole job
+import subprocess  # gathering facts from commands is this module's whole job
 import sys
 import time
 

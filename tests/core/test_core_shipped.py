@@ -1,0 +1,77 @@
+"""What orchestrate ships to other machines: one registry, linted and compiled for Python 3.8.
+
+Every program in ``hostside.shipping.SHIPPED`` runs on nodes with the standard library only and
+often an old Python (a compute node's system python3, Python 3.8 on an older distribution), with
+``-S``. So each module it carries must be in pyproject's Python 3.8 target (ruff then flags
+newer syntax), and each whole program must compile under Python 3.8 where one is installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+
+import pytest
+import tomllib
+
+from orchestrate.hostside.shipping import SHIPPED, module_source, program
+from tests.support.python38 import python38
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _py38_patterns() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    targets = config["tool"]["ruff"]["per-file-target-version"]
+    return [pattern for pattern, version in targets.items() if version == "py38"]
+
+
+def _file_of(module: str) -> str:
+    return module.replace(".", "/") + ".py"
+
+
+@pytest.mark.unit
+def test_every_shipped_module_is_linted_for_python_3_8() -> None:
+    patterns = _py38_patterns()
+    missing = sorted({module for modules in SHIPPED.values() for module in modules
+                      if not any(PurePosixPath(_file_of(module)).match(p) or
+                                 _file_of(module).startswith(p.removesuffix("**"))
+                                 for p in patterns)})
+    assert missing == []
+
+
+@pytest.mark.unit
+def test_every_shipped_module_uses_only_the_standard_library() -> None:
+    allowed = set(sys.stdlib_module_names) | {"orchestrate", "__future__"}
+    for modules in SHIPPED.values():
+        for module in modules:
+            for line in module_source(module).splitlines():
+                words = line.split()
+                if len(words) >= 2 and words[0] in ("import", "from") and \
+                        not line.startswith((" ", "\t")):
+                    top = words[1].split(".")[0]
+                    assert top in allowed, f"{module}: {line}"
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_program_compiles_on_python_3_8(name: str, tmp_path: Path) -> None:
+    python = python38()
+    if python is None:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    text = program(SHIPPED[name], "pass")
+    path = tmp_path / f"{name}.py"
+    path.write_text(text, encoding="utf-8")
+    sources = [module_source(m) for m in SHIPPED[name]]
+    check = ("import sys\n"
+             "for path in sys.argv[1:]:\n"
+             "    compile(open(path, encoding='utf-8').read(), path, 'exec')\n")
+    modules = []
+    for i, source in enumerate(sources):
+        module_file = tmp_path / f"m{i}.py"
+        module_file.write_text(source, encoding="utf-8")
+        modules.append(str(module_file))
+    done = subprocess.run([python, "-S", "-c", check, str(path), *modules],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
