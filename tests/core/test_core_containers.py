@@ -167,3 +167,53 @@ def test_bad_container_sections_are_user_errors_with_the_line(
     assert "job.yaml:" in result.err and "container." in result.err
     assert problem in result.err
     assert "Traceback" not in result.err
+
+
+# ---------------------------------------------------------------- goldens vs documented flags
+
+#: pyxis's options (NVIDIA/pyxis args.c, as /work/shared/reference/containers.md lists them).
+PYXIS_FLAGS = {"--container-image", "--container-mounts", "--container-workdir",
+               "--container-name", "--container-save", "--container-mount-home",
+               "--no-container-mount-home", "--container-remap-root",
+               "--no-container-remap-root", "--container-entrypoint",
+               "--no-container-entrypoint", "--container-entrypoint-log",
+               "--container-writable", "--container-readonly", "--container-env"}
+#: apptainer exec's options used here (apptainer-exec man page): --nv, -B/--bind, --pwd.
+APPTAINER_FLAGS = {"--nv", "--bind", "--pwd"}
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _words(line: str) -> list[str]:
+    import shlex
+    return shlex.split(line.rstrip("\\ \n"))
+
+
+def test_the_pyxis_golden_uses_only_documented_flags_on_srun() -> None:
+    text = (GOLDEN / "container-pyxis.render.txt").read_text()
+    (line,) = [ln for ln in text.splitlines() if "--container-image=" in ln]
+    words = _words(line)
+    assert {w.split("=", 1)[0] for w in words} <= PYXIS_FLAGS
+    flags = dict(w.split("=", 1) for w in words)
+    assert flags["--container-image"] == "nvcr.io#nvidia/pytorch:25.08-py3"
+    assert flags["--container-mounts"].split(",")[-1] == "/data:/data:ro"
+    env = flags["--container-env"].split(",")
+    assert {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "HF_HOME", "ORCHESTRATE_JOB_ID"} <= set(env)
+    # The container wraps the srun of every rank, and no enroot hook sets the port.
+    assert "MASTER_PORT=$((" in text and "SLURM_JOB_ID % 4536" not in text
+
+
+def test_the_apptainer_golden_uses_only_documented_flags() -> None:
+    text = (GOLDEN / "container-apptainer.render.txt").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("apptainer exec")]
+    words = _words(line.split(' "$@"')[0])
+    assert words[:2] == ["apptainer", "exec"] and words[-1] == "/images/train.sif"
+    assert {w.split("=", 1)[0] for w in words[2:-1]} <= APPTAINER_FLAGS
+    assert 'export "APPTAINERENV_$name=${!name}"' in text
+
+
+def test_the_podman_golden_never_has_host_ipc_and_shm_size_together() -> None:
+    text = (GOLDEN / "container-podman-ssh.render.txt").read_text()
+    assert "  --ipc=host\n" in text and "--shm-size" not in text
+    assert "  --ulimit=memlock=-1:-1\n" in text and "  --device=/dev/infiniband\n" in text
+    assert "  --device=nvidia.com/gpu=0\n  --device=nvidia.com/gpu=1\n" in text
+    assert "  --env=CUDA_VISIBLE_DEVICES=0,1\n" in text
