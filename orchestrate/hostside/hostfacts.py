@@ -33,6 +33,7 @@ mismatch) is reported with its message, and the other facts still come back.
     torch          None (not asked) | {"version", "cuda", "nccl", "imported"} | {"error"}
     shm_bytes      size of /dev/shm, or None
     memlock        {"soft", "hard"}: bytes or "unlimited", from /proc/self/limits, or None
+    containers     the container runtimes found: podman, docker, apptainer, pyxis
     errors         [one sentence per step that failed]
 
 ``ORCHESTRATE_SYSFS_ROOT`` (default ``/sys``) moves the sysfs tree, so tests can hand in a fake
@@ -44,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess  # noqa: TID251 - gathering facts from commands is this module's whole job
@@ -380,6 +382,19 @@ def shm_bytes() -> int | None:
     return stat.f_blocks * stat.f_frsize
 
 
+def container_runtimes() -> list[str]:
+    """The container runtimes here (docs/containers.md): podman, docker and apptainer on the
+    PATH; pyxis where enroot is and Slurm's plugstack names pyxis."""
+    path = os.environ.get("ORCHESTRATE_RUNTIMES_PATH")  # tests: a captured machine's PATH
+    found = [name for name in ("podman", "docker", "apptainer") if shutil.which(name, path=path)]
+    folder = "/etc/slurm/plugstack.conf.d"
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    stack = [read("/etc/slurm/plugstack.conf")] + [read(os.path.join(folder, n)) for n in names]
+    if shutil.which("enroot", path=path) and any("pyxis" in (text or "") for text in stack):
+        found.append("pyxis")
+    return found
+
+
 def usable_cpus() -> int | None:
     try:
         return len(os.sched_getaffinity(0))
@@ -440,6 +455,7 @@ def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
     facts["python"] = {"executable": python, "version": sys.version.split()[0]}
     facts["shm_bytes"] = shm_bytes()
     facts["memlock"] = memlock()
+    facts["containers"] = container_runtimes()
     facts["torch"] = finish_torch(proc, clock + TORCH_TIMEOUT_S) if torch else None
     if facts["nvidia_smi"]["status"] == "failed":
         facts["errors"].append("nvidia-smi failed: " + str(facts["nvidia_smi"]["error"]))

@@ -204,3 +204,18 @@ def test_a_mount_of_a_missing_path_fails_naming_the_node(cli: Cli) -> None:
     logs = proc.stdout + proc.stderr + json.dumps(cli.status(job_id))
     assert "container.mounts: /nonexistent/data does not exist on" in logs, logs
     assert _gone(job_id, 5)
+
+
+@pytest.mark.timeout(120)
+def test_a_runtime_missing_here_is_refused_before_launch(cli: Cli) -> None:
+    job = _job(cli, "nodocker")
+    text = job.read_text().replace("runtime: podman", "runtime: docker")
+    job.write_text(text)
+    cli.env["PATH"] = "/usr/sbin:/sbin"  # python runs by its full path; no docker here
+    if any(Path(d, "docker").exists() for d in cli.env["PATH"].split(":")):
+        pytest.fail("docker is on /usr/sbin or /sbin: this test needs a PATH without it")
+    proc = cli.run("submit", str(job), "--detach", "--job-id", cli.id("nodocker-1"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    # This machine is probed for the job (no inventory): it has no docker on this PATH.
+    assert "container.runtime: node localhost has no docker" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
