@@ -89,11 +89,11 @@ def _iommu(node: str, host: HostSettings) -> Check | None:
     passthrough = words.get("iommu") == "pt" or words.get("iommu.passthrough") == "1"
     measured = ("off" if not on else "on, passthrough" if passthrough else "on, translating")
     if not on or passthrough:
-        return Check("host", "IOMMU", (node,), "pass", f"IOMMU on {node}: {measured}",
+        return Check("static", "IOMMU", (node,), "pass", f"IOMMU on {node}: {measured}",
                      measured=measured, expected="off or passthrough (iommu=pt)")
     units = ", ".join(host.iommu_units or ()) or "the kernel command line"
     return Check(
-        "host", "IOMMU", (node,), "warn",
+        "static", "IOMMU", (node,), "warn",
         f"IOMMU is on without passthrough on {node} ({units}): GPU peer-to-peer traffic goes "
         "through the CPU root complex, which slows NCCL or hangs it (pytorch #73790)",
         measured=measured, expected="off or passthrough (iommu=pt)",
@@ -156,19 +156,20 @@ def _acs(node: str, host: HostSettings) -> Check | None:
         on = [p for p in located if _above(p, buses)]
     if not any(p.acs_seen for p in ports):
         if not denied:
-            return Check("host", "PCIe ACS", (node,), "pass",
+            return Check("static", "PCIe ACS", (node,), "pass",
                          f"no PCIe port with Access Control Services on {node}")
-        return Check("host", "PCIe ACS", (node,), "warn",
+        return Check("static", "PCIe ACS", (node,), "warn",
                      f"PCIe ACS unknown on {node}: lspci could not read the capabilities",
                      hint="run the doctor as root (lspci -vvv shows ACSCtl only to root)")
     if not on:
-        return Check("host", "PCIe ACS", (node,), "pass", f"PCIe ACS off above the GPUs on {node}",
+        return Check("static", "PCIe ACS", (node,), "pass",
+                     f"PCIe ACS off above the GPUs on {node}",
                      measured="SrcValid-", expected="SrcValid- (ACS off)")
     named = [p.address for p in on if p.address != "?"]
     where = (f"on {', '.join(named[:4])}{' ...' if len(named) > 4 else ''}" if named
              else f"on {len(on)} PCIe port(s)")
     return Check(
-        "host", "PCIe ACS", (node,), "warn",
+        "static", "PCIe ACS", (node,), "warn",
         f"PCIe ACS is enabled (ACSCtl SrcValid+) {where} of {node}: it redirects GPU "
         "peer-to-peer traffic to the root complex, which slows NCCL or hangs it (NCCL #2079)",
         measured="SrcValid+", expected="SrcValid- (ACS off)",
@@ -181,12 +182,12 @@ def _faults(node: str, host: HostSettings) -> Check | None:
         return None
     lines = [ln for ln in host.kernel_log.splitlines() if _FAULT.search(ln)]
     if not lines:
-        return Check("host", "IOMMU faults", (node,), "pass",
+        return Check("static", "IOMMU faults", (node,), "pass",
                      f"no IOMMU page faults in {node}'s kernel log")
     devices = sorted({m.group(1).lower() for ln in lines for m in [_FAULT_DEVICE.search(ln)]
                       if m is not None})
     return Check(
-        "host", "IOMMU faults", (node,), "warn",
+        "static", "IOMMU faults", (node,), "warn",
         f"{len(lines)} IOMMU page fault(s) in {node}'s kernel log"
         + (f" (devices {', '.join(devices[:4])})" if devices else "")
         + ": the IOMMU is refusing device DMA, which GPU peer-to-peer and RDMA need",

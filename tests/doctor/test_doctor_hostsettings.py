@@ -93,3 +93,33 @@ def test_the_record_round_trips() -> None:
     host = HostSettings(cmdline="ro iommu=pt", iommu_units=("dmar0",), lspci="x",
                         kernel_log=None, gpu_bus_ids=("0000:07:00.0",))
     assert HostSettings.from_json(host.to_json()) == host
+
+
+def test_the_static_tier_warns_on_a_gpu_node_with_the_field_notes_settings() -> None:
+    """Through the doctor's static tier: a GPU node whose host shows IOMMU on, ACS on the
+    bridge above its planned GPU, and IOMMU faults gets three warnings; a healthy one none."""
+    from orchestrate.core.spec.inventory import InventorySpec, resolve_inventory
+    from orchestrate.doctor.grading import JobShape, PlannedNode
+    from orchestrate.doctor.static_tier import facts_from_json, judge_static
+
+    inv = resolve_inventory(InventorySpec.model_validate({"name": "lab", "nodes": [
+        {"name": "gpu[1-2]", "gpus": [{"model": "H100-80GB", "memory_gb": 80, "count": 1}]}]}))
+    job = JobShape(tuple(PlannedNode(n.name, n, n.capacity, ("H100-80GB",), (0,), None)
+                         for n in inv.nodes), "nccl", inv.nodes[0].address, 29500)
+    gpu = [{"index": 0, "model": "H100-80GB", "memory_gb": 80, "bus_id": "00000000:C8:00.0"}]
+    base = {"versions": {"python": "3.11.7", "torch": "2.6.0", "cuda": "12.4",
+                         "nccl": "2.21.5", "driver": "550.54.15"},
+            "shm_bytes": 64 << 30, "gpus": gpu}
+    frozen = {"cmdline": text("cmdline-intel-iommu-on.txt"), "iommu_units": ["dmar0"],
+              "lspci": text("lspci-bridges.txt"),
+              "kernel_log": text("dmesg-amdvi-cuda-samples48.txt")}
+    fine = {"cmdline": text("cmdline-iommu-pt.txt"), "iommu_units": ["dmar0"],
+            "lspci": text("lspci-acsctl-off-nccl1405.txt"),
+            "kernel_log": text("dmesg-clean-lake10.txt")}
+    rows = judge_static(job, facts_from_json({"gpu1": {**base, "host_settings": frozen},
+                                              "gpu2": {**base, "host_settings": fine}}))
+    host_rows = [r for r in rows if r.name in ("IOMMU", "PCIe ACS", "IOMMU faults")]
+    assert len(host_rows) == 6
+    warned = {(r.name, r.nodes[0]) for r in host_rows if r.status == "warn"}
+    assert {("IOMMU", "gpu1"), ("PCIe ACS", "gpu1"), ("IOMMU faults", "gpu1")} <= warned
+    assert not any(node == "gpu2" for _, node in warned)
