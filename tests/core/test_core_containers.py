@@ -217,3 +217,14 @@ def test_the_podman_golden_never_has_host_ipc_and_shm_size_together() -> None:
     assert "  --ulimit=memlock=-1:-1\n" in text and "  --device=/dev/infiniband\n" in text
     assert "  --device=nvidia.com/gpu=0\n  --device=nvidia.com/gpu=1\n" in text
     assert "  --env=CUDA_VISIBLE_DEVICES=0,1\n" in text
+
+
+def test_plan_shows_the_image_and_runtime_per_node() -> None:
+    from core_support import CORE
+
+    result = cli("plan", CORE / "jobs" / "container-podman-ssh.yaml")
+    assert result.code == 0, result.err
+    rows = [ln for ln in result.out.splitlines() if "podman registry.lab/train:2.13" in ln]
+    assert len(rows) == 2 and "node1" in rows[0] and "node2" in rows[1]
+    plain = cli("plan", CORE / "jobs" / "uniform-ssh.yaml")
+    assert "container" not in plain.out  # a job without one shows no such column
