@@ -88,7 +88,7 @@ def probed_fields(facts: ProbedHost) -> dict[str, Any]:
         entry["slots"] = facts.cpus or 1
     if facts.network is not None:
         entry["network"] = _network(facts.network)
-    if facts.containers is not None:  # the runtimes found (docs/containers.md)
+    if facts.containers:  # the runtimes found (docs/containers.md); none found: left unknown
         entry["containers"] = list(facts.containers)
     return entry
 
