@@ -117,7 +117,7 @@ class NodeDefaults(Spec):
     containers: list[ContainerRuntime] | None = None
 
 
-#: What a node's ``containers`` says (``inventory probe`` records it; [] is "none").
+#: What a node's ``containers`` says (``inventory probe`` records what it finds; [] is "none").
 CONTAINERS_FIELD = Field(
     default=None, description="container runtimes the node has (inventory probe records "
     "them); unset: unknown")
