@@ -219,3 +219,23 @@ def test_a_runtime_missing_here_is_refused_before_launch(cli: Cli) -> None:
     # This machine is probed for the job (no inventory): it has no docker on this PATH.
     assert "container.runtime: node localhost has no docker" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_kill_by_tag_also_removes_a_container_left_behind(cli: Cli) -> None:
+    """What every stop runs on a host (cancel, the watchdog of a dead supervisor, the SSH
+    backend's reap of a lost host once it answers again) removes the job's containers there,
+    even one whose ranks and guard are gone (a host that died under it)."""
+    import subprocess
+
+    from tests.support.containers import PYTHON_ROOT, VM_OPTIONS, built_image
+
+    job_id = cli.id("leftover-1")
+    subprocess.run(["podman", "run", "--detach", "--name", f"orchestrate-{job_id}-localhost",
+                    "--label", f"orchestrate.job={job_id}", *VM_OPTIONS,
+                    "--volume=/usr:/usr:ro", f"--volume={PYTHON_ROOT}:{PYTHON_ROOT}:ro",
+                    "--entrypoint=sleep", built_image(), "infinity"],
+                   check=True, capture_output=True, timeout=60)
+    assert containers_of(job_id) == [f"orchestrate-{job_id}-localhost"]
+    host.reap(job_id, 1.0)
+    assert containers_of(job_id) == []
