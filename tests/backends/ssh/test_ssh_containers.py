@@ -8,7 +8,9 @@ the ranks of two hosts meet over the hosts' own addresses as they do without a c
 from __future__ import annotations
 
 import json
+import shlex
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +35,27 @@ dist.destroy_process_group()
 """
 
 
+def _cgroup_mounts_script() -> str:
+    """A shell script mounting this machine's cgroup hierarchies where they are missing.
+
+    The test hosts run under ``ip netns exec``, which mounts a fresh sysfs for the host's
+    network namespace: ``/sys/fs/cgroup`` is empty there, and runc refuses to create a
+    container ("no cgroup mount found in mountinfo"). A real server has them; each host's
+    mount namespace is its own, so mounting them there changes nothing outside the host."""
+    lines = ["set -e", "[ -z \"$(ls -A /sys/fs/cgroup)\" ] || exit 0  # there already"]
+    for entry in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = entry.partition(" - ")
+        point, (fstype, _source, options) = left.split()[4], right.split()[:3]
+        if not point.startswith("/sys/fs/cgroup"):
+            continue
+        kind = "tmpfs" if fstype == "tmpfs" else fstype
+        wanted = ",".join(o for o in options.split(",") if o not in ("rw", "ro"))
+        wanted = f"none,{wanted}" if wanted.startswith("name=") else wanted
+        lines.append(f"mkdir -p {point} && mount -t {kind} -o {wanted or 'defaults'} "
+                     f"{kind} {point}")
+    return "\n".join(lines)
+
+
 def _reports(stdout: str) -> list[tuple[str, dict[str, Any]]]:
     found = []
     for line in stdout.splitlines():
@@ -46,6 +69,9 @@ def _reports(stdout: str) -> list[tuple[str, dict[str, Any]]]:
 @pytest.mark.timeout(240)
 def test_two_hosts_run_their_ranks_in_containers(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])
+    for name in ("h1", "h2"):
+        done = ssh_cli.hosts.run(name, f"bash -c {shlex.quote(_cgroup_mounts_script())}")
+        assert done.returncode == 0, done.stdout + done.stderr
     ssh_cli.write("boxed.py", PROGRAM)
     job = ssh_cli.write("boxed.yaml", f"""
         name: boxed
