@@ -165,7 +165,10 @@ def remove_containers(job_id: str) -> int:
                 [exe, "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10).stdout.split()
             if found:
-                subprocess.run([exe, "rm", "--force", *found], stdin=subprocess.DEVNULL,
+                # No stop timeout: the keeper (sleep, the container's PID 1) ignores SIGTERM,
+                # and the ranks inside were stopped above.
+                now = ["--time=0"] if runtime == "podman" else []
+                subprocess.run([exe, "rm", "--force", *now, *found], stdin=subprocess.DEVNULL,
                                capture_output=True, timeout=60)
                 removed += len(found)
         except (OSError, subprocess.SubprocessError):
