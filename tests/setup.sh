@@ -2,7 +2,8 @@
 # Installs everything the test suite needs on a fresh Debian machine: the package with its test
 # extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, Lightning, accelerate, pytest, ruff,
 # mypy) and the system tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2;
-# Chromium to render the HTML report headless and tmux to drive the live view in a terminal).
+# Chromium to render the HTML report headless, tmux to drive the live view in a terminal,
+# podman to run jobs in containers).
 # Idempotent.
 # The Slurm and SSH test clusters install their own packages too when started by hand.
 set -euo pipefail
@@ -20,6 +21,8 @@ command -v slurmctld >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium fonts-dejavu-core)
 command -v tmux >/dev/null || need+=(tmux)
+# podman (and runc) run the container tests' image, built locally: tests/support/containers.py
+command -v podman >/dev/null || need+=(podman runc)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "tests/setup.sh: please install (as root): ${need[*]}" >&2

@@ -64,13 +64,17 @@ def plan_tables(plan: Plan) -> list[Table]:
         f"{plan.dist_backend}, master {plan.master_addr}:{plan.master_port}"
     )
     nodes = Table(title=head)
+    contained = any(n.container is not None for n in plan.nodes)
     for column in ("node_rank", "node", "address", "nproc", "ranks", "CUDA_VISIBLE_DEVICES",
-                   "GPU models"):
+                   "GPU models", *(("container",) if contained else ())):
         nodes.add_column(column)
     for n in plan.nodes:
+        # A container: its runtime and image (docs/containers.md), per node.
+        box = () if not contained else (
+            f"{n.container.runtime} {n.container.image}" if n.container else "-",)
         nodes.add_row(str(n.node_rank), n.name, n.address, str(n.nproc),
                       f"{n.first_rank}-{n.last_rank}", n.cuda_visible_devices or "-",
-                      ", ".join(dict.fromkeys(n.gpu_models)) or "CPU")
+                      ", ".join(dict.fromkeys(n.gpu_models)) or "CPU", *box)
     ranks = Table(title="ranks")
     for column in ("RANK", "LOCAL_RANK", "node", "GROUP_RANK", "device"):
         ranks.add_column(column)

@@ -65,6 +65,13 @@ DOCTOR_FILE = "doctor.json"
 CHECKUP_RESULT = "checkup.json"
 
 
+#: A node's container (docs/containers.md): ``container/<node>/`` holds its state (``up``: the
+#: attempt and container id, or why it failed; ``rank-R.pid``: each rank's launcher, which the
+#: container outlives by at most a second; ``rank-R.exit``: how each rank ended inside;
+#: ``host.txt``: the host's IOMMU/ACS settings, for the doctor inside). Mounted at its own path.
+CONTAINER_DIR = "container"
+
+
 def node_script_name(node: str) -> str:
     """File name of a node's launch script."""
     return f"launch-{node}.sh"

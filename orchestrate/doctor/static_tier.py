@@ -48,10 +48,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrate.doctor.grading import Check, JobShape, PlannedNode, Status
+from orchestrate.doctor.hostsettings import HostSettings, judge_host_settings
 from orchestrate.probe.facts import GpuFact, parse_facts
 
 VERSIONS = ("python", "torch", "cuda", "nccl", "driver")
@@ -92,6 +93,7 @@ class NodeFacts:
     clock_offset_s: float | None = None
     gpus: tuple[GpuFact, ...] | None = None
     error: str | None = None
+    host: HostSettings | None = None  # GPU hosts: IOMMU/ACS evidence (doctor.hostsettings)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeFacts:
@@ -116,6 +118,8 @@ class NodeFacts:
             else float(data["clock_offset_s"]),
             gpus=None if gpus is None else tuple(_gpu(g) for g in gpus),
             error=data.get("error"),
+            host=None if not data.get("host_settings")
+            else HostSettings.from_json(data["host_settings"]),
         )
 
 
@@ -160,6 +164,7 @@ def from_host(
         memlock=soft if soft == "unlimited" or isinstance(soft, int) else None,
         clock_offset_s=clock_offset_s,
         gpus=gpus,
+        host=None if not raw.get("host_settings") else HostSettings.from_json(raw["host_settings"]),
     )
 
 
@@ -196,6 +201,7 @@ def judge_static(shape: JobShape, facts: Mapping[str, NodeFacts]) -> list[Check]
             continue
         if node.gpu_indices:
             rows.append(_gpus(node, got))
+            rows.extend(_host_settings(node, got))
         rows.extend(_interface(shape, node, got))
         rows.append(_shm(shape, node, got))
         row = _memlock(shape, node, got)
@@ -205,6 +211,16 @@ def judge_static(shape: JobShape, facts: Mapping[str, NodeFacts]) -> list[Check]
         if row is not None:
             rows.append(row)
     return rows
+
+
+def _host_settings(node: PlannedNode, got: NodeFacts) -> list[Check]:
+    """IOMMU, PCIe ACS and IOMMU faults of a GPU node (docs/containers.md), judged for the bus
+    ids of its planned GPUs."""
+    if got.host is None:
+        return []
+    planned = set(node.gpu_indices)
+    buses = tuple(g.bus_id for g in got.gpus or () if g.cuda_index in planned and g.bus_id)
+    return judge_host_settings(node.name, replace(got.host, gpu_bus_ids=buses))
 
 
 def _versions(shape: JobShape, known: Mapping[str, NodeFacts]) -> list[Check]:

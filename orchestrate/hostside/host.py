@@ -31,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -130,20 +131,49 @@ def signal_all(pids: list[int], sig: int) -> None:
 
 def reap(job_id: str, grace_s: float) -> dict[str, int]:
     """Stop every process of the job here: SIGTERM (+SIGCONT), then SIGKILL whatever is left
-    after ``grace_s``. Returns how many were found and how many needed SIGKILL."""
+    after ``grace_s``; then remove the job's containers here. Returns how many processes were
+    found and how many needed SIGKILL."""
     pids = job_pids(job_id)
-    if not pids:
-        return {"found": 0, "killed": 0}
-    signal_all(pids, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    left = pids
-    while time.monotonic() < deadline:
-        left = job_pids(job_id)
-        if not left:
-            return {"found": len(pids), "killed": 0}
-        time.sleep(0.05)
-    signal_all(left, signal.SIGKILL)
-    return {"found": len(pids), "killed": len(left)}
+    result = {"found": len(pids), "killed": 0}
+    if pids:
+        signal_all(pids, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        left = pids
+        while time.monotonic() < deadline:
+            left = job_pids(job_id)
+            if not left:
+                break
+            time.sleep(0.05)
+        if left:
+            signal_all(left, signal.SIGKILL)
+            result["killed"] = len(left)
+    remove_containers(job_id)
+    return result
+
+
+def remove_containers(job_id: str) -> int:
+    """Remove the job's podman/docker containers here, found by the label the launch scripts
+    give them (``orchestrate.job``, docs/containers.md): after a stop, a dead supervisor or a
+    lost host's return none is left. Returns how many; a runtime that fails is skipped."""
+    removed = 0
+    for runtime in ("podman", "docker"):
+        exe = shutil.which(runtime)
+        if exe is None:
+            continue
+        try:
+            found = subprocess.run(
+                [exe, "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10).stdout.split()
+            if found:
+                # No stop timeout: the keeper (sleep, the container's PID 1) ignores SIGTERM,
+                # and the ranks inside were stopped above.
+                now = ["--time=0"] if runtime == "podman" else []
+                subprocess.run([exe, "rm", "--force", *now, *found], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60)
+                removed += len(found)
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return removed
 
 
 def watch(pid: int, start: int | None, job_id: str, grace_s: float, poll_s: float = 0.25) -> int:

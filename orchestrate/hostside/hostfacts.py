@@ -33,6 +33,8 @@ mismatch) is reported with its message, and the other facts still come back.
     torch          None (not asked) | {"version", "cuda", "nccl", "imported"} | {"error"}
     shm_bytes      size of /dev/shm, or None
     memlock        {"soft", "hard"}: bytes or "unlimited", from /proc/self/limits, or None
+    containers     the container runtimes found: podman, docker, apptainer, pyxis
+    host_settings  GPU hosts: cmdline, iommu_units, lspci, kernel_log (or None)
     errors         [one sentence per step that failed]
 
 ``ORCHESTRATE_SYSFS_ROOT`` (default ``/sys``) moves the sysfs tree, so tests can hand in a fake
@@ -44,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess  # gathering facts from commands is this module's whole job
@@ -380,6 +383,33 @@ def shm_bytes() -> int | None:
     return stat.f_blocks * stat.f_frsize
 
 
+def container_runtimes() -> list[str]:
+    """The container runtimes here (docs/containers.md): podman, docker and apptainer on the
+    PATH; pyxis where enroot is and Slurm's plugstack names pyxis."""
+    path = os.environ.get("ORCHESTRATE_RUNTIMES_PATH")  # tests: a captured machine's PATH
+    found = [name for name in ("podman", "docker", "apptainer") if shutil.which(name, path=path)]
+    folder = "/etc/slurm/plugstack.conf.d"
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    stack = [read("/etc/slurm/plugstack.conf")] + [read(os.path.join(folder, n)) for n in names]
+    if shutil.which("enroot", path=path) and any("pyxis" in (text or "") for text in stack):
+        found.append("pyxis")
+    return found
+
+
+def host_settings() -> dict[str, Any]:
+    """A GPU host's IOMMU and PCIe ACS settings and IOMMU faults, for the doctor's host checks
+    (orchestrate.doctor.hostsettings): /proc/cmdline, /sys/class/iommu, `lspci -vvv`, the
+    kernel log's fault lines. None where unreadable (lspci and dmesg may need root)."""
+    folder = os.path.join(sysfs_root(), "class", "iommu")
+    lspci = run(["lspci", "-vvv"], NVIDIA_SMI_TIMEOUT_S)
+    dmesg = run(["dmesg"], IP_TIMEOUT_S)
+    faults = [ln for ln in dmesg[1].splitlines() if "IO_PAGE_FAULT" in ln or "DMAR" in ln]
+    return {"cmdline": read(os.path.join(proc_root(), "cmdline")),
+            "iommu_units": sorted(os.listdir(folder)) if os.path.isdir(folder) else None,
+            "lspci": lspci[1] if lspci[0] == 0 else None,
+            "kernel_log": "\n".join(faults) if dmesg[0] == 0 else None}
+
+
 def usable_cpus() -> int | None:
     try:
         return len(os.sched_getaffinity(0))
@@ -440,7 +470,9 @@ def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
     facts["python"] = {"executable": python, "version": sys.version.split()[0]}
     facts["shm_bytes"] = shm_bytes()
     facts["memlock"] = memlock()
+    facts["containers"] = container_runtimes()
     facts["torch"] = finish_torch(proc, clock + TORCH_TIMEOUT_S) if torch else None
+    facts["host_settings"] = host_settings() if facts["nvidia_smi"]["status"] == "ok" else None
     if facts["nvidia_smi"]["status"] == "failed":
         facts["errors"].append("nvidia-smi failed: " + str(facts["nvidia_smi"]["error"]))
     for peer, found in facts["routes"].items():

@@ -161,6 +161,7 @@ class ProbedHost:
     shm_bytes: int | None = None
     memlock: Any = None
     problems: tuple[str, ...] = field(default_factory=tuple)
+    containers: tuple[str, ...] | None = None  # container runtimes found (None: not asked)
 
     @property
     def driver(self) -> str | None:
@@ -401,4 +402,6 @@ def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
         shm_bytes=_get(raw, "shm_bytes"),
         memlock=_get(raw, "memlock"),
         problems=tuple(problems),
+        containers=None if raw.get("containers") is None
+        else tuple(str(c) for c in raw["containers"]),
     )

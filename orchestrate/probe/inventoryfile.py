@@ -42,9 +42,9 @@ from orchestrate.probe.provenance import (
 )
 
 #: The fields probing owns; everything else in an entry is the user's.
-PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "network")
+PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "network", "containers")
 _ORDER = ("name", "address", "ssh", "python", "cpus", "gpus", "slots", "gpu_link", "network",
-          "slurm")
+          "containers", "slurm")
 
 HEADER = (
     "# Written by `orchestrate inventory probe`. GPU indices are CUDA indices in PCI bus order\n"
@@ -88,6 +88,8 @@ def probed_fields(facts: ProbedHost) -> dict[str, Any]:
         entry["slots"] = facts.cpus or 1
     if facts.network is not None:
         entry["network"] = _network(facts.network)
+    if facts.containers:  # the runtimes found (docs/containers.md); none found: left unknown
+        entry["containers"] = list(facts.containers)
     return entry
 
 
@@ -223,13 +225,13 @@ def apply_probed(old: Mapping[str, Any], fields: Mapping[str, Any],
     for key, value in old.items():
         if key == other:
             key, value = kind, fields[kind]  # the node changed kind: same place in the entry
-        elif key in ("cpus", "gpu_link", "network", "gpus") and key in fields:
+        elif key in ("cpus", "gpu_link", "network", "gpus", "containers") and key in fields:
             value = fields[key]
         new[key] = value
     if kind == "slots" and "slots" in old and "gpus" not in old:
         new["slots"] = old["slots"]
     implicit = {"gpu_link": "pcie"} if kind == "gpus" else {}
-    for key in ("cpus", kind, "gpu_link", "network"):
+    for key in ("cpus", kind, "gpu_link", "network", "containers"):
         if key not in fields:
             continue
         inherited = defaults.get(key, implicit.get(key))

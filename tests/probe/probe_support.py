@@ -136,7 +136,7 @@ def machine(tmp: Path, box: str | None, **env: str) -> Iterator[Path]:
     """This process (and its children) see ``box``: its nvidia-smi outputs on PATH (none for a
     CPU machine: ``box`` None or ``"cpu"``) and its sysfs tree. Yields the sysfs root."""
     saved = {k: os.environ.get(k) for k in ("PATH", "ORCHESTRATE_SYSFS_ROOT", "FAKE_NVSMI_DIR",
-                                             *env)}
+                                             "ORCHESTRATE_RUNTIMES_PATH", *env)}
     bin_dir = tmp / f"bin-{box}"
     nics, hcas = SYSFS.get(box or "cpu", SYSFS["cpu"])
     root = tmp / f"sys-{box}"
@@ -151,6 +151,10 @@ def machine(tmp: Path, box: str | None, **env: str) -> Iterator[Path]:
         path = f"{bin_dir}:{path}"
     os.environ["PATH"] = path
     os.environ["ORCHESTRATE_SYSFS_ROOT"] = str(root)
+    # Container runtimes are looked up in the machine's own bin folder (podman, docker: none
+    # unless a test puts a stand-in there), not on this one's PATH.
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["ORCHESTRATE_RUNTIMES_PATH"] = str(bin_dir)
     os.environ.update(env)
     try:
         yield root

@@ -236,3 +236,21 @@ def test_a_flow_style_file_is_merged_and_stays_valid(tmp_path: Path) -> None:
         "a.lab", "/usr/bin/python3", 8, None)
     assert (birch.slots, birch.python) == (4, "/usr/bin/python3")
     assert path.read_text().startswith("# lab\n")
+
+
+def test_probe_records_the_container_runtimes_a_node_has(tmp_path: Path) -> None:
+    """``containers:`` lists what was found (podman here), and a job's default runtime comes
+    from it (docs/containers.md)."""
+    bin_dir = tmp_path / "bin-cpu"
+    bin_dir.mkdir()
+    podman = bin_dir / "podman"
+    podman.write_text("#!/bin/sh\nexit 0\n")
+    podman.chmod(0o755)
+    facts = probe(tmp_path, "cpu")
+    assert facts["containers"] == ["podman"]
+    code, path = write(tmp_path, "boxes", {"box1": facts})
+    assert code == 0
+    assert "containers: [podman]" in path.read_text()
+    assert load_inventory(path).nodes[0].containers == ("podman",)
+    bare = probe(tmp_path / "none", None)
+    assert bare["containers"] == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,6 +126,7 @@ class LocalSupervisor(Supervisor):
         with book.locked():
             prepared = _fit(self.submitted, host.held(book.live()))
             _check_gpus_exist(prepared)
+            _check_runtime(prepared)
             plan = prepared.plan
             node = plan.nodes[0]
             book.record(host.new_lease(
@@ -192,6 +194,16 @@ def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
         master_port=port if port != plan.master_port else None,
     )
     return plan_job(prepared.loaded, plan.job_id, occupancy)
+
+
+def _check_runtime(prepared: Prepared) -> None:
+    """A job in a container needs its runtime here: refused before anything starts."""
+    box = prepared.plan.nodes[0].container
+    if box is not None and shutil.which(box.runtime) is None:
+        raise UserError.single(
+            f"{box.runtime} is not installed on this machine (not on PATH)",
+            source=str(prepared.path), field="container.runtime", got=box.runtime,
+            hint="install it (docs/containers.md), or choose a runtime this machine has")
 
 
 def _check_gpus_exist(prepared: Prepared) -> None:

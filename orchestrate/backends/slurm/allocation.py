@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.plan.container import ContainerPlan
 from orchestrate.core.plan.plan import Plan, checkpoint_dir
 from orchestrate.core.spec.job import time_limit_seconds
 
@@ -48,6 +49,7 @@ class NodeSlot:
     name: str
     env: dict[str, str]
     command: tuple[str, ...]
+    container: ContainerPlan | None = None  # its podman/docker container (docs/containers.md)
 
 
 Option = tuple[str, "str | None"]  # ("--nodes", "2"); ("--requeue", None) for a flag
@@ -96,6 +98,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
             name=n.name,
             env={k: v for k, v in n.env.items() if k not in SLURM_OWNED_ENV},
             command=n.command,
+            container=n.container,
         )
         for i, n in enumerate(nodes)
     )

@@ -57,6 +57,9 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
     """What sbatch.sh.j2 lays out beyond the plan: the allocation, the run dir's file names."""
     return {
         "slurm": slurm_layout(plan),
+        # Every node has the same runtime under Slurm (the job's, or pyxis): its srun options
+        # (pyxis) and command (apptainer) are the first node's (docs/containers.md).
+        "container": plan.nodes[0].container,
         "files": {
             "script": SBATCH_SCRIPT,
             "merged": MERGED_LOG,

@@ -19,18 +19,20 @@ job store, ``orchestrate plan --json``); :meth:`Plan.from_json` reads it back in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
+from orchestrate.core.plan.container import ContainerPlan, NodeInfo, plan_container
 from orchestrate.core.plan.memory import MemoryEstimate, estimate
 from orchestrate.core.plan.placement import Busy, Choice, place
 from orchestrate.core.plan.ports import master_endpoint
 from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
 from orchestrate.core.plan.ranks import RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
-from orchestrate.core.spec import frameworks, hostlist
+from orchestrate.core.plan.settings import SlurmSettings, SSHSettings, slurm_settings
+from orchestrate.core.spec import frameworks
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
     # supervisor and `status` read a stored plan; docs/performance.md)
@@ -56,6 +58,7 @@ class NodePlan:
     partition: str | None = None
     gres_type: str | None = None
     ranks: tuple[RankPlan, ...] = ()
+    container: ContainerPlan | None = None  # the node's container (job's ``container:``)
 
     @property
     def last_rank(self) -> int:
@@ -72,42 +75,14 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
-class SlurmSettings:
-    """The Slurm side of a plan: the job's ``slurm:`` section and the allocation's sizes.
-
-    Values come from the job spec (:class:`orchestrate.core.spec.job.SlurmJob`, which owns the
-    defaults) and the job's resources; nothing here has a default of its own.
-    """
-
-    partition: str | None
-    account: str | None
-    qos: str | None
-    extra_args: tuple[str, ...]
-    signal: str
-    signal_seconds_before: int
-    gres_type: str | None
-    cpus_per_task: int | None
-    mem_gb: float | None
-    mem: str | None  # --mem as sbatch takes it ("900G", "1536M")
-    nodelist: str | None  # the nodes the job names, which Slurm must give it
-
-
-@dataclass(frozen=True)
-class SSHSettings:
-    """The SSH side of a plan (from the job's ``ssh:`` section, which owns the defaults)."""
-
-    fanout: int
-    connect_timeout_s: float
-
-
-@dataclass(frozen=True)
 class Occupancy:
     """How the hosts are occupied right now, as a backend found them: the input to a re-plan.
 
     ``busy_gpus``/``busy_slots``: GPUs and CPU slots other running jobs lease, per node;
     ``master_port``: a port found free on the master host, replacing the derived one;
     ``interfaces``: the interface carrying traffic to the master, per node, used where the
-    inventory names none; ``excluded``: nodes not to use (a restart avoiding a failed node).
+    inventory names none; ``excluded``: nodes not to use (a restart avoiding a failed node);
+    ``runtimes``: the container runtimes found on a node, where the job names none.
     (Not the records of :mod:`orchestrate.probe.facts`: those describe what a host *is*; this says
     what other jobs hold on it and what the backend found free.)
     """
@@ -117,6 +92,7 @@ class Occupancy:
     master_port: int | None = None
     interfaces: Mapping[str, str] = field(default_factory=dict)
     excluded: frozenset[str] = frozenset()
+    runtimes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def busy(self) -> Busy:
         """What placement must avoid."""
@@ -201,6 +177,7 @@ class Plan:
                     "command": list(n.command),
                     "partition": n.partition,
                     "gres_type": n.gres_type,
+                    **({"container": n.container.to_json()} if n.container else {}),
                 }
                 for n in self.nodes
             ],
@@ -244,6 +221,7 @@ class Plan:
                 partition=n.get("partition"),
                 gres_type=n.get("gres_type"),
                 ranks=tuple(r for r in ranks if r.node_rank == n["node_rank"]),
+                container=ContainerPlan.from_json(n["container"]) if n.get("container") else None,
             )
             for n in data["nodes"]
         )
@@ -335,6 +313,8 @@ def make_plan(
                         master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
     nodes = _node_plans(job, choices, common, backend, occupancy.interfaces, python, command)
+    nodes = _containers(job, choices, nodes, common, occupancy, notes, source=source,
+                        job_id=job_id, run_dir=run_dir, workdir=workdir)
     return Plan(
         job_id=job_id,
         job_name=job.name,
@@ -351,7 +331,7 @@ def make_plan(
         workdir=workdir,
         run_dir=run_dir,
         timeout_s=job.distributed.timeout_s,
-        slurm=_slurm_settings(job, [c.node.name for c in choices]),
+        slurm=slurm_settings(job, [c.node.name for c in choices]),
         ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
         restart=_policy(job),
         secret_env=tuple(job.secret_env),
@@ -393,12 +373,27 @@ def _node_plans(job: JobSpec, choices: tuple[Choice, ...], common: dict[str, str
             cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
             env=env,
             python=node_python,
-            command=_node_command(command, node_python),
+            # In a container "python" is the image's interpreter (container.python).
+            command=_node_command(command, job.container.python if job.container else node_python),
             partition=job.slurm.partition or choice.node.partition,
             gres_type=job.slurm.gres_type or choice.node.gres_type,
             ranks=numbered.ranks,
         ))
     return tuple(nodes)
+
+
+def _containers(job: JobSpec, choices: tuple[Choice, ...], nodes: tuple[NodePlan, ...],
+                common: Mapping[str, str], occupancy: Occupancy, notes: list[str], *,
+                source: str, **where: str) -> tuple[NodePlan, ...]:
+    """Each node's container (:mod:`orchestrate.core.plan.container`)."""
+    if job.container is None:
+        return nodes
+    inventory_nodes = {c.node.name: c.node for c in choices}
+    return tuple(replace(node, container=plan_container(job, NodeInfo(
+                             inventory_nodes[node.name], node.nproc, node.gpu_indices,
+                             (*common, *node.env), occupancy.runtimes.get(node.name)),
+                             source=source, notes=notes, **where))
+                 for node in nodes)
 
 
 def _check_world_size(job: JobSpec, world_size: int, source: str) -> None:
@@ -441,29 +436,6 @@ def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate
             hint="add a node to the inventory (or to resources.node_names), or set it to false "
             "(a restart then reuses the node)", busy=busy,
         ) from None
-
-
-def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
-    s, res = job.slurm, job.resources
-    return SlurmSettings(
-        partition=s.partition,
-        account=s.account,
-        qos=s.qos,
-        extra_args=tuple(s.extra_args),
-        signal=s.signal,
-        signal_seconds_before=s.signal_seconds_before,
-        gres_type=s.gres_type,
-        cpus_per_task=res.cpus_per_task,
-        mem_gb=res.mem_gb,
-        mem=None if res.mem_gb is None else _slurm_memory(res.mem_gb),
-        # Nodes the job names are the nodes Slurm must give it.
-        nodelist=None if res.node_names is None else hostlist.compress(chosen),
-    )
-
-
-def _slurm_memory(gb: float) -> str:
-    """``--mem`` as sbatch takes it: a whole number and a unit (``900G``; it refuses ``900.0G``)."""
-    return f"{int(gb)}G" if float(gb).is_integer() else f"{max(1, round(gb * 1024))}M"
 
 
 def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:

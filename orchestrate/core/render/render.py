@@ -22,6 +22,7 @@ import jinja2
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import (
+    CONTAINER_DIR,
     HEARTBEAT_DIR,
     SIDECAR_DIR,
     TRAIN_CONFIG,
@@ -106,6 +107,7 @@ def context(plan: Plan) -> dict[str, Any]:
         "port_span": PORT_SPAN,
         "sidecar_dir": SIDECAR_DIR,
         "heartbeat_dir": HEARTBEAT_DIR,
+        "container_dir": CONTAINER_DIR,
     }
 
 

@@ -8,6 +8,7 @@ Both are pure: reading the file is :func:`load_inventory`'s only side effect.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.container import ContainerRuntime
 from orchestrate.core.spec.loader import Lines, read_yaml, validate
 from orchestrate.core.spec.schema import Bool, Float, Int, MaybeFloat, MaybeInt, Spec, single_line
 
@@ -112,6 +114,13 @@ class NodeDefaults(Spec):
     network: NetworkSpec | None = None
     slurm: SlurmNodeSpec | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
+    containers: list[ContainerRuntime] | None = None
+
+
+#: What a node's ``containers`` says (``inventory probe`` records what it finds; [] is "none").
+CONTAINERS_FIELD = Field(
+    default=None, description="container runtimes the node has (inventory probe records "
+    "them); unset: unknown")
 
 
 class NodeSpec(Spec):
@@ -128,6 +137,7 @@ class NodeSpec(Spec):
     ssh: SSHSpec | None = None
     python: str | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
+    containers: list[ContainerRuntime] | None = CONTAINERS_FIELD
 
     @field_validator("address")
     @classmethod
@@ -188,6 +198,7 @@ class Node:
     ssh: SSHSpec = field(default_factory=SSHSpec)
     python: str | None = None
     cpus: int | None = None
+    containers: tuple[str, ...] | None = None  # container runtimes there; None: unknown
 
     @property
     def is_gpu(self) -> bool:
@@ -283,6 +294,7 @@ def resolve_inventory(
                     ssh=ssh,
                     python=ns.python or d.python,
                     cpus=ns.cpus or d.cpus,
+                    containers=_containers(ns.containers, d.containers),
                 )
             )
     if problems:
@@ -330,6 +342,12 @@ def _gpus(ns: NodeSpec) -> tuple[Gpu, ...]:
         out.extend(Gpu(index=i, model=group.model, memory_gb=group.memory_gb) for i in indices)
         next_index = max(indices) + 1
     return tuple(sorted(out, key=lambda g: g.index))
+
+
+def _containers(own: Sequence[str] | None, default: Sequence[str] | None
+                ) -> tuple[str, ...] | None:
+    chosen = own if own is not None else default
+    return None if chosen is None else tuple(chosen)
 
 
 def _merge_ssh(default: SSHSpec | None, own: SSHSpec | None) -> SSHSpec:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.spec.container import ContainerSpec
 from orchestrate.core.spec.frameworks import Framework
 from orchestrate.core.spec.loader import (
     Lines,
@@ -316,6 +317,8 @@ class JobSpec(Spec):
     )
     slurm: SlurmJob = Field(default_factory=SlurmJob)
     ssh: SSHJob = Field(default_factory=SSHJob)
+    container: ContainerSpec | None = Field(
+        default=None, description="run the ranks in a container image (docs/containers.md)")
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     workdir: str | None = Field(default=None, description="where ranks run; default: this file's")
     templates_dir: str | None = None
