@@ -168,3 +168,21 @@ def test_plan_json_is_always_json(value: str) -> None:
         result = cli("plan", "--json", job)
         assert result.code == 0, result.err
         _strict_json(result.out)
+
+
+@pytest.mark.parametrize("where", ["set", "file"])
+@pytest.mark.parametrize("value", ["!0", "!!python/object:os.system x"])
+def test_a_yaml_tag_safe_yaml_cannot_build_is_a_user_error(tmp_path: Path, where: str,
+                                                           value: str) -> None:
+    """Found by the fuzz test: ``--set resources.nodes=!0`` ended in a YAML traceback."""
+    job = tmp_path / "job.yaml"
+    text = f"name: x\ncommand: [python, t.py]\ninventory: {CORE / 'inventories' / 'uniform.yaml'}\n"
+    if where == "file":
+        text += f"env:\n  A: {value}\n"
+    job.write_text(text)
+    args = ["plan", job] + (["--set", f"resources.nodes={value}"] if where == "set" else [])
+    result = cli(*args)
+    assert result.code == 2, result.out
+    assert "Traceback" not in result.err and "error: " in result.err
+    if where == "file":
+        assert f"{job}:5:" in result.err and "tag" in result.err

@@ -113,7 +113,7 @@ def parse_yaml(text: str, source: str) -> tuple[Any, Lines]:
         raise UserError(duplicates)
     lines: Lines = {}
     _record_lines(node, (), lines)
-    return _construct(node), lines
+    return _construct(node, source), lines
 
 
 def parse_value(text: str, source: str, *, invalid_as_text: bool = False) -> Any:
@@ -122,11 +122,11 @@ def parse_value(text: str, source: str, *, invalid_as_text: bool = False) -> Any
     is (``--set command=[a`` is the string ``[a``)."""
     try:
         node = _compose(text, source)
+        return None if node is None else _construct(node, source)
     except _NotYaml:
         if invalid_as_text:
             return text
         raise
-    return None if node is None else _construct(node)
 
 
 class _NotYaml(UserError):
@@ -155,10 +155,19 @@ def _compose(text: str, source: str) -> yaml.Node | None:
     return node
 
 
-def _construct(node: yaml.Node) -> Any:
+def _construct(node: yaml.Node, source: str) -> Any:
+    """The values of a composed document; a tag safe YAML cannot build (``!0``,
+    ``!!python/object``) is the user's mistake, named with its line."""
     loader = _Loader("")
     try:
         return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise _NotYaml(Problem(
+            f"not valid YAML here: {getattr(exc, 'problem', None) or exc}", source=source,
+            line=None if mark is None else mark.line + 1,
+            hint="quote the value if the '!' is meant as text",
+        )) from None
     finally:
         loader.dispose()
 
