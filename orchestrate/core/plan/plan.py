@@ -24,12 +24,27 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
-from orchestrate.core.plan.memory import MemoryEstimate, estimate
+from orchestrate.core.plan.memory import MemoryEstimate, ModelFacts
 from orchestrate.core.plan.placement import Busy, place
-from orchestrate.core.plan.ports import derive_port
-from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
+from orchestrate.core.plan.rankenv import (
+    common_env,
+    dist_backend,
+    heartbeat_s,
+    master,
+    node_env,
+    text,
+)
 from orchestrate.core.plan.ranks import RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
+from orchestrate.core.plan.shares import BatchShares
+from orchestrate.core.plan.strategy import (
+    MemoryPlan,
+    decide,
+    model_facts,
+    placement_need,
+    resolved_config,
+    slots_for,
+)
 from orchestrate.core.spec import frameworks, hostlist
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
@@ -140,7 +155,8 @@ class Plan:
     restart: Policy
     secret_env: tuple[str, ...] = ()
     train_config: dict[str, Any] | None = None
-    memory: MemoryEstimate | None = None
+    memory: MemoryPlan | None = None  # the layout and each rank's estimate (train jobs)
+    batch: BatchShares | None = None  # the global batch's split (train.global_batch_size)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     time_limit: str | None = None
@@ -206,7 +222,8 @@ class Plan:
             "timeout_s": self.timeout_s,
             "secret_env": list(self.secret_env),
             "train_config": self.train_config,
-            "memory": None if self.memory is None else asdict(self.memory),
+            "memory": None if self.memory is None else self.memory.to_json(),
+            "batch": None if self.batch is None else self.batch.to_json(),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "time_limit": self.time_limit,
@@ -243,7 +260,7 @@ class Plan:
         )
         slurm = dict(data["slurm"])
         slurm["extra_args"] = tuple(slurm["extra_args"])
-        memory = data.get("memory")
+        memory, shares = data.get("memory"), data.get("batch")
         return cls(
             job_id=data["job_id"],
             job_name=data["job_name"],
@@ -265,7 +282,9 @@ class Plan:
             restart=Policy.from_json(data["restart"]),
             secret_env=tuple(data.get("secret_env", ())),
             train_config=data.get("train_config"),
-            memory=None if memory is None else MemoryEstimate(**memory),
+            # A plan stored before layouts were planned has no "layout": no memory plan.
+            memory=MemoryPlan.from_json(memory) if memory and "layout" in memory else None,
+            batch=None if not shares else BatchShares.from_json(shares),
             warnings=tuple(data.get("warnings", ())),
             notes=tuple(data.get("notes", ())),
             time_limit=data.get("time_limit"),
@@ -297,16 +316,19 @@ def make_plan(
     param_count: float | None = None,
     facts: HostFacts | None = None,
     debug: bool = False,
+    model: ModelFacts | None = None,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
-    ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
-    model size when the caller counted it (else ``train.model_params``); ``facts`` what a
-    backend found on the hosts (see :class:`HostFacts`).
+    ``python`` is the interpreter for nodes whose inventory names none; ``model`` what ``load``
+    learned of the model (its size, traced peaks), or ``param_count`` its size alone (else
+    ``train.model_params``); ``facts`` what a backend found on the hosts (see
+    :class:`HostFacts`).
     """
     facts = facts or HostFacts()
     warnings: list[str] = []
-    memory = _memory(job, param_count)
+    model = model_facts(job, model, param_count, source)
+    memory = placement_need(job, model)
     placement = place(job, inventory, memory,
                       Busy(facts.busy_gpus, facts.busy_slots, facts.excluded), source)
     choices = placement.choices
@@ -318,11 +340,18 @@ def make_plan(
     notes = list(placement.notes)
     frameworks.check(job.framework, job.backend, job.name,
                      [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
-    if len(placement.models) > 1:
+    numbered = number_ranks(choices)
+    decision = None if job.train is None else decide(job.train, model, slots_for(numbered),
+                                                     source)
+    if decision is not None:
+        warnings.extend(decision.warnings)
+        notes.extend(decision.notes)
+    if len(placement.models) > 1 and (decision is None or decision.shares is None
+                                      or not decision.shares.balanced):
         warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
                         "every step waits for the slowest GPU")
-    master_addr, port, addr_fixed, port_fixed = _master(job, choices[0].node.address, job_id,
-                                                        facts.master_port, source)
+    master_addr, port, addr_fixed, port_fixed = master(job, choices[0].node.address, job_id,
+                                                       facts.master_port, source)
     world_size = sum(c.nproc for c in choices)
     if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
         raise UserError.single(
@@ -335,9 +364,9 @@ def make_plan(
                         master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
     nodes: list[NodePlan] = []
-    for numbered in number_ranks(choices):
-        choice = numbered.choice
-        env = node_env(job, choice, numbered.node_rank, len(choices) > 1, backend,
+    for numbered_node in numbered:
+        choice = numbered_node.choice
+        env = node_env(job, choice, numbered_node.node_rank, len(choices) > 1, backend,
                        facts.interfaces.get(choice.node.name))
         # The job's env overrides any of it (the master's address and port included): the plan,
         # and so the tables, the JSON and the scripts, show what the ranks will really use.
@@ -347,9 +376,9 @@ def make_plan(
         nodes.append(NodePlan(
             name=choice.node.name,
             address=choice.node.address,
-            node_rank=numbered.node_rank,
+            node_rank=numbered_node.node_rank,
             nproc=choice.nproc,
-            first_rank=numbered.first_rank,
+            first_rank=numbered_node.first_rank,
             gpu_indices=tuple(g.index for g in choice.gpus),
             gpu_models=tuple(g.model for g in choice.gpus),
             cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
@@ -358,7 +387,7 @@ def make_plan(
             command=_node_command(command, node_python),
             partition=job.slurm.partition or choice.node.partition,
             gres_type=job.slurm.gres_type or choice.node.gres_type,
-            ranks=numbered.ranks,
+            ranks=numbered_node.ranks,
         ))
     return Plan(
         job_id=job_id,
@@ -382,8 +411,10 @@ def make_plan(
                        backoff_s=tuple(job.restart.backoff_s),
                        exclude_failed_node=job.restart.exclude_failed_node),
         secret_env=tuple(job.secret_env),
-        train_config=None if job.train is None else job.train.model_dump(mode="json"),
-        memory=memory,
+        train_config=None if job.train is None or decision is None else resolved_config(
+            job.train.model_dump(mode="json"), decision),
+        memory=None if decision is None else decision.memory,
+        batch=None if decision is None else decision.shares,
         warnings=tuple(warnings),
         notes=tuple(notes),
         time_limit=job.resources.time,
@@ -417,27 +448,6 @@ def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate
             hint="add a node to the inventory (or to resources.node_names), or set it to false "
             "(a restart then reuses the node)", busy=busy,
         ) from None
-
-
-def _master(
-    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
-) -> tuple[str, int, bool, bool]:
-    """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived)."""
-    port_fixed = isinstance(job.distributed.master_port, int)
-    if found_port is not None:
-        port = found_port
-    elif isinstance(job.distributed.master_port, int):
-        port = job.distributed.master_port
-    else:
-        port = derive_port(job_id)
-    addr = first_address
-    addr_fixed = "MASTER_ADDR" in job.env
-    if addr_fixed:
-        addr = text(job.env["MASTER_ADDR"])
-    if "MASTER_PORT" in job.env:
-        port = _env_port(job.env["MASTER_PORT"], source)
-        port_fixed = True
-    return addr, port, addr_fixed, port_fixed
 
 
 def _slurm_settings(job: JobSpec, chosen: list[str]) -> SlurmSettings:
@@ -476,26 +486,3 @@ def _node_command(command: tuple[str, ...], python: str) -> tuple[str, ...]:
     if command and command[0] in ("python", "python3"):
         return (python, *command[1:])
     return command
-
-
-def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
-    if job.train is None:
-        return None
-    params = param_count if param_count is not None else job.train.model_params
-    if params is None:
-        return None
-    return estimate(job.train, params)
-
-
-def _env_port(value: str | int | float | bool, source: str) -> int:
-    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
-    port = text(value)
-    if not port.isdigit() or not 1024 <= int(port) <= 65535:
-        raise UserError.single(
-            "MASTER_PORT must be a port between 1024 and 65535",
-            source=source,
-            field="env.MASTER_PORT",
-            got=port,
-            hint="or set distributed.master_port, or leave both out for a derived port",
-        )
-    return int(port)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.placement import Choice
+from orchestrate.core.plan.ports import derive_port
 from orchestrate.core.spec import frameworks
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
@@ -167,3 +168,42 @@ def text(value: str | int | float | bool) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
+
+
+def master(
+    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
+) -> tuple[str, int, bool, bool]:
+    """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived): the
+    first node's address and the port a backend found free, the job's, or one derived from the
+    job id; the job's env overrides either."""
+    port_fixed = isinstance(job.distributed.master_port, int)
+    if found_port is not None:
+        port = found_port
+    elif isinstance(job.distributed.master_port, int):
+        port = job.distributed.master_port
+    else:
+        port = derive_port(job_id)
+    addr = first_address
+    addr_fixed = "MASTER_ADDR" in job.env
+    if addr_fixed:
+        addr = text(job.env["MASTER_ADDR"])
+    if "MASTER_PORT" in job.env:
+        port = _env_port(job.env["MASTER_PORT"], source)
+        port_fixed = True
+    return addr, port, addr_fixed, port_fixed
+
+
+
+
+def _env_port(value: str | int | float | bool, source: str) -> int:
+    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
+    port = text(value)
+    if not port.isdigit() or not 1024 <= int(port) <= 65535:
+        raise UserError.single(
+            "MASTER_PORT must be a port between 1024 and 65535",
+            source=source,
+            field="env.MASTER_PORT",
+            got=port,
+            hint="or set distributed.master_port, or leave both out for a derived port",
+        )
+    return int(port)
