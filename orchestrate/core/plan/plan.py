@@ -34,10 +34,11 @@ from orchestrate.core.plan.rankenv import (
     node_env,
     text,
 )
-from orchestrate.core.plan.ranks import RankPlan, number_ranks
+from orchestrate.core.plan.ranks import NodeRanks, RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
 from orchestrate.core.plan.shares import BatchShares
 from orchestrate.core.plan.strategy import (
+    Decision,
     MemoryPlan,
     decide,
     model_facts,
@@ -341,15 +342,7 @@ def make_plan(
     frameworks.check(job.framework, job.backend, job.name,
                      [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
     numbered = number_ranks(choices)
-    decision = None if job.train is None else decide(job.train, model, slots_for(numbered),
-                                                     source)
-    if decision is not None:
-        warnings.extend(decision.warnings)
-        notes.extend(decision.notes)
-    if len(placement.models) > 1 and (decision is None or decision.shares is None
-                                      or not decision.shares.balanced):
-        warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
-                        "every step waits for the slowest GPU")
+    decision = _decide(job, model, numbered, placement.models, source, warnings, notes)
     master_addr, port, addr_fixed, port_fixed = master(job, choices[0].node.address, job_id,
                                                        facts.master_port, source)
     world_size = sum(c.nproc for c in choices)
@@ -422,6 +415,23 @@ def make_plan(
         on_stall=job.distributed.on_stall,
         sidecar=job.distributed.sidecar,
     )
+
+
+def _decide(job: JobSpec, model: ModelFacts | None, numbered: tuple[NodeRanks, ...],
+            models: list[str], source: str, warnings: list[str], notes: list[str]
+            ) -> Decision | None:
+    """The layout and the batch shares of a train job (:mod:`~orchestrate.core.plan.strategy`);
+    mixed GPU models are worth a warning unless the shares follow their speeds."""
+    decision = None if job.train is None else decide(job.train, model, slots_for(numbered),
+                                                     source)
+    if decision is not None:
+        warnings.extend(decision.warnings)
+        notes.extend(decision.notes)
+    if len(models) > 1 and (decision is None or decision.shares is None
+                            or not decision.shares.balanced):
+        warnings.append(f"GPU models are mixed across ranks ({', '.join(models)}): "
+                        "every step waits for the slowest GPU")
+    return decision
 
 
 def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
