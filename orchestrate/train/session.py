@@ -146,13 +146,15 @@ def _setup(
 ) -> Trainer:
     built, restored = _built_everywhere(spec, cluster, run_dir, log)
     cuda = cluster.device.type == "cuda"
-    model = DistributedDataParallel(
-        built.module,
-        device_ids=[cluster.device.index] if cuda else None,
-        gradient_as_bucket_view=spec.gradient_as_bucket_view,
-        find_unused_parameters=spec.find_unused_parameters,
-        bucket_cap_mb=spec.bucket_cap_mb,
-    )
+    model: torch.nn.Module = built.module  # sharded in place under FSDP
+    if not spec.sharded:
+        model = DistributedDataParallel(
+            built.module,
+            device_ids=[cluster.device.index] if cuda else None,
+            gradient_as_bucket_view=spec.gradient_as_bucket_view,
+            find_unused_parameters=spec.find_unused_parameters,
+            bucket_cap_mb=spec.bucket_cap_mb,
+        )
     loaders = _loaders(spec, cluster, built)
     trainer = Trainer(
         spec=spec,
@@ -173,6 +175,8 @@ def _setup(
         totals=restored.totals,
         resumed_from=restored.resumed_from,
         timing=StepTiming.for_rank(run_dir, cluster.rank, cuda=cuda, environ=environ),
+        peak=built.peak,
+        val_set=built.val_set,
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
     trainer.last_checkpoint = built.resume_from
@@ -253,8 +257,10 @@ def _announce(
         f"orchestrate.train: {cluster.world_size} rank(s), {cluster.backend} on "
         f"{cluster.device.type}, {params:,} parameters, {len(built.train_set)} training / "  # type: ignore[arg-type]
         f"{val} validation samples, {built.steps_per_epoch} steps per epoch, "
-        f"precision {spec.precision}"
+        f"precision {spec.precision}, strategy {spec.strategy}"
     )
+    for note in built.notes:
+        log.say(note)
     if built.resume_from is not None:
         p = restored.position
         log.say(f"resuming from {built.resume_from} (epoch {p.epoch + 1}, step {p.step})")
