@@ -19,7 +19,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset, IterableDataset
 
 from orchestrate.core.spec.trainspec import TrainSpec
-from orchestrate.train import checkpoint, factories, rng, sharding
+from orchestrate.train import batchshares, checkpoint, factories, rng, sharding
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import TrainFailure, first_line
 from orchestrate.train.losses import LossFn, resolve_loss
@@ -94,6 +94,9 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
         spec, factories.call(spec.dataset, "dataset factory", dict(spec.dataset_args))
     )
     per_rank = len(train_set) // cluster.world_size  # type: ignore[arg-type]
+    if spec.global_batch_size is not None:  # every rank: its share of each global batch
+        micro = max(1, spec.global_batch_size // spec.grad_accum_steps)
+        per_rank = len(train_set) // micro * spec.batch_size  # type: ignore[arg-type]
     if per_rank == 0:
         raise TrainFailure(
             f"dataset factory {spec.dataset}: the training set has "
@@ -184,10 +187,9 @@ def restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) ->
                            f"({first_line(exc)})") from exc
     position = Position(int(state["epoch"]), int(state["batch_in_epoch"]), int(state["step"]))
     ranks: list[Any] = list(state["ranks"])
-    same_layout = (
-        int(state.get("world_size", -1)) == cluster.world_size
-        and int(state.get("batch_size", -1)) == spec.batch_size
-    )
+    same_layout = int(state.get("world_size", -1)) == cluster.world_size and (
+        state.get("batch_shares") == list(batchshares.shares_of(spec, cluster.world_size) or [])
+        if state.get("batch_shares") else int(state.get("batch_size", -1)) == spec.batch_size)
     if not same_layout and position.batch:
         done = position.batch * int(state["batch_size"]) * int(state["world_size"])
         batch = done // (spec.batch_size * cluster.world_size)

@@ -57,6 +57,7 @@ def _side_state(trainer: Trainer, ranks: list[Any]) -> dict[str, Any]:
         "step": p.step,
         "world_size": trainer.cluster.world_size,
         "batch_size": spec.batch_size,
+        "batch_shares": None if trainer.shares is None else list(trainer.shares),
         "strategy": "fsdp" if trainer.sharded else "ddp",
         "sampler": {"epoch": p.epoch, "seed": spec.seed,
                     "samples_done_per_rank": p.batch * spec.batch_size},

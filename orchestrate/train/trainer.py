@@ -33,6 +33,7 @@ from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
 from orchestrate.train import saving, sharding
+from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
 from orchestrate.train.failure import NonFiniteLoss
@@ -82,7 +83,7 @@ class Trainer:
     scheduler: LambdaLR | None
     precision: PrecisionPlan
     loss_fn: LossFn
-    sampler: ResumableSampler
+    sampler: ResumableSampler | SharedBatchSampler
     train_loader: DataLoader[Any]
     loader_generator: torch.Generator
     val_loader: DataLoader[Any] | None
@@ -95,6 +96,9 @@ class Trainer:
     timing: StepTiming = field(default_factory=StepTiming.off)
     peak: PeakMemory | None = None
     val_set: Any = None  # the whole validation set (FSDP's evaluation borrows a sample)
+    #: ``b_r * W / B`` under global_batch_size (orchestrate.train.batchshares), else 1
+    loss_scale: float = 1.0
+    shares: tuple[int, ...] | None = None  # every rank's share of the global batch
     last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
     last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
@@ -207,6 +211,8 @@ class Trainer:
                 loss = self.loss_fn(output, target)
             self.timing.forward_done()
             scaled = loss / group_size if group_size > 1 else loss
+            if self.loss_scale != 1.0:
+                scaled = scaled * self.loss_scale
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             torch.autograd.backward(scaled)
@@ -240,7 +246,7 @@ class Trainer:
             self.metrics.record(MetricRecord(
                 "start", epoch=self.position.epoch + 1, step=self.position.step,
                 time=time.time(), world_size=self.cluster.world_size,
-                resumed_from_step=self.resumed_from,
+                resumed_from_step=self.resumed_from, batch_shares=self.shares,
             ))
         every_log = self.spec.log_every_steps
         if every_log and self.position.step % every_log == 0:
