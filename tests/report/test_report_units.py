@@ -247,13 +247,14 @@ def test_report_with_only_a_plan_is_complete_html_without_external_references() 
 
 def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
     metrics = _metrics(
-        {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None},
+        {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None,
+         "batch_shares": [48, 16]},
         {"kind": "epoch", "epoch": 1, "step": 10, "train_loss": 2.0, "val_loss": 2.1,
          "time": 20.0},
         {"kind": "step", "step": 12, "train_loss": 1.9, "time": 22.0},
         {"kind": "start", "step": 11, "time": 40.0, "resumed_from_step": 10},
         {"kind": "epoch", "epoch": 2, "step": 20, "train_loss": 1.0, "val_loss": 1.2,
-         "time": 50.0},
+         "time": 50.0, "peak_memory_gb": [1.25, 0.5]},
         {"kind": "checkpoint", "epoch": 2, "step": 20, "time": 51.0, "path": "x"},
     )
     doctor = {"verdict": "warn", "bandwidth": {
@@ -287,6 +288,8 @@ def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
     for kind in ("restart", "stall", "checkpoint", "first-step", "end", "submitted"):
         assert phases.find(f"{SVG_NS}g[@class='event {kind}']") is not None, kind
     assert "rank 1 (node a100) has not reached collective #42" in html
+    assert "<th>batch shares</th><td>48, 16 (of 64)</td>" in html
+    assert "<th>peak memory GB by rank</th><td>1.25, 0.5</td>" in html
     band = charts["busbw"].find(f"{SVG_NS}polygon[@class='band']")
     assert band is not None and "6-12 GB/s" in (band.findtext(f"{SVG_NS}title") or "")
     assert len(charts["pairs"].findall(f"{SVG_NS}g[@class='cell']")) == 2
