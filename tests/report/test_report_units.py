@@ -131,6 +131,15 @@ def test_live_view_lists_every_rank_and_marks_the_straggler() -> None:
     assert re.search(r"^\s*0 +a .* 5s ago", text, flags=re.M), text
     assert re.search(r"^\s*2 +c +RUNNING +- ", text, flags=re.M), text
     assert "loss █▁ 1" in text and "step 10" in text and "running 50s" in text
+    assert "batch" not in text, "no batch column without global_batch_size"
+
+    console = Console(width=160, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render(Snapshot(status=status, pace=pace(windows, {0: "a", 1: "b"}),
+                                  shares=(48, 12, 4), now=100.0)))
+    text = console.export_text()
+    assert re.search(r"^\s*rank +node +state +batch ", text, flags=re.M), text
+    assert re.search(r"^\s*0 +a +RUNNING +48 ", text, flags=re.M), text
+    assert re.search(r"^\s*2 +c +RUNNING +4 +- ", text, flags=re.M), text
 
 
 # --- chart primitives ----------------------------------------------------------------------------
