@@ -6,10 +6,12 @@ from), ``submit --follow``'s progress line and the report read them. Each kind h
 and a line holds exactly those (``null`` where the trainer had no value):
 
 - ``start`` (after the first optimizer step of a process): epoch, step, time, world_size,
-  resumed_from_step, and under ``global_batch_size`` batch_shares (every rank's share);
+  resumed_from_step;
 - ``step`` (every ``log_every_steps`` optimizer steps) and ``epoch`` (after each epoch's
   validation): epoch, step, train_loss, val_loss, val_accuracy, samples_per_s, epoch_s, lr,
   time, and peak_memory_gb (every rank's measured peak in GB: orchestrate/train/peakmemory.py);
+- under ``global_batch_size``, ``start``, ``step`` and ``epoch`` also carry batch_shares (every
+  rank's share of the global batch in force: ``batch_split: measured`` changes it);
 - ``checkpoint`` (once a checkpoint is on disk): epoch, step, time, path;
 - ``end`` (the process finishes or stops for a requeue): outcome, signal, epoch, step, time.
 

@@ -172,9 +172,9 @@ def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord]) -> list[tupl
 
 def _split_rows(metrics: Sequence[MetricRecord], last_epoch: MetricRecord | None
                 ) -> list[tuple[str, str]]:
-    """Each rank's share of the global batch (the last start's) and measured peak memory."""
+    """Each rank's share of the global batch (the last in force) and measured peak memory."""
     rows = []
-    start = next((r for r in reversed(metrics) if r.kind == "start" and r.batch_shares), None)
+    start = next((r for r in reversed(metrics) if r.batch_shares), None)
     if start is not None and start.batch_shares:
         shares = start.batch_shares
         rows.append(("batch shares", f"{', '.join(map(str, shares))} (of {sum(shares)})"))

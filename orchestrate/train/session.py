@@ -190,6 +190,9 @@ def _setup(
         log.say(f"batch shares {list(share.shares)} of global_batch_size "
                 f"{spec.global_batch_size} "
                 "(each rank's loss scaled by its share x world / global batch)")
+        if spec.batch_split == "measured" and spec.batch_shares is None:
+            log.say("batch_split measured: re-balancing from the ranks' timings is not "
+                    "implemented yet; the planned shares stay for the whole run")
     if restored.resumed_from is not None:
         p = restored.position
         trainer.last_saved = (p.epoch, p.batch, p.step)

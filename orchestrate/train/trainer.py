@@ -280,7 +280,7 @@ class Trainer:
             kind, epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
             train_loss=train_loss, val_loss=val_loss, val_accuracy=val_accuracy,
             samples_per_s=samples_per_s, epoch_s=epoch_s, lr=self._lr(),
-            peak_memory_gb=self._memory(),
+            peak_memory_gb=self._memory(), batch_shares=self.shares,
         )
 
     def _all_reduce(self, values: list[float]) -> list[float]:

@@ -64,6 +64,8 @@ def test_splits_end_with_the_parameters_of_one_process(launcher: Launcher, tmp_p
         shares = [48, 16] if "48" in name else [32, 32]
         start = next(m for m in launch.metrics() if m["kind"] == "start")
         assert start["batch_shares"] == shares, start
+        epochs = [m for m in launch.metrics() if m["kind"] == "epoch"]
+        assert len(epochs) == EPOCHS and all(m["batch_shares"] == shares for m in epochs)
         assert f"batch shares {shares} of global_batch_size 64" in launch.ranks[0].stdout
         got = _weights(tmp_path / name)
         assert got.keys() == reference.keys()
