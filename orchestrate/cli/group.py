@@ -52,6 +52,9 @@ COMMANDS: Mapping[str, Lazy] = {
                    "shm, memlock and clocks (static); the master port and node-to-node ports "
                    "(connect); every rank joining and a checked all_reduce (smoke); all_reduce "
                    "and node-to-node bandwidth against the inventory (bandwidth)."),
+    "export": Lazy("orchestrate.cli.export", "export",
+                   "Write a job's trained weights (DDP or FSDP checkpoint) as one plain state "
+                   "dict."),
     "inventory": Lazy("orchestrate.cli.inventory", "inventory",
                       "Inspect inventory files, write them from the machines, check them for "
                       "drift."),

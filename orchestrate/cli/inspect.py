@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from orchestrate.cli.tables import console, plan_tables
+from orchestrate.cli.tables import console, decision_line, plan_tables
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec.inventory import InventorySpec, load_inventory
 from orchestrate.core.spec.job import JobSpec
@@ -111,6 +111,9 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
     out = console()
     for table in plan_tables(prepared.plan):
         out.print(table)
+    decided = decision_line(prepared.plan)
+    if decided:
+        out.print(decided, highlight=False)
     for warning in prepared.plan.warnings:
         out.print(f"[yellow]warning:[/] {warning}", highlight=False)
     for note in prepared.plan.notes:

@@ -77,6 +77,7 @@ class Snapshot:
     last_metrics: MetricRecord | None = None  # the latest step or epoch record
     heartbeats: Mapping[int, float | None] = field(default_factory=dict)  # time of each last beat
     now: float = 0.0
+    shares: Sequence[int] = ()  # each rank's share of the global batch (global_batch_size)
 
 
 def _ms(value: float) -> str:
@@ -113,7 +114,9 @@ def render(snap: Snapshot) -> RenderableType:
     if bits:
         header.append("  " + "  ".join(bits), style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column, justify in (("rank", "right"), ("node", "left"), ("state", "left"),
+    shares = list(snap.shares)
+    batch = [("batch", "right")] if shares else []
+    for column, justify in (("rank", "right"), ("node", "left"), ("state", "left"), *batch,
                             ("steps/s", "right"), ("samples/s", "right"),
                             ("data ms", "right"), ("compute ms", "right"), ("sync ms", "right"),
                             ("split", "left"), ("gap", "right"), ("heartbeat", "right")):
@@ -127,12 +130,13 @@ def render(snap: Snapshot) -> RenderableType:
         beat = snap.heartbeats.get(rank)
         age = "-" if beat is None else f"{max(snap.now - beat, 0.0):.0f}s ago"
         style = "bold red" if rank == straggler else None
+        share = [str(shares[rank]) if rank < len(shares) else "-"] if shares else []
         if r is None:
-            table.add_row(str(rank), str(entry.get("node")), str(entry.get("state")),
+            table.add_row(str(rank), str(entry.get("node")), str(entry.get("state")), *share,
                           "-", "-", "-", "-", "-", "", "-", age, style=style)
             continue
         table.add_row(
-            str(rank), r.node, str(entry.get("state")), f"{r.steps_per_s:.1f}",
+            str(rank), r.node, str(entry.get("state")), *share, f"{r.steps_per_s:.1f}",
             f"{r.samples_per_s:.0f}", _ms(r.data_s), _ms(r.compute_s), _ms(r.sync_s),
             _split_bar(r.data_s, r.compute_s, r.sync_s, scale), f"{r.gap_pct:+.0f}%", age,
             style=style,

@@ -89,6 +89,7 @@ def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> 
             last_metrics=last,
             heartbeats={rank: None if b is None else b.t for rank, b in beats.items()},
             now=time.time(),
+            shares=next((r.batch_shares for r in reversed(records) if r.batch_shares), ()),
         )
 
     watch(take, console(), limit_s=limit_s)

@@ -95,11 +95,67 @@ def plan_tables(plan: Plan) -> list[Table]:
             env.add_row(key, value)
     tables = [nodes, ranks, env]
     if plan.memory is not None:
-        mem = Table(title="memory per GPU (estimate)")
-        mem.add_column("what")
-        mem.add_column("GB")
-        for what in ("weights", "gradients", "buckets", "optimizer", "activations"):
-            mem.add_row(what, f"{getattr(plan.memory, what) / 1e9:.2f}")
-        mem.add_row("total", f"{plan.memory.total / 1e9:.2f}")
-        tables.append(mem)
+        tables.append(memory_table(plan))
+    if plan.batch is not None:
+        tables.append(shares_table(plan))
     return tables
+
+
+def decision_line(plan: Plan) -> str | None:
+    """The layout the plan runs and why, one sentence (None for a command job)."""
+    memory = plan.memory
+    if memory is None:
+        return None
+    chosen = [e for e in memory.estimates if e.strategy == memory.layout]
+    method = chosen[0].method if chosen else "formula"
+    refused = sorted({e.strategy for e in memory.estimates
+                      if e.strategy != memory.layout and e.fits is False})
+    why = f" ({', '.join(refused)} does not fit)" if refused else ""
+    how = "traced (a step on fake tensors)" if method == "traced" else "from the formula"
+    return f"strategy: {memory.layout}{why}; memory per rank {how}"
+
+
+def memory_table(plan: Plan) -> Table:
+    """Each layout the planner weighed, per GPU model: the worst rank's estimated peak against
+    the GPU's memory (or a CPU rank's share of its node's), and how it was estimated."""
+    from rich.table import Table
+
+    assert plan.memory is not None
+    table = Table(title=f"memory per rank (estimate; the plan runs {plan.memory.layout})")
+    for column in ("strategy", "GPU model", "peak GB", "capacity GB", "fits", "method",
+                   "weights / grads / optimizer / working set / activations / overhead GB"):
+        table.add_column(column)
+    for e in plan.memory.estimates:
+        parts = e.parts
+        working = parts.get("buckets", 0.0) + parts.get("gathered", 0.0)
+        split = " / ".join(f"{v:.2f}" for v in (
+            parts.get("weights", 0.0), parts.get("gradients", 0.0), parts.get("optimizer", 0.0),
+            working, parts.get("activations", 0.0), parts.get("overhead", 0.0)))
+        mark = "yes" if e.fits else "no" if e.fits is False else "?"
+        table.add_row(e.strategy + (" *" if e.strategy == plan.memory.layout else ""),
+                      e.gpu_model, f"{e.peak_gb:.2f}",
+                      "-" if e.capacity_gb is None else f"{e.capacity_gb:g}", mark, e.method,
+                      split)
+    return table
+
+
+def shares_table(plan: Plan) -> Table:
+    """Each rank's share of the global batch, its memory cap and its estimated peak."""
+    from rich.table import Table
+
+    assert plan.batch is not None
+    split = plan.batch
+    table = Table(title=f"batch shares: global batch {split.global_batch_size}, split "
+                        f"{split.split}")
+    for column in ("RANK", "device", "speed", "share", "memory cap", "peak GB", "fits"):
+        table.add_column(column)
+    memory = {r.rank: r for r in plan.memory.ranks} if plan.memory is not None else {}
+    for r in plan.ranks:
+        m = memory.get(r.rank)
+        speed = split.speeds[r.rank] if r.rank < len(split.speeds) else 1.0
+        cap = split.caps[r.rank] if r.rank < len(split.caps) else None
+        table.add_row(str(r.rank), r.gpu_model or "cpu", f"{speed:g}",
+                      str(split.shares[r.rank]), "-" if cap is None else str(cap),
+                      "-" if m is None else f"{m.peak_gb:.2f}",
+                      "-" if m is None or m.fits is None else ("yes" if m.fits else "no"))
+    return table

@@ -9,7 +9,9 @@ and a line holds exactly those (``null`` where the trainer had no value):
   resumed_from_step;
 - ``step`` (every ``log_every_steps`` optimizer steps) and ``epoch`` (after each epoch's
   validation): epoch, step, train_loss, val_loss, val_accuracy, samples_per_s, epoch_s, lr,
-  time, and on GPUs peak_memory_gb (every rank's, in GB);
+  time, and peak_memory_gb (every rank's measured peak in GB: orchestrate/train/peakmemory.py);
+- under ``global_batch_size``, ``start``, ``step`` and ``epoch`` also carry batch_shares (every
+  rank's share of the global batch in force: ``batch_split: measured`` changes it);
 - ``checkpoint`` (once a checkpoint is on disk): epoch, step, time, path;
 - ``end`` (the process finishes or stops for a requeue): outcome, signal, epoch, step, time.
 
@@ -72,6 +74,7 @@ class MetricRecord:
     path: str | None = None
     outcome: str | None = None
     signal: str | None = None
+    batch_shares: tuple[int, ...] | None = None  # start: every rank's share of a global batch
 
     def carried(self) -> tuple[str, ...]:
         """The fields a line of this kind holds (an unknown kind: every field it has)."""
@@ -79,7 +82,8 @@ class MetricRecord:
         if known is None:
             return tuple(f.name for f in fields(self) if f.name != "kind"
                          and getattr(self, f.name) is not None)
-        return known + (("peak_memory_gb",) if self.peak_memory_gb is not None else ())
+        return known + tuple(name for name in ("peak_memory_gb", "batch_shares")
+                             if getattr(self, name) is not None)
 
     def to_json(self) -> dict[str, Any]:
         """The line's JSON object."""
@@ -106,6 +110,9 @@ class MetricRecord:
             elif f.name == "peak_memory_gb":
                 found = [finite(v) for v in raw] if isinstance(raw, list) else []
                 values[f.name] = tuple(v for v in found if v is not None) if found else None
+            elif f.name == "batch_shares":
+                whole = [_whole(v) for v in raw] if isinstance(raw, list) else []
+                values[f.name] = tuple(v for v in whole if v is not None) or None
             else:
                 values[f.name] = finite(raw)
         return cls(kind=data["kind"], **values)

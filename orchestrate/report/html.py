@@ -167,6 +167,20 @@ def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord]) -> list[tupl
                            ("samples_per_s", last_epoch.samples_per_s)):
             if value is not None:
                 rows.append((f"last {key}", f"{value:.4g}"))
+    return rows + _split_rows(metrics, last_epoch)
+
+
+def _split_rows(metrics: Sequence[MetricRecord], last_epoch: MetricRecord | None
+                ) -> list[tuple[str, str]]:
+    """Each rank's share of the global batch (the last in force) and measured peak memory."""
+    rows = []
+    start = next((r for r in reversed(metrics) if r.batch_shares), None)
+    if start is not None and start.batch_shares:
+        shares = start.batch_shares
+        rows.append(("batch shares", f"{', '.join(map(str, shares))} (of {sum(shares)})"))
+    if last_epoch is not None and last_epoch.peak_memory_gb:
+        rows.append(("peak memory GB by rank",
+                     ", ".join(f"{v:.3g}" for v in last_epoch.peak_memory_gb)))
     return rows
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.plan.memory import ModelFacts
 from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.spec.inventory import (
     Inventory,
@@ -61,6 +62,7 @@ class Loaded:
     param_count: float | None
     notes: tuple[str, ...] = ()
     debug: bool = False  # submit --debug: NCCL's log and torch's collective checks
+    model: ModelFacts | None = None  # the model probe's facts and traces (train/modelfacts.py)
 
     @property
     def path(self) -> Path:
@@ -85,6 +87,7 @@ class Loaded:
             "param_count": self.param_count,
             "notes": list(self.notes),
             "debug": self.debug,
+            "model": None if self.model is None else self.model.to_json(),
         }
 
     @classmethod
@@ -104,6 +107,7 @@ class Loaded:
             param_count=data["param_count"],
             notes=tuple(data["notes"]),
             debug=bool(data.get("debug", False)),
+            model=None if data.get("model") is None else ModelFacts.from_json(data["model"]),
         )
 
 
@@ -154,7 +158,7 @@ def load_spec(
         if not templates_dir.is_dir():
             raise UserError.single("templates folder not found", source=source,
                                    field="templates_dir", got=str(templates_dir))
-    params, note = _count_params(job, inventory, workdir)
+    model, note = _model(job, inventory, workdir, source)
     return Loaded(
         source=source,
         overrides=tuple(overrides),
@@ -165,8 +169,9 @@ def load_spec(
         workdir=workdir,
         runs=_runs(job, base),
         templates_dir=templates_dir,
-        param_count=params,
+        param_count=None if model is None else model.params,
         notes=(note,) if note else (),
+        model=model,
     )
 
 
@@ -188,6 +193,7 @@ def plan_job(
         param_count=loaded.param_count,
         occupancy=occupancy,
         debug=loaded.debug,
+        model=loaded.model,
     )
     if loaded.notes:
         plan = replace(plan, notes=(*plan.notes, *loaded.notes))
@@ -252,20 +258,12 @@ def _runs(job: JobSpec, base: Path) -> Path:
     return Path(os.environ.get("ORCHESTRATE_RUNS", "runs")).expanduser().resolve()
 
 
-def _count_params(job: JobSpec, inventory: Inventory, workdir: Path) -> tuple[float | None, str]:
-    """Count the model on the meta device when the memory check needs it and can have it."""
-    if job.train is None or job.train.model_params is not None:
+def _model(job: JobSpec, inventory: Inventory, workdir: Path, source: str
+           ) -> tuple[ModelFacts | None, str]:
+    """The model's size, layout and traced peaks when the plan uses them
+    (:mod:`orchestrate.train.modelfacts`: a bounded child process)."""
+    from orchestrate.train import modelfacts
+
+    if not modelfacts.wanted(job, inventory):
         return None, ""
-    if not any(node.is_gpu for node in inventory.nodes):
-        return None, ""
-    try:
-        from orchestrate.train.params import param_count
-    except ImportError:
-        return None, "memory check skipped: torch is not installed here (set train.model_params)"
-    sys.path.insert(0, str(workdir))
-    try:
-        return float(param_count(job.train)), ""
-    except Exception as exc:  # the user's factory: any failure only skips the check
-        return None, f"memory check skipped: counting the model failed ({exc})"
-    finally:
-        sys.path.remove(str(workdir))
+    return modelfacts.probe(job, workdir, source)

@@ -19,12 +19,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset, IterableDataset
 
 from orchestrate.core.spec.trainspec import TrainSpec
-from orchestrate.train import checkpoint, factories, rng
+from orchestrate.train import batchshares, checkpoint, factories, rng, sharding
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import TrainFailure, first_line
 from orchestrate.train.losses import LossFn, resolve_loss
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.optimizer import build_optimizer, build_scheduler
+from orchestrate.train.peakmemory import PeakMemory
 from orchestrate.train.precision import PrecisionPlan, plan_precision
 from orchestrate.train.trainer import EpochTotals, Position
 
@@ -43,6 +44,11 @@ class Built:
     steps_per_epoch: int
     checkpoint_dir: Path
     resume_from: Path | None = None  # rank 0's finding; shared with all ranks by the agreement
+    peak: PeakMemory | None = None
+    notes: list[str] = field(default_factory=list)  # for people, from rank 0
+    #: FSDP's init_from on rank 0: the weights to broadcast (read in setup's first phase, so
+    #: that a file rank 0 cannot read stops every rank before the broadcast).
+    init_weights: dict[str, Any] | None = None
 
 
 @dataclass
@@ -88,27 +94,21 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
         spec, factories.call(spec.dataset, "dataset factory", dict(spec.dataset_args))
     )
     per_rank = len(train_set) // cluster.world_size  # type: ignore[arg-type]
+    if spec.global_batch_size is not None:  # every rank: its share of each global batch
+        micro = max(1, spec.global_batch_size // spec.grad_accum_steps)
+        per_rank = len(train_set) // micro * spec.batch_size  # type: ignore[arg-type]
     if per_rank == 0:
         raise TrainFailure(
             f"dataset factory {spec.dataset}: the training set has "
             f"{len(train_set)} samples, fewer than the {cluster.world_size} ranks"  # type: ignore[arg-type]
         )
-    rng.seed_all(spec.seed)
-    module = factories.call(spec.model, "model factory", dict(spec.model_args))
-    if not isinstance(module, torch.nn.Module):
-        raise TrainFailure(
-            f"model factory {spec.model} returned {type(module).__name__}, not a torch.nn.Module"
-        )
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    if not trainable:
-        raise TrainFailure(f"model factory {spec.model}: the model has no trainable parameters")
-    loss_fn = resolve_loss(spec.loss)
+    peak = PeakMemory(cluster.device)
+    peak.start()  # the measured peak counts from here: the model and everything after it
     precision = plan_precision(spec, cluster.device)
-    if precision.param_dtype != torch.float32:
-        module.to(device=cluster.device, dtype=precision.param_dtype)
-    else:
-        module.to(device=cluster.device)
-    optimizer = build_optimizer(spec.optimizer, trainable)
+    module, notes = _model(spec, cluster, precision.param_dtype)
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    loss_fn = resolve_loss(spec.loss)
+    optimizer = build_optimizer(spec.optimizer, trainable)  # after sharding: DTensor shards
     steps_per_epoch = math.ceil(math.ceil(per_rank / spec.batch_size) / spec.grad_accum_steps)
     total = spec.epochs * steps_per_epoch
     if spec.max_steps is not None:
@@ -117,12 +117,50 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
     directory = checkpoint_dir_for(spec, run_dir)
     built = Built(
         train_set, val_set, module, loss_fn, precision, optimizer, scheduler, steps_per_epoch,
-        directory,
+        directory, peak=peak, notes=notes,
     )
     if cluster.rank == 0:
         checkpoint.clean_temporaries(directory)
         built.resume_from = checkpoint.find_latest(directory)
+        if built.resume_from is None and spec.init_from is not None and spec.sharded:
+            source = Path(spec.init_from).expanduser()
+            built.init_weights, more = sharding.weights_for(module, source,
+                                                            f"init_from {source}")
+            built.notes.extend(f"init_from {source}: {n} (loaded the rest)" for n in more)
     return built
+
+
+def _made(spec: TrainSpec) -> torch.nn.Module:
+    """The seeded model factory's model (every rank builds the same one)."""
+    rng.seed_all(spec.seed)
+    module = factories.call(spec.model, "model factory", dict(spec.model_args))
+    if not isinstance(module, torch.nn.Module):
+        raise TrainFailure(
+            f"model factory {spec.model} returned {type(module).__name__}, not a torch.nn.Module"
+        )
+    if not any(p.requires_grad for p in module.parameters()):
+        raise TrainFailure(f"model factory {spec.model}: the model has no trainable parameters")
+    return module
+
+
+def _model(spec: TrainSpec, cluster: Cluster, dtype: torch.dtype
+           ) -> tuple[torch.nn.Module, list[str]]:
+    """The rank's model on its device: a whole replica (DDP wraps it later), or its shards."""
+    if spec.sharded:
+        return sharding.build_sharded(spec, lambda: _made(spec), rank=cluster.rank,
+                                      world=cluster.world_size, device=cluster.device,
+                                      dtype=dtype)
+    module = _made(spec)
+    checkpointed = sharding.checkpointed(module, spec, [])
+    sharding.apply_checkpointing(checkpointed)
+    if dtype != torch.float32:
+        module.to(device=cluster.device, dtype=dtype)
+    else:
+        module.to(device=cluster.device)
+    notes = [f"activation checkpointing: {len(checkpointed)} modules "
+             f"({', '.join(sorted({type(m).__name__ for m in checkpointed}))})"
+             ] if checkpointed else []
+    return module, notes
 
 
 def restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) -> Restored:
@@ -132,40 +170,26 @@ def restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) ->
     rng.seed_all(rng.rank_seed(spec.seed, cluster.rank))
     if path is None:
         if spec.init_from is not None:
-            source = Path(spec.init_from).expanduser()
-            loaded = checkpoint.load(source)
-            notes = checkpoint.load_model_state(
-                built.module, checkpoint.model_state_of(loaded), strict=False,
-                source=f"init_from {source}",
-            )
-            for note in notes:
-                log.say(f"init_from {source}: {note} (loaded the rest)")
+            _init_from(spec, cluster, built, log)
         return restored
-    state = checkpoint.load(path)
-    for key in ("model", "optimizer", "epoch", "batch_in_epoch", "step", "ranks"):
+    state = _resume_state(spec, cluster, built, path)
+    for key in ("epoch", "batch_in_epoch", "step", "ranks"):
         if key not in state:
             raise TrainFailure(f"checkpoint {path} has no {key!r}; not written by orchestrate")
-    checkpoint.load_model_state(
-        built.module, state["model"], strict=True, source=f"checkpoint {path}"
-    )
     try:
-        built.optimizer.load_state_dict(state["optimizer"])
         if built.scheduler is not None and state.get("scheduler") is not None:
             built.scheduler.load_state_dict(state["scheduler"])
         scaler = built.precision.scaler
         if scaler is not None and state.get("scaler") is not None:
             scaler.load_state_dict(state["scaler"])
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise TrainFailure(
-            f"checkpoint {path}: optimizer state does not fit ({first_line(exc)}); "
-            "was the optimizer or the model changed?"
-        ) from exc
+        raise TrainFailure(f"checkpoint {path}: the schedule's state does not fit "
+                           f"({first_line(exc)})") from exc
     position = Position(int(state["epoch"]), int(state["batch_in_epoch"]), int(state["step"]))
     ranks: list[Any] = list(state["ranks"])
-    same_layout = (
-        int(state.get("world_size", -1)) == cluster.world_size
-        and int(state.get("batch_size", -1)) == spec.batch_size
-    )
+    same_layout = int(state.get("world_size", -1)) == cluster.world_size and (
+        state.get("batch_shares") == list(batchshares.shares_of(spec, cluster.world_size) or [])
+        if state.get("batch_shares") else int(state.get("batch_size", -1)) == spec.batch_size)
     if not same_layout and position.batch:
         done = position.batch * int(state["batch_size"]) * int(state["world_size"])
         batch = done // (spec.batch_size * cluster.world_size)
@@ -181,3 +205,51 @@ def restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) ->
     restored.position = position
     restored.resumed_from = position.step
     return restored
+
+
+def _resume_state(spec: TrainSpec, cluster: Cluster, built: Built, path: Path
+                  ) -> dict[str, Any]:
+    """Load the model and optimizer of the checkpoint to resume from; returns the rest of it.
+    A sharded checkpoint (a folder) resumes FSDP on any world size, a file resumes DDP."""
+    if checkpoint.is_sharded(path) != spec.sharded:
+        wrote, runs = ("fsdp", "ddp") if path.is_dir() else ("ddp", "fsdp")
+        raise TrainFailure(
+            f"checkpoint {path} was written under strategy {wrote} and this run is {runs}: "
+            "resume with the strategy that wrote it, or start from its weights with init_from "
+            f"(or orchestrate export) in a new job")
+    if spec.sharded:
+        from orchestrate.train import distcp
+
+        return distcp.restore(built.module, built.optimizer, path, cluster.control)
+    state = checkpoint.load(path)
+    for key in ("model", "optimizer"):
+        if key not in state:
+            raise TrainFailure(f"checkpoint {path} has no {key!r}; not written by orchestrate")
+    checkpoint.load_model_state(
+        built.module, state["model"], strict=True, source=f"checkpoint {path}"
+    )
+    try:
+        built.optimizer.load_state_dict(state["optimizer"])
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise TrainFailure(
+            f"checkpoint {path}: optimizer state does not fit ({first_line(exc)}); "
+            "was the optimizer or the model changed?"
+        ) from exc
+    return state
+
+
+def _init_from(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) -> None:
+    """Load ``init_from`` (a state-dict file or a sharded checkpoint, either strategy's):
+    every rank under DDP; under FSDP rank 0 reads it and broadcasts it into the shards."""
+    assert spec.init_from is not None
+    source = Path(spec.init_from).expanduser()
+    where = f"init_from {source}"
+    if not spec.sharded:
+        loaded = checkpoint.load(source)
+        notes = checkpoint.load_model_state(
+            built.module, checkpoint.model_state_of(loaded), strict=False, source=where)
+        for note in notes:
+            log.say(f"{where}: {note} (loaded the rest)")
+    else:  # rank 0 read and checked them in setup's first phase (its notes are said there)
+        sharding.broadcast_weights(built.module, built.init_weights)
+        built.init_weights = None

@@ -2,8 +2,8 @@
 
 Layout of a checkpoint directory (``<run_dir>/checkpoints`` unless ``checkpoint_dir`` says)::
 
-    step-00000120.pt   one file per kept checkpoint, named by optimizer step
-    step-00000240.pt
+    step-00000120.pt   one file per kept checkpoint, named by optimizer step (DDP)
+    step-00000240      or one folder per checkpoint: FSDP's shards (orchestrate.train.distcp)
     latest             one line: the name of the newest complete checkpoint
 
 A file is written to a temporary name in the same directory, flushed and fsynced, then renamed
@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -31,14 +32,30 @@ from orchestrate.train.failure import TrainFailure
 #: Version of the checkpoint dictionary's layout (see docs/train.md).
 FORMAT = 1
 LATEST = "latest"
-_NAME = re.compile(r"step-(\d+)\.pt")
+_NAME = re.compile(r"step-(\d+)(\.pt)?")
+#: A sharded checkpoint's folder is complete once torch.distributed.checkpoint wrote this.
+SHARDED_METADATA = ".metadata"
 _TEMPORARY = re.compile(r"\..+\.tmp-\d+")
 _PREFIX = "module."
 
 
-def name_for(step: int) -> str:
-    """File name of the checkpoint taken after optimizer step ``step``."""
-    return f"step-{step:08d}.pt"
+def name_for(step: int, *, sharded: bool = False) -> str:
+    """Name of the checkpoint taken after optimizer step ``step`` (a folder when sharded)."""
+    return f"step-{step:08d}" + ("" if sharded else ".pt")
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a sharded checkpoint (a folder that torch.distributed.checkpoint
+    completed)."""
+    return path.is_dir() and (path / SHARDED_METADATA).is_file()
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint or a temporary, file or folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -85,7 +102,7 @@ def checkpoints_in(directory: Path) -> list[tuple[int, Path]]:
     found = []
     for entry in directory.iterdir():
         match = _NAME.fullmatch(entry.name)
-        if match:
+        if match and (entry.is_file() if match.group(2) else is_sharded(entry)):
             found.append((int(match.group(1)), entry))
     return sorted(found)
 
@@ -99,8 +116,7 @@ def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Pat
         # One directory fsync (after ``latest``) covers both renames: should a crash persist
         # the pointer's rename but not the checkpoint's, find_latest falls back to the newest.
         write_atomic(path, lambda handle: torch.save(dict(state), handle), sync_dir=False)
-        pointer = f"{path.name}\n".encode()
-        write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
+        point_latest(directory, path)
     except (OSError, RuntimeError) as exc:
         # torch.save reports a full disk from its C++ writer ("inline_container.cc ...
         # unexpected pos"), which names neither the cause nor the place.
@@ -113,10 +129,21 @@ def save(state: Mapping[str, Any], directory: Path, step: int, keep: int) -> Pat
                 + " (free space there, or set train.checkpoint_dir / keep_checkpoints)"
             ) from exc
         raise
-    for _, old in checkpoints_in(directory)[:-keep]:
-        if old != path:
-            old.unlink(missing_ok=True)
+    prune(directory, keep, path)
     return path
+
+
+def point_latest(directory: Path, path: Path) -> None:
+    """Make ``latest`` name ``path`` (atomically, with the directory fsynced)."""
+    pointer = f"{path.name}\n".encode()
+    write_atomic(directory / LATEST, lambda handle: _write_bytes(handle, pointer))
+
+
+def prune(directory: Path, keep: int, newest: Path) -> None:
+    """Delete the checkpoints beyond the newest ``keep`` (never ``newest``)."""
+    for _, old in checkpoints_in(directory)[:-keep]:
+        if old != newest:
+            remove(old)
 
 
 def _disk_full(exc: BaseException, directory: Path) -> bool:
@@ -137,7 +164,7 @@ def clean_temporaries(directory: Path) -> list[Path]:
     removed = []
     for entry in directory.iterdir():
         if _TEMPORARY.fullmatch(entry.name):
-            entry.unlink(missing_ok=True)
+            remove(entry)
             removed.append(entry)
     return removed
 
@@ -147,14 +174,21 @@ def find_latest(directory: Path) -> Path | None:
     pointer = directory / LATEST
     if pointer.is_file():
         name = pointer.read_text(encoding="utf-8").strip()
-        if _NAME.fullmatch(name) and (directory / name).is_file():
+        match = _NAME.fullmatch(name)
+        if match and ((directory / name).is_file() if match.group(2)
+                      else is_sharded(directory / name)):
             return directory / name
     found = checkpoints_in(directory)
     return found[-1][1] if found else None
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Load a checkpoint or state-dict file onto the CPU, refusing pickled code."""
+    """Load a checkpoint or state-dict file onto the CPU, refusing pickled code (a sharded
+    checkpoint: its model's weights under ``model``, and the trainer's state)."""
+    if path.is_dir():
+        from orchestrate.train import distcp
+
+        return distcp.read(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

@@ -3,17 +3,21 @@
 Each rank evaluates its unpadded shard (:func:`~orchestrate.train.sampling.validation_shard`),
 sums loss x batch size, correct predictions and sample counts, and the sums are all-reduced.
 Evaluation calls the unwrapped module, not DDP: DDP's forward may broadcast buffers, a collective
-that would hang when shards have different numbers of batches.
+that would hang when shards have different numbers of batches. An FSDP module cannot be
+unwrapped (each unit gathers its parameters in its forward, a collective), so under FSDP the
+ranks agree on the most batches any of them has and the others run as many forwards on a borrowed
+sample whose results are not counted (``lockstep``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import default_collate
 
 from orchestrate.train.losses import LossFn
 from orchestrate.train.precision import PrecisionPlan
@@ -32,6 +36,24 @@ def _is_classification(output: torch.Tensor, target: torch.Tensor) -> bool:
     return output.ndim == 2 and target.ndim == 1 and not target.is_floating_point()
 
 
+def _lockstep(batches: Iterable[Any], dataset: Any,
+              control: dist.ProcessGroup | None) -> Iterator[Any]:
+    """This rank's batches, then as many borrowed ones (``(None, batch)``: not counted) as
+    it takes to reach the most batches any rank has."""
+    count = len(batches)  # type: ignore[arg-type]
+    counts: list[Any] = [count]
+    if control is not None:
+        counts = [None] * dist.get_world_size(control)
+        dist.all_gather_object(counts, count, group=control)
+    first = None
+    for batch in batches:
+        first = batch if first is None else first
+        yield batch
+    filler = first if first is not None else default_collate([dataset[0]])
+    for _ in range(max(counts) - count):
+        yield (None, filler)
+
+
 def evaluate(
     module: torch.nn.Module,
     batches: Iterable[Any],
@@ -40,15 +62,26 @@ def evaluate(
     device: torch.device,
     *,
     distributed: bool,
+    lockstep: Any = None,
+    control: dist.ProcessGroup | None = None,
 ) -> Evaluation:
-    """Evaluate ``module`` on this rank's ``batches``; all ranks must call it together."""
+    """Evaluate ``module`` on this rank's ``batches``; all ranks must call it together.
+    ``lockstep`` (the whole validation set) makes every rank run the same number of forwards
+    (FSDP)."""
     was_training = module.training
     module.eval()
+    if lockstep is not None:
+        batches = _lockstep(batches, lockstep, control)
     # loss sum, correct, samples, samples with class outputs
     totals = torch.zeros(4, dtype=torch.float64, device=device)
     try:
         with torch.no_grad():
-            for inputs, target in batches:
+            for batch in batches:
+                if batch[0] is None:  # borrowed: a forward only, for the units' collectives
+                    with precision.autocast():
+                        module(precision.cast_input(batch[1][0].to(device, non_blocking=True)))
+                    continue
+                inputs, target = batch[0], batch[1]
                 inputs = precision.cast_input(inputs.to(device, non_blocking=True))
                 target = target.to(device, non_blocking=True)
                 with precision.autocast():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrate.core.errors import EXIT_USER_ERROR, UserError
 from orchestrate.core.spec.loader import validate
-from orchestrate.core.spec.trainspec import TrainSpec
+from orchestrate.core.spec.trainspec import TrainSpec, combination_problems
 from orchestrate.train.env import parse_dist_env
 
 
@@ -33,7 +33,11 @@ def load_spec(path: Path) -> TrainSpec:
         raise UserError.single(
             f"not valid JSON: {exc.msg} (line {exc.lineno})", source=str(path)
         ) from None
-    return validate(TrainSpec, data, str(path))
+    spec = validate(TrainSpec, data, str(path))
+    problems = combination_problems(spec, str(path), prefix="", as_written=False)
+    if problems:
+        raise UserError(problems)
+    return spec
 
 
 def resolve_run_dir(given: Path | None, environ: Mapping[str, str]) -> Path:

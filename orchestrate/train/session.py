@@ -40,6 +40,8 @@ from orchestrate.core.exits import (
 )
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import activation, sidecar
+from orchestrate.train import batchshares
+from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.build import Built, Restored, build, restore
 from orchestrate.train.distributed import Cluster, join, leave
 from orchestrate.train.env import DistEnv
@@ -144,16 +146,19 @@ def _setup(
     spec: TrainSpec, cluster: Cluster, run_dir: Path, flag: StopFlag, log: MetricsLog,
     environ: Mapping[str, str],
 ) -> Trainer:
+    spec, share = batchshares.for_rank(spec, cluster.rank, cluster.world_size)
     built, restored = _built_everywhere(spec, cluster, run_dir, log)
     cuda = cluster.device.type == "cuda"
-    model = DistributedDataParallel(
-        built.module,
-        device_ids=[cluster.device.index] if cuda else None,
-        gradient_as_bucket_view=spec.gradient_as_bucket_view,
-        find_unused_parameters=spec.find_unused_parameters,
-        bucket_cap_mb=spec.bucket_cap_mb,
-    )
-    loaders = _loaders(spec, cluster, built)
+    model: torch.nn.Module = built.module  # sharded in place under FSDP
+    if not spec.sharded:
+        model = DistributedDataParallel(
+            built.module,
+            device_ids=[cluster.device.index] if cuda else None,
+            gradient_as_bucket_view=spec.gradient_as_bucket_view,
+            find_unused_parameters=spec.find_unused_parameters,
+            bucket_cap_mb=spec.bucket_cap_mb,
+        )
+    loaders = _loaders(spec, cluster, built, share)
     trainer = Trainer(
         spec=spec,
         cluster=cluster,
@@ -173,10 +178,21 @@ def _setup(
         totals=restored.totals,
         resumed_from=restored.resumed_from,
         timing=StepTiming.for_rank(run_dir, cluster.rank, cuda=cuda, environ=environ),
+        peak=built.peak,
+        val_set=built.val_set,
+        loss_scale=1.0 if share is None else share.loss_scale,
+        shares=None if share is None else share.shares,
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
     trainer.last_checkpoint = built.resume_from
     _announce(spec, cluster, built, restored, log)
+    if share is not None:
+        log.say(f"batch shares {list(share.shares)} of global_batch_size "
+                f"{spec.global_batch_size} "
+                "(each rank's loss scaled by its share x world / global batch)")
+        if spec.batch_split == "measured" and spec.batch_shares is None:
+            log.say("batch_split measured: re-balancing from the ranks' timings is not "
+                    "implemented yet; the planned shares stay for the whole run")
     if restored.resumed_from is not None:
         p = restored.position
         trainer.last_saved = (p.epoch, p.batch, p.step)
@@ -211,17 +227,18 @@ def _built_everywhere(spec: TrainSpec, cluster: Cluster, run_dir: Path, log: Met
 class Loaders:
     """The rank's resumable sampler and data loaders (and the generator they draw from)."""
 
-    sampler: ResumableSampler
+    sampler: ResumableSampler | SharedBatchSampler
     generator: torch.Generator
     train: DataLoader[Any]
     val: DataLoader[Any] | None
 
 
-def _loaders(spec: TrainSpec, cluster: Cluster, built: Built) -> Loaders:
+def _loaders(spec: TrainSpec, cluster: Cluster, built: Built,
+             share: batchshares.RankBatch | None) -> Loaders:
     cuda = cluster.device.type == "cuda"
-    sampler = ResumableSampler(
+    sampler: ResumableSampler | SharedBatchSampler = ResumableSampler(
         built.train_set, num_replicas=cluster.world_size, rank=cluster.rank, seed=spec.seed
-    )
+    ) if share is None else SharedBatchSampler(built.train_set, share, seed=spec.seed)
     generator = torch.Generator()
     train_loader: DataLoader[Any] = DataLoader(
         built.train_set,
@@ -253,8 +270,10 @@ def _announce(
         f"orchestrate.train: {cluster.world_size} rank(s), {cluster.backend} on "
         f"{cluster.device.type}, {params:,} parameters, {len(built.train_set)} training / "  # type: ignore[arg-type]
         f"{val} validation samples, {built.steps_per_epoch} steps per epoch, "
-        f"precision {spec.precision}"
+        f"precision {spec.precision}, strategy {spec.strategy}"
     )
+    for note in built.notes:
+        log.say(note)
     if built.resume_from is not None:
         p = restored.position
         log.say(f"resuming from {built.resume_from} (epoch {p.epoch + 1}, step {p.step})")

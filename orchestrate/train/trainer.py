@@ -7,13 +7,16 @@ from the checkpoint. With the same seed and world size a resumed run ends with b
 parameters (on GPUs, given deterministic kernels).
 
 Gradient accumulation groups ``grad_accum_steps`` consecutive batches of an epoch (the last group
-of an epoch may be shorter); all but a group's last backward run under ``no_sync()`` so the
-gradients are all-reduced once per optimizer step.
+of an epoch may be shorter); all but a group's last backward run without gradient
+synchronisation (DDP's ``no_sync()``, FSDP's ``set_requires_gradient_sync(False)``) so the
+gradients are reduced once per optimizer step.
+
+The model is DDP's wrapper around a replica, or under ``strategy: fsdp`` the user's module
+sharded in place (:mod:`orchestrate.train.sharding`); the loop is the same for both.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,12 +32,14 @@ from torch.utils.data import DataLoader
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import checkpoint, rng
+from orchestrate.train import saving, sharding
+from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
 from orchestrate.train.failure import NonFiniteLoss
 from orchestrate.train.losses import LossFn
 from orchestrate.train.metrics import MetricsLog
+from orchestrate.train.peakmemory import PeakMemory
 from orchestrate.train.precision import PrecisionPlan
 from orchestrate.train.preemption import StopAgreement
 from orchestrate.train.sampling import ResumableSampler
@@ -73,12 +78,12 @@ class Trainer:
 
     spec: TrainSpec
     cluster: Cluster
-    model: DistributedDataParallel
+    model: torch.nn.Module  # DDP's wrapper, or the FSDP-sharded module
     optimizer: torch.optim.Optimizer
     scheduler: LambdaLR | None
     precision: PrecisionPlan
     loss_fn: LossFn
-    sampler: ResumableSampler
+    sampler: ResumableSampler | SharedBatchSampler
     train_loader: DataLoader[Any]
     loader_generator: torch.Generator
     val_loader: DataLoader[Any] | None
@@ -89,6 +94,11 @@ class Trainer:
     totals: EpochTotals = field(default_factory=EpochTotals)
     resumed_from: int | None = None
     timing: StepTiming = field(default_factory=StepTiming.off)
+    peak: PeakMemory | None = None
+    val_set: Any = None  # the whole validation set (FSDP's evaluation borrows a sample)
+    #: ``b_r * W / B`` under global_batch_size (orchestrate.train.batchshares), else 1
+    loss_scale: float = 1.0
+    shares: tuple[int, ...] | None = None  # every rank's share of the global batch
     last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
     last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
@@ -102,9 +112,15 @@ class Trainer:
 
     @property
     def module(self) -> torch.nn.Module:
-        """The user's model inside DDP."""
-        module: torch.nn.Module = self.model.module
-        return module
+        """The user's model: inside DDP, or the sharded module itself."""
+        if isinstance(self.model, DistributedDataParallel):
+            module: torch.nn.Module = self.model.module
+            return module
+        return self.model
+
+    @property
+    def sharded(self) -> bool:
+        return sharding.is_sharded(self.model)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -189,13 +205,14 @@ class Trainer:
         inputs = self.precision.cast_input(inputs.to(device, non_blocking=True))
         target = target.to(device, non_blocking=True)
         scaler = self.precision.scaler
-        context = contextlib.nullcontext() if sync else self.model.no_sync()
-        with context:
+        with sharding.sync_gradients(self.model, sync):
             with self.precision.autocast():
                 output = self.model(inputs)
                 loss = self.loss_fn(output, target)
             self.timing.forward_done()
             scaled = loss / group_size if group_size > 1 else loss
+            if self.loss_scale != 1.0:
+                scaled = scaled * self.loss_scale
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             torch.autograd.backward(scaled)
@@ -229,7 +246,7 @@ class Trainer:
             self.metrics.record(MetricRecord(
                 "start", epoch=self.position.epoch + 1, step=self.position.step,
                 time=time.time(), world_size=self.cluster.world_size,
-                resumed_from_step=self.resumed_from,
+                resumed_from_step=self.resumed_from, batch_shares=self.shares,
             ))
         every_log = self.spec.log_every_steps
         if every_log and self.position.step % every_log == 0:
@@ -263,7 +280,7 @@ class Trainer:
             kind, epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
             train_loss=train_loss, val_loss=val_loss, val_accuracy=val_accuracy,
             samples_per_s=samples_per_s, epoch_s=epoch_s, lr=self._lr(),
-            peak_memory_gb=self._memory(),
+            peak_memory_gb=self._memory(), batch_shares=self.shares,
         )
 
     def _all_reduce(self, values: list[float]) -> list[float]:
@@ -273,10 +290,10 @@ class Trainer:
         return [float(v) for v in tensor.tolist()]
 
     def _memory(self) -> tuple[float, ...] | None:
-        """Every rank's peak GPU memory in GB (None on CPUs)."""
-        if self.cluster.device.type != "cuda":
+        """Every rank's measured peak memory in GB (:mod:`orchestrate.train.peakmemory`)."""
+        if self.peak is None:
             return None
-        peak = torch.cuda.max_memory_allocated(self.cluster.device) / GB
+        peak = self.peak.peak_bytes() / GB
         peaks: list[Any] = [None] * self.cluster.world_size
         if self.cluster.control is not None:
             dist.all_gather_object(peaks, peak, group=self.cluster.control)
@@ -299,12 +316,14 @@ class Trainer:
         if self.val_loader is not None:
             sidecar.phase("eval", self.position.step)
             result = evaluate(
-                self.module,
+                self.model if self.sharded else self.module,
                 self.val_loader,
                 self.loss_fn,
                 self.precision,
                 self.cluster.device,
                 distributed=self.cluster.world_size > 1,
+                lockstep=self.val_set if self.sharded else None,
+                control=self.cluster.control,
             )
             val_loss, val_accuracy = result.loss, result.accuracy
         self.metrics.record(self._progress(
@@ -346,7 +365,7 @@ class Trainer:
         return not math.isfinite(self._running()[0])
 
     def _weights_finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.module.parameters())
+        return all(bool(torch.isfinite(t).all()) for t in sharding.local_tensors(self.module))
 
     def _nonfinite(self) -> None:
         """Every rank arrives here together (the health flag was agreed on, or the reduced loss
@@ -363,64 +382,6 @@ class Trainer:
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, *, barrier: bool) -> None:
-        """Checkpoint the current position (a collective: every rank sends its RNG states).
-
-        With ``barrier`` no rank returns before the file is on disk: after a stop signal a
-        launcher may kill every rank as soon as one of them exits.
-        """
-        if self.last_saved == self._where:  # e.g. a periodic checkpoint at the stop step
-            if barrier and self.cluster.control is not None:
-                dist.barrier(group=self.cluster.control)
-            return
-        sidecar.phase("checkpoint", self.position.step)
-        self._fold()
-        mine = {
-            "rng": rng.capture(self.cluster.device.type == "cuda"),
-            "train_loss_sum": self.totals.loss_sum,
-            "train_samples": self.totals.samples,
-            # Never a checkpoint of NaN weights: it would rotate the last good ones out.
-            "finite": math.isfinite(self.totals.loss_sum) and self._weights_finite(),
-        }
-        ranks: list[Any] = [None] * self.cluster.world_size
-        if self.cluster.control is not None:
-            dist.all_gather_object(ranks, mine, group=self.cluster.control)
-        else:
-            ranks = [mine]
-        bad = [rank for rank, state in enumerate(ranks) if not state.pop("finite")]
-        if bad:
-            raise NonFiniteLoss(self.position.epoch + 1, self.position.step, bad,
-                                self.last_checkpoint)
-        if self.cluster.rank == 0:
-            scaler = self.precision.scaler
-            state = {
-                "format": checkpoint.FORMAT,
-                "model": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                "scaler": None if scaler is None else scaler.state_dict(),
-                "epoch": self.position.epoch,
-                "batch_in_epoch": self.position.batch,
-                "step": self.position.step,
-                "world_size": self.cluster.world_size,
-                "batch_size": self.spec.batch_size,
-                "sampler": {
-                    "epoch": self.position.epoch,
-                    "seed": self.spec.seed,
-                    "samples_done_per_rank": self.position.batch * self.spec.batch_size,
-                },
-                "ranks": ranks,
-                "config": self.spec.model_dump(mode="json"),
-                "time": time.time(),
-            }
-            path = checkpoint.save(
-                state, self.checkpoint_dir, self.position.step, self.spec.keep_checkpoints
-            )
-            self.last_checkpoint = path
-            self.metrics.say(f"checkpoint {path} (epoch {self.position.epoch + 1}, "
-                             f"step {self.position.step})")
-            done = self.position.epoch + (0 if self.position.batch == 0 else 1)
-            self.metrics.record(MetricRecord("checkpoint", epoch=done, step=self.position.step,
-                                             time=time.time(), path=str(path)))
-        if barrier and self.cluster.control is not None:
-            dist.barrier(group=self.cluster.control)
-        self.last_saved = self._where
+        """Checkpoint the current position (a collective: see :func:`orchestrate.train.saving
+        .save`)."""
+        saving.save(self, barrier=barrier)

@@ -131,6 +131,15 @@ def test_live_view_lists_every_rank_and_marks_the_straggler() -> None:
     assert re.search(r"^\s*0 +a .* 5s ago", text, flags=re.M), text
     assert re.search(r"^\s*2 +c +RUNNING +- ", text, flags=re.M), text
     assert "loss █▁ 1" in text and "step 10" in text and "running 50s" in text
+    assert "batch" not in text, "no batch column without global_batch_size"
+
+    console = Console(width=160, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(render(Snapshot(status=status, pace=pace(windows, {0: "a", 1: "b"}),
+                                  shares=(48, 12, 4), now=100.0)))
+    text = console.export_text()
+    assert re.search(r"^\s*rank +node +state +batch ", text, flags=re.M), text
+    assert re.search(r"^\s*0 +a +RUNNING +48 ", text, flags=re.M), text
+    assert re.search(r"^\s*2 +c +RUNNING +4 +- ", text, flags=re.M), text
 
 
 # --- chart primitives ----------------------------------------------------------------------------
@@ -247,13 +256,14 @@ def test_report_with_only_a_plan_is_complete_html_without_external_references() 
 
 def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
     metrics = _metrics(
-        {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None},
+        {"kind": "start", "step": 1, "time": 10.0, "resumed_from_step": None,
+         "batch_shares": [48, 16]},
         {"kind": "epoch", "epoch": 1, "step": 10, "train_loss": 2.0, "val_loss": 2.1,
          "time": 20.0},
         {"kind": "step", "step": 12, "train_loss": 1.9, "time": 22.0},
         {"kind": "start", "step": 11, "time": 40.0, "resumed_from_step": 10},
         {"kind": "epoch", "epoch": 2, "step": 20, "train_loss": 1.0, "val_loss": 1.2,
-         "time": 50.0},
+         "time": 50.0, "peak_memory_gb": [1.25, 0.5]},
         {"kind": "checkpoint", "epoch": 2, "step": 20, "time": 51.0, "path": "x"},
     )
     doctor = {"verdict": "warn", "bandwidth": {
@@ -287,6 +297,8 @@ def test_report_marks_restarts_and_stalls_and_draws_the_doctor() -> None:
     for kind in ("restart", "stall", "checkpoint", "first-step", "end", "submitted"):
         assert phases.find(f"{SVG_NS}g[@class='event {kind}']") is not None, kind
     assert "rank 1 (node a100) has not reached collective #42" in html
+    assert "<th>batch shares</th><td>48, 16 (of 64)</td>" in html
+    assert "<th>peak memory GB by rank</th><td>1.25, 0.5</td>" in html
     band = charts["busbw"].find(f"{SVG_NS}polygon[@class='band']")
     assert band is not None and "6-12 GB/s" in (band.findtext(f"{SVG_NS}title") or "")
     assert len(charts["pairs"].findall(f"{SVG_NS}g[@class='cell']")) == 2

@@ -50,7 +50,10 @@ def test_metrics_file_and_stdout(example: tuple[Launch, float]) -> None:
     for record in _epochs(launch):
         assert record.keys() >= EPOCH_KEYS
         assert record["samples_per_s"] > 0 and record["epoch_s"] > 0
-        assert "peak_memory_gb" not in record  # CPU ranks
+        # CPU ranks report their measured peak too (issue #24): one figure per rank, in GB
+        peaks = record["peak_memory_gb"]
+        assert len(peaks) == 2 and all(0 <= p < 4 for p in peaks), peaks
+        assert "batch_shares" not in record  # a per-rank batch_size: no global batch split
     times = [r["time"] for r in records]
     assert times == sorted(times)
     # 1437 training samples / 2 ranks = 718 each (one left out), 23 batches of 32 per epoch

@@ -95,3 +95,42 @@ def mean_abs_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A custom loss (``train_probe:mean_abs_error``): L1 between softmax and one-hot."""
     one_hot = torch.nn.functional.one_hot(target, output.shape[-1]).to(output.dtype)
     return (output.softmax(dim=-1) - one_hot).abs().sum(dim=-1).mean()
+
+
+class Block(torch.nn.Module):
+    """A residual MLP block: the repeated unit FSDP's ``wrap: auto`` finds."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+class Blocks(torch.nn.Module):
+    """The digits classifier as a stack of blocks (an odd width: shards that do not divide)."""
+
+    def __init__(self, width: int = 67, depth: int = 3) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(digits.IMAGE_PIXELS, width)
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
+        self.out = torch.nn.Linear(width, digits.CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+
+
+def build_blocks(width: int = 67, depth: int = 3) -> torch.nn.Module:
+    """A block model for the sharded tests."""
+    return Blocks(width, depth)
+
+
+def build_slow(delay_s: float = 30.0, **kwargs: Any) -> torch.nn.Module:
+    """digits.build_model after ``delay_s`` seconds: a factory that takes too long to plan."""
+    time.sleep(delay_s)
+    return digits.build_model(**kwargs)

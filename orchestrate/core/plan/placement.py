@@ -6,8 +6,9 @@ that says what came closest and why each node was refused; when the job would fi
 held nothing, its problems are marked ``busy`` (exit 75, "try again later", not 2). Rank
 numbering is :mod:`orchestrate.core.plan.ranks`' business; this module only decides where.
 
-The rules: GPU models are never mixed across ranks unless the job allows it (then any GPU model,
-but never GPU and CPU-only nodes in one job: nccl needs a GPU per rank); without a model named,
+The rules: GPU models are never mixed across ranks unless the job allows it (``allow_mixed_gpus``,
+or a global batch split by speed, which is made for mixed GPUs; then any GPU model, but never GPU
+and CPU-only nodes in one job: nccl needs a GPU per rank); without a model named,
 each model of the inventory is tried in inventory order and the first that yields enough nodes
 wins; CPU-only nodes are their own kind. A GPU must pass the model and memory filters and hold
 the model (the memory estimate), and not be held by another job.
@@ -181,12 +182,20 @@ def _models_to_try(
             )
         return [wanted]
     has_cpu_nodes = any(not n.is_gpu for n in nodes)
-    if res.allow_mixed_gpus:
+    if res.allow_mixed_gpus or balanced_split(job):
         return [ANY_GPU, *([None] if has_cpu_nodes else [])]
     models: list[str | None] = list(dict.fromkeys(g.model for n in nodes for g in n.gpus))
     if has_cpu_nodes:
         models.append(None)
     return models or [None]
+
+
+def balanced_split(job: JobSpec) -> bool:
+    """Whether the job splits a global batch by the ranks' speeds (anything but ``equal``):
+    then mixed GPU models train at the speed of their sum and need no permission to mix."""
+    train = job.train
+    return train is not None and train.global_batch_size is not None and (
+        train.split_name != "equal")
 
 
 def _fit(

@@ -25,13 +25,23 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
 from orchestrate.core.plan.container import ContainerPlan, NodeInfo, plan_container
-from orchestrate.core.plan.memory import MemoryEstimate, estimate
+from orchestrate.core.plan.memory import MemoryEstimate, ModelFacts
 from orchestrate.core.plan.placement import Busy, Choice, place
 from orchestrate.core.plan.ports import master_endpoint
 from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
-from orchestrate.core.plan.ranks import RankPlan, number_ranks
+from orchestrate.core.plan.ranks import NodeRanks, RankPlan, number_ranks
 from orchestrate.core.plan.restart import Policy
 from orchestrate.core.plan.settings import SlurmSettings, SSHSettings, slurm_settings
+from orchestrate.core.plan.shares import BatchShares
+from orchestrate.core.plan.strategy import (
+    Decision,
+    MemoryPlan,
+    decide,
+    model_facts,
+    placement_need,
+    resolved_config,
+    slots_for,
+)
 from orchestrate.core.spec import frameworks
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
@@ -122,7 +132,8 @@ class Plan:
     restart: Policy
     secret_env: tuple[str, ...] = ()
     train_config: dict[str, Any] | None = None
-    memory: MemoryEstimate | None = None
+    memory: MemoryPlan | None = None  # the layout and each rank's estimate (train jobs)
+    batch: BatchShares | None = None  # the global batch's split (train.global_batch_size)
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     time_limit: str | None = None
@@ -189,7 +200,8 @@ class Plan:
             "timeout_s": self.timeout_s,
             "secret_env": list(self.secret_env),
             "train_config": self.train_config,
-            "memory": None if self.memory is None else asdict(self.memory),
+            "memory": None if self.memory is None else self.memory.to_json(),
+            "batch": None if self.batch is None else self.batch.to_json(),
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "time_limit": self.time_limit,
@@ -227,7 +239,7 @@ class Plan:
         )
         slurm = dict(data["slurm"])
         slurm["extra_args"] = tuple(slurm["extra_args"])
-        memory = data.get("memory")
+        memory, shares = data.get("memory"), data.get("batch")
         return cls(
             job_id=data["job_id"],
             job_name=data["job_name"],
@@ -249,7 +261,9 @@ class Plan:
             restart=Policy.from_json(data["restart"]),
             secret_env=tuple(data.get("secret_env", ())),
             train_config=data.get("train_config"),
-            memory=None if memory is None else MemoryEstimate(**memory),
+            # A plan stored before layouts were planned has no "layout": no memory plan.
+            memory=MemoryPlan.from_json(memory) if memory and "layout" in memory else None,
+            batch=None if not shares else BatchShares.from_json(shares),
             warnings=tuple(data.get("warnings", ())),
             notes=tuple(data.get("notes", ())),
             time_limit=data.get("time_limit"),
@@ -281,16 +295,19 @@ def make_plan(
     param_count: float | None = None,
     occupancy: Occupancy | None = None,
     debug: bool = False,
+    model: ModelFacts | None = None,
 ) -> Plan:
     """Turn a job and an inventory into a plan, or raise :class:`UserError` saying why not.
 
-    ``python`` is the interpreter for nodes whose inventory names none; ``param_count`` the
-    model size when the caller counted it (else ``train.model_params``); ``occupancy`` what a
-    backend found on the hosts (see :class:`Occupancy`).
+    ``python`` is the interpreter for nodes whose inventory names none; ``model`` what ``load``
+    learned of the model (its size, traced peaks), or ``param_count`` its size alone (else
+    ``train.model_params``); ``occupancy`` what a backend found on the hosts (see
+    :class:`Occupancy`).
     """
     occupancy = occupancy or Occupancy()
     warnings: list[str] = []
-    memory = _memory(job, param_count)
+    model = model_facts(job, model, param_count, source)
+    memory = placement_need(job, model)
     placement = place(job, inventory, memory, occupancy.busy(), source)
     choices = placement.choices
     if job.restart.exclude_failed_node and not occupancy.excluded:
@@ -301,9 +318,8 @@ def make_plan(
     notes = list(placement.notes)
     frameworks.check(job.framework, job.backend, job.name,
                      [(c.node.name, c.nproc) for c in choices], source, warnings, notes)
-    if len(placement.models) > 1:
-        warnings.append(f"GPU models are mixed across ranks ({', '.join(placement.models)}): "
-                        "every step waits for the slowest GPU")
+    numbered = number_ranks(choices)
+    decision = _decide(job, model, numbered, placement.models, source, warnings, notes)
     master_addr, port, addr_fixed, port_fixed = master_endpoint(
         job, choices[0].node.address, job_id, occupancy.master_port, source)
     world_size = sum(c.nproc for c in choices)
@@ -312,7 +328,7 @@ def make_plan(
                         any_gpu=placement.any_gpu, world_size=world_size,
                         master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
-    nodes = _node_plans(job, choices, common, backend, occupancy.interfaces, python, command)
+    nodes = _node_plans(job, numbered, common, backend, occupancy.interfaces, python, command)
     nodes = _containers(job, choices, nodes, common, occupancy, notes, source=source,
                         job_id=job_id, run_dir=run_dir, workdir=workdir)
     return Plan(
@@ -335,8 +351,10 @@ def make_plan(
         ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
         restart=_policy(job),
         secret_env=tuple(job.secret_env),
-        train_config=None if job.train is None else job.train.model_dump(mode="json"),
-        memory=memory,
+        train_config=None if job.train is None or decision is None else resolved_config(
+            job.train.model_dump(mode="json"), decision),
+        memory=None if decision is None else decision.memory,
+        batch=None if decision is None else decision.shares,
         warnings=tuple(warnings),
         notes=tuple(notes),
         time_limit=job.resources.time,
@@ -346,16 +364,16 @@ def make_plan(
     )
 
 
-def _node_plans(job: JobSpec, choices: tuple[Choice, ...], common: dict[str, str], backend: str,
-                interfaces: Mapping[str, str], python: str, command: tuple[str, ...]
-                ) -> tuple[NodePlan, ...]:
+def _node_plans(job: JobSpec, numbered_nodes: tuple[NodeRanks, ...], common: dict[str, str],
+                backend: str, interfaces: Mapping[str, str], python: str,
+                command: tuple[str, ...]) -> tuple[NodePlan, ...]:
     """Every node's part of the plan, in node-rank order. The job's ``env`` wins over anything
     the planner set: a variable of a node's own environment is replaced there, any other goes
     into ``common`` (updated in place: it is the plan's common environment being built)."""
     nodes: list[NodePlan] = []
-    for numbered in number_ranks(choices):
+    for numbered in numbered_nodes:
         choice = numbered.choice
-        env = node_env(job, choice, numbered.node_rank, len(choices) > 1, backend,
+        env = node_env(job, choice, numbered.node_rank, len(numbered_nodes) > 1, backend,
                        interfaces.get(choice.node.name))
         # The job's env overrides any of it (the master's address and port included): the plan,
         # and so the tables, the JSON and the scripts, show what the ranks will really use.
@@ -394,6 +412,23 @@ def _containers(job: JobSpec, choices: tuple[Choice, ...], nodes: tuple[NodePlan
                              (*common, *node.env), occupancy.runtimes.get(node.name)),
                              source=source, notes=notes, **where))
                  for node in nodes)
+
+
+def _decide(job: JobSpec, model: ModelFacts | None, numbered: tuple[NodeRanks, ...],
+            models: list[str], source: str, warnings: list[str], notes: list[str]
+            ) -> Decision | None:
+    """The layout and the batch shares of a train job (:mod:`~orchestrate.core.plan.strategy`);
+    mixed GPU models are worth a warning unless the shares follow their speeds."""
+    decision = None if job.train is None else decide(job.train, model, slots_for(numbered),
+                                                     source)
+    if decision is not None:
+        warnings.extend(decision.warnings)
+        notes.extend(decision.notes)
+    if len(models) > 1 and (decision is None or decision.shares is None
+                            or not decision.shares.balanced):
+        warnings.append(f"GPU models are mixed across ranks ({', '.join(models)}): "
+                        "every step waits for the slowest GPU")
+    return decision
 
 
 def _check_world_size(job: JobSpec, world_size: int, source: str) -> None:
@@ -451,12 +486,3 @@ def _node_command(command: tuple[str, ...], python: str) -> tuple[str, ...]:
     if command and command[0] in ("python", "python3"):
         return (python, *command[1:])
     return command
-
-
-def _memory(job: JobSpec, param_count: float | None) -> MemoryEstimate | None:
-    if job.train is None:
-        return None
-    params = param_count if param_count is not None else job.train.model_params
-    if params is None:
-        return None
-    return estimate(job.train, params)

@@ -58,6 +58,9 @@ class GpuGroup(Spec):
     indices: list[Int] | None = None
     count: MaybeInt = Field(default=None, ge=1, le=MAX_GPUS,
                             description="shorthand for indices 0..count-1")
+    tflops: MaybeFloat = Field(
+        default=None, gt=0, description="dense BF16 TFLOPS, for train.batch_split: proportional "
+        "(default: the datasheet figure of known models)")
 
     @model_validator(mode="after")
     def _indices_or_count(self) -> GpuGroup:
@@ -115,6 +118,7 @@ class NodeDefaults(Spec):
     slurm: SlurmNodeSpec | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
     containers: list[ContainerRuntime] | None = None
+    host_memory_gb: MaybeFloat = Field(default=None, gt=0)
 
 
 #: What a node's ``containers`` says (``inventory probe`` records what it finds; [] is "none").
@@ -138,6 +142,9 @@ class NodeSpec(Spec):
     python: str | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
     containers: list[ContainerRuntime] | None = CONTAINERS_FIELD
+    host_memory_gb: MaybeFloat = Field(
+        default=None, gt=0, description="the node's RAM: the planner checks that the ranks can "
+        "load the model (and CPU ranks train it) in it")
 
     @field_validator("address")
     @classmethod
@@ -181,6 +188,7 @@ class Gpu:
     index: int
     model: str
     memory_gb: float
+    tflops: float | None = None  # the inventory's speed figure, when it gives one
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,7 @@ class Node:
     python: str | None = None
     cpus: int | None = None
     containers: tuple[str, ...] | None = None  # container runtimes there; None: unknown
+    host_memory_gb: float | None = None
 
     @property
     def is_gpu(self) -> bool:
@@ -295,6 +304,7 @@ def resolve_inventory(
                     python=ns.python or d.python,
                     cpus=ns.cpus or d.cpus,
                     containers=_containers(ns.containers, d.containers),
+                    host_memory_gb=ns.host_memory_gb or d.host_memory_gb,
                 )
             )
     if problems:
@@ -339,7 +349,8 @@ def _gpus(ns: NodeSpec) -> tuple[Gpu, ...]:
         indices = group.indices if group.indices is not None else list(
             range(next_index, next_index + (group.count or 0))
         )
-        out.extend(Gpu(index=i, model=group.model, memory_gb=group.memory_gb) for i in indices)
+        out.extend(Gpu(index=i, model=group.model, memory_gb=group.memory_gb,
+                       tflops=group.tflops) for i in indices)
         next_index = max(indices) + 1
     return tuple(sorted(out, key=lambda g: g.index))
 

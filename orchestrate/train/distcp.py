@@ -1,0 +1,137 @@
+"""Sharded checkpoints of ``strategy: fsdp``: every rank writes its shards, nobody gathers.
+
+A sharded checkpoint is a folder in the checkpoint directory, beside (and named like) the DDP
+ones::
+
+    step-00000240/
+        .metadata          torch.distributed.checkpoint's index of every tensor's pieces
+        __0_0.distcp       rank 0's shards of the weights and the optimizer state
+        __1_0.distcp       rank 1's
+        trainer.pt         the rest, as in a DDP checkpoint: position, schedule, each rank's
+                           RNG states, the config (no model, no optimizer)
+
+It is written atomically like a file: every rank writes into ``.step-00000240.tmp-<pid of rank
+0>/`` (``torch.distributed.checkpoint.save``, files fsynced), rank 0 adds ``trainer.pt`` once
+every rank's shards are written (the save's last step gathers them), then renames the folder and
+points ``latest`` at it. A rank killed at any moment leaves the previous checkpoint and a
+temporary that the next start deletes.
+
+Loading reshards: the index says where each piece of each tensor is, and every rank reads the
+pieces of its own shards, so a checkpoint written on 2 ranks resumes on 3 (checked to 0.0 in
+docs/train.md's tests). :func:`read` gathers a sharded checkpoint's weights into one plain state
+dict in this process (``orchestrate export``, ``init_from``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orchestrate.train import checkpoint
+from orchestrate.train.failure import TrainFailure, first_line
+
+#: The trainer's own state inside a sharded checkpoint.
+SIDE = "trainer.pt"
+
+
+def _states(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    return {"model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, optimizer)}
+
+
+def save(model: nn.Module, optimizer: torch.optim.Optimizer, side: Mapping[str, Any], *,
+         directory: Path, step: int, keep: int, rank: int, tag: int,
+         group: dist.ProcessGroup | None) -> Path | None:
+    """Write the sharded checkpoint of ``step`` (a collective: every rank calls it with the
+    same ``tag``, rank 0's pid); rank 0 returns its path, the others None."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    final = directory / checkpoint.name_for(step, sharded=True)
+    temporary = directory / f".{final.name}.tmp-{tag}"
+    directory.mkdir(parents=True, exist_ok=True)
+    dcp_save(_states(model, optimizer), storage_writer=FileSystemWriter(temporary),
+             process_group=group)
+    if rank != 0:
+        return None
+    try:
+        checkpoint.write_atomic(temporary / SIDE, lambda h: torch.save(dict(side), h),
+                                sync_dir=False)
+        if final.exists():  # the same step written before (a rerun of a finished stop)
+            checkpoint.remove(final)
+        os.replace(temporary, final)
+        checkpoint.point_latest(directory, final)
+    except OSError as exc:
+        checkpoint.remove(temporary)
+        raise TrainFailure(f"cannot write checkpoint {final}: {exc.strerror or exc}") from exc
+    checkpoint.prune(directory, keep, final)
+    return final
+
+
+def restore(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path,
+            group: dist.ProcessGroup | None) -> dict[str, Any]:
+    """Load a sharded checkpoint into this rank's shards (any world size); returns the
+    trainer's state stored beside them."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    side = _side(path)
+    states = _states(model, optimizer)
+    try:
+        dcp_load(states, checkpoint_id=str(path), process_group=group)
+        set_model_state_dict(model, states["model"])
+        set_optimizer_state_dict(model, optimizer, states["optim"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise TrainFailure(
+            f"checkpoint {path} does not fit the model or the optimizer "
+            f"({first_line(exc)}); was the model changed?") from exc
+    return side
+
+
+def _side(path: Path) -> dict[str, Any]:
+    try:
+        side = torch.load(path / SIDE, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TrainFailure(
+            f"checkpoint {path} has no {SIDE} (checkpoint_dir must be on a filesystem every "
+            "node sees)") from None
+    except Exception as exc:
+        raise TrainFailure(f"cannot load {path / SIDE}: {first_line(exc)}") from exc
+    if not isinstance(side, dict):
+        raise TrainFailure(f"{path / SIDE} holds a {type(side).__name__}, not a dict")
+    return side
+
+
+def read(path: Path) -> dict[str, Any]:
+    """A sharded checkpoint as one plain dict in this process: the trainer's state, with the
+    whole model's weights under ``model`` (the optimizer state is left on disk)."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if not checkpoint.is_sharded(path):
+        raise TrainFailure(f"{path} is a folder but not a complete sharded checkpoint (no "
+                           f"{checkpoint.SHARDED_METADATA})")
+    loaded: dict[str, Any] = {}
+    try:
+        _load_state_dict(loaded, storage_reader=FileSystemReader(str(path)),
+                         planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
+                         no_dist=True)
+    except Exception as exc:
+        raise TrainFailure(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
+    side = _side(path) if (path / SIDE).is_file() else {}
+    return {**side, "model": dict(loaded.get("model", {}))}

@@ -1,0 +1,145 @@
+"""What ``load`` learns of a job's model for the memory plan: its size, layout and traced peaks.
+
+The job's model factory is the user's code, and a traced step imports torch and runs a few
+seconds: both happen in a child process (``python -m orchestrate.train.modelprobe``, run in the
+job's workdir) under one deadline, so a slow, hanging or crashing factory costs at most
+``train.memory_trace_s`` seconds (60 by default; 0 builds the model on the meta device for its
+size and layout, within :data:`FACTS_ONLY_S`, and traces nothing) and never the plan. Whatever
+was answered before the deadline is kept; every layout that was not traced is estimated by the
+formula, and the plan says why (``ModelFacts.notes``).
+
+Only jobs whose plan uses the numbers ask: a ``train:`` job without ``model_params`` that runs
+on GPUs or whose strategy is not plain DDP. Others (``command:`` jobs, DDP on CPUs) are planned
+exactly as before, without the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.plan.memory import ModelFacts, TracedPeak, options_for
+from orchestrate.core.spec.inventory import Inventory
+from orchestrate.core.spec.job import JobSpec
+
+#: The deadline of a probe that traces nothing (``memory_trace_s: 0``).
+FACTS_ONLY_S = 30.0
+_FIELD = "train.memory_trace_s"
+#: The world size FSDP layouts are traced at; the plan scales the shards to its own.
+TRACE_WORLD = 2
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def wanted(job: JobSpec, inventory: Inventory) -> bool:
+    """Whether the plan of ``job`` uses a model's measured facts."""
+    train = job.train
+    if train is None or train.model_params is not None:
+        return False
+    return train.strategy != "ddp" or any(node.is_gpu for node in inventory.nodes)
+
+
+def _reader(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _requests(job: JobSpec) -> list[dict[str, Any]]:
+    assert job.train is not None
+    if job.train.memory_trace_s == 0:
+        return []
+    batch = job.train.batch_size
+    return [{"trace": option, "world": TRACE_WORLD if option.startswith("fsdp") else 1,
+             "batch": batch} for option in options_for(job.train)]
+
+
+def _facts(answer: dict[str, Any], source: str) -> ModelFacts:
+    """The model's facts; a ``fsdp.wrap`` (or activation_checkpointing) naming classes the
+    model does not have is the user's mistake: exit 2 naming the classes it has."""
+    problem = answer.get("problem")
+    if problem:
+        raise UserError(Problem(problem["message"], source=source,
+                                field=f"train.{problem['field']}", got=problem.get("got"),
+                                hint=problem.get("hint")))
+    return ModelFacts(
+        params=float(answer["params"]), largest_unit=answer.get("largest_unit"),
+        wrap_classes=tuple(answer.get("wrap_classes", ())),
+        classes=tuple(answer.get("classes", ())), batchnorm=tuple(answer.get("batchnorm", ())))
+
+
+def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None = None
+          ) -> tuple[ModelFacts | None, str]:
+    """The model's facts and traced peaks, or None and why not (see the module docstring)."""
+    assert job.train is not None
+    limit = job.train.memory_trace_s or FACTS_ONLY_S
+    if deadline_s is not None:
+        limit = deadline_s
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_PACKAGE_ROOT, str(workdir), env.get("PYTHONPATH", "")) if p)
+    requests = [{"train": job.train.model_dump(mode="json")}, *_requests(job)]
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "orchestrate.train.modelprobe"], cwd=workdir, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError as exc:
+        return None, f"memory check skipped: cannot start the model probe ({exc})"
+    assert child.stdin is not None and child.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_reader, args=(child.stdout, lines), daemon=True).start()
+    try:
+        child.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+        child.stdin.close()
+        return _collect(lines, time.monotonic() + limit, limit, len(requests) - 1, source)
+    except BrokenPipeError:
+        return None, "memory check skipped: the model probe exited before it was asked"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _next(lines: queue.Queue[str | None], deadline: float) -> dict[str, Any] | None:
+    """The next answer, or None at the deadline or the end of the child's output."""
+    try:
+        line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        return None
+    if line is None:
+        return None
+    answer: dict[str, Any] = json.loads(line)
+    return answer
+
+
+def _collect(lines: queue.Queue[str | None], deadline: float, limit: float, traces: int,
+             source: str) -> tuple[ModelFacts | None, str]:
+    first = _next(lines, deadline)
+    if first is None:
+        return None, (f"memory check skipped: building the model on the meta device took over "
+                      f"{limit:g} s ({_FIELD})")
+    if first.get("kind") == "import":
+        return None, "memory check skipped: torch is not installed here (set train.model_params)"
+    if "error" in first:
+        return None, f"memory check skipped: counting the model failed ({first['error']})"
+    facts = _facts(first["facts"], source)
+    notes: list[str] = []
+    for _ in range(traces):
+        answer = _next(lines, deadline)
+        if answer is None:
+            notes.append(f"tracing stopped at the {limit:g} s limit ({_FIELD}); the "
+                         "layouts not traced are estimated by the formula")
+            break
+        if "error" in answer:
+            notes.append(f"tracing failed ({answer['error']}); estimated by the formula")
+            continue
+        facts = facts.with_trace(TracedPeak.from_json(answer["traced"]))
+    if notes:
+        facts = ModelFacts(**{**facts.__dict__, "notes": (*facts.notes, *notes)})
+    return facts, ""

@@ -1,0 +1,223 @@
+"""The planner's layout and batch-share decisions, plan-only (issues #24 and #22).
+
+The README's mixed server (inventory/lab.yaml: ambers has 2x A100-80GB and 6x RTX-A6000, birch
+4x RTX-A6000) and the field notes' models: a 6.7e9-parameter LLaMA fits one GPU but not DDP on an
+A6000, and a 13e9 one does not fit DDP even on an A100. With ``strategy: auto`` the planner picks
+the first layout whose estimate fits every planned GPU and says which and why; the numbers are
+the formula's (``model_params``), traced peaks are carried over to other world sizes and batches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.memory import GB, ModelFacts, TracedPeak, formula
+from orchestrate.core.plan.plan import Plan, make_plan
+from orchestrate.core.plan.shares import apportion, known_speed
+from orchestrate.core.spec.inventory import load_inventory
+from orchestrate.core.spec.job import JobSpec
+from orchestrate.core.spec.trainspec import TrainSpec
+
+pytestmark = pytest.mark.unit
+
+LAB = load_inventory(Path(__file__).resolve().parents[2] / "inventory" / "lab.yaml")
+
+
+def job(train: dict[str, Any], **resources: Any) -> JobSpec:
+    return JobSpec.model_validate({
+        "name": "j", "backend": "ssh", "inventory": "lab.yaml",
+        "resources": {"nodes": 1, "node_names": ["ambers"], **resources},
+        "train": {"model": "m:f", "dataset": "d:f", **train}})
+
+
+def plan(spec: JobSpec, **kw: Any) -> Plan:
+    return make_plan(spec, LAB, job_id="j-1", run_dir="/runs/j-1", workdir="/w", source="j.yaml",
+                     **kw)
+
+
+def refusal(spec: JobSpec, **kw: Any) -> str:
+    with pytest.raises(UserError) as caught:
+        plan(spec, **kw)
+    assert caught.value.exit_status == 2
+    return str(caught.value)
+
+
+# ---------------------------------------------------------------- strategy: auto
+
+
+def test_auto_keeps_ddp_for_a_model_that_fits_every_gpu() -> None:
+    p = plan(job({"strategy": "auto", "model_params": 1.8e4}, allow_mixed_gpus=True))
+    assert p.memory is not None and p.memory.layout == "ddp"
+    assert p.train_config is not None and p.train_config["strategy"] == "ddp"
+    rows = {(e.strategy, e.gpu_model): e for e in p.memory.estimates}
+    assert rows["ddp", "RTX-A6000"].fits and rows["ddp", "A100-80GB"].fits
+
+
+def test_auto_picks_fsdp_for_the_6b_model_on_the_mixed_server() -> None:
+    p = plan(job({"strategy": "auto", "model_params": 6.7e9, "batch_size": 1},
+                 allow_mixed_gpus=True))
+    assert p.memory is not None and p.memory.layout == "fsdp"
+    assert p.world_size == 8
+    rows = {(e.strategy, e.gpu_model): e for e in p.memory.estimates}
+    # DDP: 16 bytes per parameter (fp32 AdamW) = 107.2 GB + the 2 GB allowance on every GPU
+    assert rows["ddp", "A100-80GB"].peak_gb == pytest.approx(109.2)
+    assert rows["ddp", "A100-80GB"].fits is False and rows["ddp", "RTX-A6000"].fits is False
+    # FSDP over 8 ranks: 107.2 / 8 = 13.4 GB of shards + the gathered units + activations
+    fsdp = rows["fsdp", "RTX-A6000"]
+    assert fsdp.fits and fsdp.capacity_gb == 48 and fsdp.method == "formula"
+    assert fsdp.parts["weights"] + fsdp.parts["gradients"] + fsdp.parts["optimizer"] == (
+        pytest.approx(13.4))
+    assert p.train_config is not None and p.train_config["strategy"] == "fsdp"
+    assert any("bounded by the smallest GPU" in n for n in p.notes)
+
+
+def test_the_13b_model_that_oomed_on_an_a100_plans_to_fsdp_on_a6000s() -> None:
+    spec = job({"strategy": "auto", "model_params": 13e9, "batch_size": 1},
+               gpu_model="RTX-A6000", nodes=2)
+    p = make_plan(spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"node_names": None})}), LAB, job_id="j", run_dir="/r", workdir="/w")
+    assert p.world_size == 10 and p.memory is not None
+    assert p.memory.layout in ("fsdp", "fsdp+ac")
+    assert all(e.fits for e in p.memory.estimates if e.strategy == p.memory.layout)
+    assert p.memory.total < 48 * GB
+
+
+def test_plan_json_carries_the_decision_and_every_estimate() -> None:
+    p = plan(job({"strategy": "auto", "model_params": 6.7e9, "batch_size": 1},
+                 allow_mixed_gpus=True))
+    memory = json.loads(json.dumps(p.to_json()))["memory"]
+    assert memory["strategy"] == "fsdp"
+    assert {"strategy", "gpu_model", "peak_gb", "capacity_gb", "fits", "method"} <= set(
+        memory["estimates"][0])
+    assert {(e["strategy"], e["gpu_model"]) for e in memory["estimates"]} >= {
+        ("ddp", "A100-80GB"), ("ddp", "RTX-A6000"), ("fsdp", "RTX-A6000"),
+        ("fsdp+ac", "RTX-A6000")}
+    again = Plan.from_json(p.to_json())
+    assert again.memory == p.memory
+
+
+def test_nothing_fits_shows_every_layouts_numbers() -> None:
+    message = refusal(job({"strategy": "auto", "model_params": 70e9, "batch_size": 1},
+                          allow_mixed_gpus=True))
+    assert "fits no layout the job allows" in message
+    for layout in ("ddp:", "fsdp:", "fsdp+ac:"):
+        assert layout in message
+    assert "1122.0 GB of 80" in message and "GB of 48" in message
+
+
+def test_explicit_ddp_keeps_the_old_refusal_and_names_fsdp() -> None:
+    message = refusal(job({"model_params": 6.7e9}, gpu_model="RTX-A6000"))
+    assert "need ~107 GB per GPU before activations" in message
+    assert "train.strategy: fsdp" in message
+
+
+def test_activation_checkpointing_shrinks_the_formulas_activations() -> None:
+    train = TrainSpec(model="m:f", dataset="d:f", activation_memory_gb=9.0)
+    plain = formula(train, 1e9, option="fsdp", world=4, batch=None)
+    checkpointed = formula(train, 1e9, option="fsdp+ac", world=4, batch=None)
+    assert plain.activations == 9 * GB and checkpointed.activations == 3 * GB
+    assert checkpointed.weights == plain.weights == 1e9
+
+
+def test_a_traced_peak_follows_the_world_size_and_the_batch() -> None:
+    traced = TracedPeak("fsdp", world_size=8, batch=4, weights=1 * GB, gradients=1 * GB,
+                        optimizer=2 * GB, gathered=0.5 * GB, activations=4 * GB, seconds=1.0)
+    facts = ModelFacts(params=2e9, traced=(traced,))
+    p = plan(job({"strategy": "fsdp", "batch_size": 8}, allow_mixed_gpus=True, ),
+             model=facts)
+    assert p.memory is not None
+    row = next(e for e in p.memory.estimates if e.gpu_model == "RTX-A6000")
+    assert row.method == "traced"
+    # 8 ranks as traced: shards unchanged; 8 samples instead of 4: activations doubled;
+    # plus the GPU's CUDA context and NCCL buffers
+    assert row.peak_gb == pytest.approx(1 + 1 + 2 + 0.5 + 8 + 1.5)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("train", "field", "says"), [
+    ({"strategy": "fsdp", "precision": "fp16"}, "train.precision", "no sharded one"),
+    ({"strategy": "auto", "precision": "fp16-mixed"}, "train.precision", "use bf16"),
+    ({"fsdp": {"cpu_offload": True}}, "train.fsdp.cpu_offload", "strategy: fsdp"),
+    ({"batch_split": "proportional"}, "train.batch_split", "global_batch_size"),
+    ({"global_batch_size": 64, "batch_size": 8}, "train.batch_size", "not both"),
+    ({"global_batch_size": 63, "grad_accum_steps": 2}, "train.global_batch_size", "multiple"),
+])
+def test_combinations_that_cannot_work_are_refused(train: dict[str, Any], field: str,
+                                                   says: str) -> None:
+    message = refusal(job({"model_params": 1e6, **train}))
+    assert f"j.yaml: {field}: " in message and says in message and "hint:" in message
+
+
+# ---------------------------------------------------------------- batch shares (#22)
+
+
+def test_known_speeds_match_the_inventory_names() -> None:
+    assert known_speed("A100-80GB") == 312.0 and known_speed("RTX-A6000") == 154.8
+    assert known_speed("H100-PCIe") == 756.0 and known_speed("Quantum-Q1") is None
+
+
+def test_proportional_gives_the_a100s_twice_the_a6000s_share_within_memory() -> None:
+    p = plan(job({"global_batch_size": 160, "batch_split": "proportional", "model_params": 1e9}))
+    assert p.batch is not None and p.memory is not None
+    by_model = {r.rank: r.gpu_model for r in p.ranks}
+    a100 = [s for r, s in enumerate(p.batch.shares) if by_model[r] == "A100-80GB"]
+    a6000 = [s for r, s in enumerate(p.batch.shares) if by_model[r] == "RTX-A6000"]
+    assert len(a100) == 2 and len(a6000) == 6 and sum(p.batch.shares) == 160
+    assert min(a100) / max(a6000) >= 1.8 and max(a100) / min(a6000) <= 2.25
+    assert all(r.fits for r in p.memory.ranks)
+    assert p.train_config is not None
+    assert p.train_config["batch_plan"]["shares"] == list(p.batch.shares)
+    # balanced: mixing needs no allow_mixed_gpus, and no "slowest GPU" warning
+    assert not any("slowest" in w for w in p.warnings)
+
+
+def test_a_share_is_capped_by_its_gpus_memory() -> None:
+    # 10 GB of activations for the equal share of 8: ~1.25 GB a sample; the A6000s hold ~30
+    p = plan(job({"global_batch_size": 64, "batch_split": "proportional",
+                  "model_params": 1e9, "activation_memory_gb": 10.0}))
+    assert p.batch is not None and p.memory is not None
+    caps = dict(zip(range(8), p.batch.caps, strict=True))
+    assert all(s <= (caps[r] or s) for r, s in enumerate(p.batch.shares))
+    assert all(r.fits for r in p.memory.ranks)
+
+
+def test_equal_split_on_mixed_gpus_keeps_the_warning() -> None:
+    p = plan(job({"global_batch_size": 64, "model_params": 1e6}, allow_mixed_gpus=True))
+    assert p.batch is not None and p.batch.shares == (8,) * 8
+    assert any("slowest GPU" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize(("train", "says"), [
+    ({"global_batch_size": 4}, "cannot give each of the 8 ranks a sample"),
+    ({"global_batch_size": 64, "batch_shares": [32, 32]}, "2 shares for 8 ranks"),
+    ({"global_batch_size": 64, "batch_shares": [8] * 7 + [9]}, "add up to 65"),
+])
+def test_splits_that_cannot_be_made_are_refused(train: dict[str, Any], says: str) -> None:
+    message = refusal(job({"model_params": 1e6, **train}, allow_mixed_gpus=True))
+    assert says in message
+
+
+def test_a_global_batch_the_memory_cannot_hold_is_refused() -> None:
+    message = refusal(job({"global_batch_size": 4096, "batch_split": "proportional",
+                           "model_params": 1e9, "activation_memory_gb": 40.0}))
+    assert "fits no layout" in message and "fewer than the global batch of 4096" in message
+
+
+def test_batch_norm_with_unequal_shares_warns() -> None:
+    facts = ModelFacts(params=1e6, batchnorm=("BatchNorm2d",))
+    p = plan(job({"global_batch_size": 64, "batch_split": "proportional"}), model=facts)
+    assert any("BatchNorm2d" in w and "per local batch" in w for w in p.warnings)
+
+
+def test_apportion_never_exceeds_a_cap_and_sums_to_the_batch() -> None:
+    shares = apportion(100, [3.0, 1.0, 1.0], [40, None, None])
+    assert shares == [40, 30, 30]
+    assert apportion(7, [1.0, 1.0, 1.0], [None] * 3) == [3, 2, 2]
+    assert apportion(3, [100.0, 1.0, 1.0], [None] * 3) == [1, 1, 1]

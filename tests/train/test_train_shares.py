@@ -1,0 +1,83 @@
+"""Unequal per-rank batches (``global_batch_size`` split into shares) give one big batch's
+gradients: the same job split [48, 16], [32, 32] and run as one process on the same global
+batches of 64 ends with the same parameters after several hundred optimizer steps (DDP, and
+FSDP for [48, 16]). A share list that does not fit the ranks stops every rank with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from train_harness import Launcher
+
+pytestmark = [pytest.mark.process, pytest.mark.torch]
+
+EPOCHS = 14  # 1,437 training samples // 64 = 22 steps an epoch: 308 steps
+
+
+def _config(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "model": "digits:build_model",
+        "model_args": {"hidden": 64, "dropout": 0.0},
+        "dataset": "digits:build_dataset",
+        "optimizer": {"name": "adamw", "lr": 1.0e-3},
+        "epochs": EPOCHS,
+        "global_batch_size": 64,
+        "seed": 3,
+    }
+    config.update(overrides)
+    return config
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    directory = run_dir / "checkpoints"
+    latest = directory / (directory / "latest").read_text().strip()
+    if latest.is_dir():
+        from orchestrate.train.distcp import read
+
+        state = read(latest)["model"]
+    else:
+        state = torch.load(latest, weights_only=True)["model"]
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _steps(run_dir: Path) -> int:
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return int(latest.removeprefix("step-").removesuffix(".pt"))
+
+
+@pytest.mark.timeout(600)
+def test_splits_end_with_the_parameters_of_one_process(launcher: Launcher, tmp_path: Path
+                                                       ) -> None:
+    single = tmp_path / "single"
+    launcher.run(_config(), single, nprocs=1, timeout=240)
+    reference = _weights(single)
+    assert _steps(single) == EPOCHS * (1437 // 64)
+    runs = {"48-16": _config(batch_shares=[48, 16]), "32-32": _config(),
+            "fsdp-48-16": _config(batch_shares=[48, 16], strategy="fsdp")}
+    for name, config in runs.items():
+        launch = launcher.run(config, tmp_path / name, timeout=240)
+        assert _steps(tmp_path / name) == _steps(single), name
+        shares = [48, 16] if "48" in name else [32, 32]
+        start = next(m for m in launch.metrics() if m["kind"] == "start")
+        assert start["batch_shares"] == shares, start
+        epochs = [m for m in launch.metrics() if m["kind"] == "epoch"]
+        assert len(epochs) == EPOCHS and all(m["batch_shares"] == shares for m in epochs)
+        assert f"batch shares {shares} of global_batch_size 64" in launch.ranks[0].stdout
+        got = _weights(tmp_path / name)
+        assert got.keys() == reference.keys()
+        for key, value in reference.items():
+            diff = float((got[key] - value).abs().max())
+            assert diff <= 1e-5, (name, key, diff)
+
+
+@pytest.mark.timeout(120)
+def test_shares_that_do_not_fit_the_ranks_stop_every_rank(launcher: Launcher, tmp_path: Path
+                                                          ) -> None:
+    launch = launcher.start(_config(batch_shares=[40, 16, 8]), tmp_path / "bad")
+    codes = launch.wait(timeout=90)
+    assert all(code != 0 for code in codes), codes
+    assert "do not split global_batch_size 64 over 2 ranks" in launch.logs()
