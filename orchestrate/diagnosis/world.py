@@ -45,9 +45,11 @@ def wrong_world(joined: Sequence[Joined], world_size: int, launcher: str, at: fl
     ordered = sorted(joined, key=lambda j: (j.t or 0.0, j.rank or 0))
     for one in ordered:
         if one.world_size != world_size:
+            # The plan's rank where the process has one (a rank's own workers inherit RANK).
+            who = one.env_rank if one.env_rank is not None else (one.rank or 0)
             return Diagnosis(
-                KIND, (one.rank or 0,), (_host(one),),
-                f"rank {one.rank} on {_host(one)} joined a world of {one.world_size}, the plan "
+                KIND, (who,), (_host(one),),
+                f"rank {who} on {_host(one)} joined a world of {one.world_size}, the plan "
                 f"has {world_size}: {why}; {DOCS}", at)
     twice = _twice(ordered)
     if twice:

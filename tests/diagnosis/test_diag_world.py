@@ -29,10 +29,13 @@ def test_the_plans_world_is_never_named() -> None:
 def test_a_world_of_another_size_is_named_with_the_rank_host_and_hint() -> None:
     found = wrong_world([_j(0, 4, "h1", 1, 0), _j(0, 1, "h2", 7, 1, t=2.0)], 4, "ranks", 9.0)
     assert found is not None and found.kind == "wrong_world"
-    assert found.summary.startswith("rank 0 on h2 joined a world of 1, the plan has 4: the "
+    assert found.summary.startswith("rank 1 on h2 joined a world of 1, the plan has 4: the "
                                     "program builds its own world (mp.spawn or torchrun inside "
                                     "a `ranks` job?)"), found.summary
-    assert found.nodes == ("h2",) and found.at == 9.0
+    assert found.nodes == ("h2",) and found.ranks == (1,) and found.at == 9.0
+    # Without a RANK of its own (a per_node worker), the rank it joined as.
+    found = wrong_world([_j(3, 2, "h2", 7)], 4, "per_node", 9.0)
+    assert found is not None and found.summary.startswith("rank 3 on h2 joined a world of 2")
 
 
 def test_two_worlds_of_the_plans_size_are_named_by_the_rank_joined_twice() -> None:
