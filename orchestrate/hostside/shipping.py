@@ -36,6 +36,7 @@ SHIPPED: dict[str, tuple[str, ...]] = {
     # The Slurm batch job's ``monitor.py``: logs, the stall watch and the end of a run.
     "monitor": ("orchestrate.core.exits", "orchestrate.core.plan.outcome",
                 "orchestrate.core.plan.restart", "orchestrate.core.layout",
+                "orchestrate.core.plan.workers",
                 "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.stallrule",
                 "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
                 "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",

@@ -55,11 +55,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from orchestrate.core.exits import EXIT_FAILED
+from orchestrate.core.layout import LOG_DIR
 from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
+from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 
@@ -215,6 +218,21 @@ def rank_ends(exit_dir: str) -> list[RankEnd]:
     return ends
 
 
+def _worker_end(end: RankEnd, run_dir: str) -> RankEnd:
+    """Under a launcher that starts workers (``ORCHESTRATE_LAUNCHER``: per_node, torchrun), a
+    node's task ends as the worker its launcher's report names as failed (its log's last lines:
+    :func:`orchestrate.core.plan.workers.worker_end`)."""
+    if os.environ.get("ORCHESTRATE_LAUNCHER", "ranks") == "ranks" or end.exit.ok:
+        return end
+    try:
+        with open(os.path.join(run_dir, LOG_DIR, f"rank-{end.rank}.log"), encoding="utf-8",
+                  errors="replace") as f:
+            lines = [line.rstrip("\n") for line in deque(f, maxlen=REPORT_LINES)]
+    except OSError:
+        return end
+    return worker_end(end, lines)
+
+
 class Verdict:
     """What the batch script does after the step."""
 
@@ -241,7 +259,7 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
                ) -> Verdict:
     """The verdict on one run of the step (see the module docstring), noted in the log.
     ``stalled`` is the file the stall watch wrote if it stopped the step."""
-    ends = rank_ends(exit_dir)
+    ends = [_worker_end(end, run_dir) for end in rank_ends(exit_dir)]
     stall = _read_stall(stalled) if stalled else None
     if not ends and stall is None:
         return Verdict("NONE", 0)
