@@ -10,7 +10,8 @@ world comes from the node's launcher variables (``NNODES``, ``NODE_RANK``, ``NPR
 world of this machine's workers only -- what the notes' code does when it is brought unchanged
 into a ``ranks`` job (each process builds a separate world).
 
-Each worker writes ``OUT/rank-<rank>.json``: the rank and world size its process group has, its
+Each worker writes ``OUT/started-<rank>.txt`` (its host and pid) once it joined, and
+``OUT/rank-<rank>.json`` at the end: the rank and world size its process group has, its
 host and pid, and a digest of the trained weights (equal on every rank of one world).
 """
 
@@ -46,6 +47,8 @@ def ddp_train(proc: int, first_rank: int, world_size: int, port_num: str | None,
     torch.manual_seed(777)
     rank = first_rank + proc
     ddp_setup(rank, world_size, port_num)
+    with open(os.path.join(out, f"started-{rank}.txt"), "w", encoding="utf-8") as f:
+        f.write(f"{socket.gethostname()} {os.getpid()}\n")  # where a test finds the worker
     model = DDP(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(rank)  # every rank sees different data: only DDP keeps them equal

@@ -134,3 +134,55 @@ def test_commands_resolve_in_the_inventorys_python_environment(ssh_cli: SshCli,
     assert status["state"] == "FAILED", status
     log = (Path(status["run_dir"]) / "output.log").read_text()
     assert f"orchestrate: no-such-envtool: not in {env_bin} or on PATH on h" in log, log
+
+
+def _started(out: Path, count: int, timeout: float = 120) -> dict[int, tuple[str, int]]:
+    """Every worker's (host, pid on that host), once all of them joined."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {int(p.stem.split("-")[1]): p.read_text().split() for p in
+                 out.glob("started-*.txt")}
+        if len(found) == count and all(len(v) == 2 for v in found.values()):
+            return {rank: (v[0], int(v[1])) for rank, v in found.items()}
+        time.sleep(0.3)
+    raise AssertionError(f"the workers never all joined: {sorted(out.glob('*'))}")
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_worker_on_h2_fails_the_job_naming_it(ssh_cli: SshCli) -> None:
+    import signal
+
+    job = f"wkill-{os.getpid()}"
+    path, out = _job(ssh_cli, "wkill", "per_node", "spawn_train.py", gpus=2,
+                     env=", STEPS: 900, PAUSE_S: 0.1")
+    ssh_cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    started = _started(out, 4)
+    host, pid = started[3]
+    assert host == "h2"
+    os.kill(ssh_cli.hosts.root_pid("h2", pid), signal.SIGKILL)
+    status = ssh_cli.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}, 90)
+    assert status["state"] == "FAILED", status
+    assert status["reason"].startswith("rank 3 on h2 failed with signal 9"), status["reason"]
+
+
+@pytest.mark.timeout(240)
+def test_cancel_leaves_no_worker_on_any_host(ssh_cli: SshCli) -> None:
+    import time
+
+    from tests.backends.ssh.conftest import tagged_by_namespace
+
+    job = f"wcxl-{os.getpid()}"
+    path, out = _job(ssh_cli, "wcxl", "per_node", "spawn_train.py", gpus=2,
+                     env=", STEPS: 900, PAUSE_S: 0.1")
+    ssh_cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    _started(out, 4)
+    assert set(tagged_by_namespace(ssh_cli.hosts, job)) == {"h1", "h2"}
+    ssh_cli.run("cancel", job, check=True)
+    status = ssh_cli.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}, 60)
+    assert status["state"] == "CANCELLED", status
+    deadline = time.monotonic() + 15
+    while tagged_by_namespace(ssh_cli.hosts, job) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert tagged_by_namespace(ssh_cli.hosts, job) == {}
