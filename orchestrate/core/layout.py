@@ -49,6 +49,9 @@ DIAG_DIR = "diag"
 DIAG_HEARTBEATS = "hb"
 DIAG_REQUEST = "request"
 DIAG_DIAGNOSIS = "diagnosis.json"
+#: ``diag/joined/<attempt>/<host>-<pid>.json``: every process that formed a process group, with
+#: the rank and world size it joined with (the world check compares them with the plan's).
+DIAG_JOINED = "joined"
 #: The heartbeats' folder, for the launch scripts (a rank removes an earlier attempt's beat).
 HEARTBEAT_DIR = f"{DIAG_DIR}/{DIAG_HEARTBEATS}"
 #: Per-rank step timing of the built-in trainer: ``timing/rank-<R>.jsonl``, one window a line

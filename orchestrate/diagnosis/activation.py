@@ -13,15 +13,18 @@ The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH``; Python runs 
   the sidecar (:mod:`orchestrate.diagnosis.sidecar`) starts once per rank process and records
   its pid in ``ORCHESTRATE_SIDECAR_PID``. Any Python started from the rank
   (multiprocessing/DataLoader workers with spawn, the resource tracker, helper scripts) inherits
-  that variable, sees a live process that is not itself, and stays off. A stale value (that
-  process is gone) or our own pid after ``exec`` starts it anew. Known limit: the *first* Python
-  process of a rank owns the sidecar, so a Python wrapper that runs the real program as a child
-  (``accelerate launch``) is what gets watched; give such jobs ``ORCHESTRATE_SIDECAR=0``;
+  that variable, sees a live process that is not itself, and gets only the join watch
+  (:mod:`orchestrate.diagnosis.joinwatch`), which records a process group such a process forms.
+  A stale value (that process is gone) or our own pid after ``exec`` starts the sidecar anew;
+- a process without RANK (a ``per_node`` node's process and the workers it spawns, torchrun's
+  agent) gets the join watch too: a worker that joins its process group under a launcher that
+  starts workers becomes the rank it joined as (its sidecar starts then);
 - afterwards any other ``sitecustomize`` later on ``sys.path`` (Debian ships one) is loaded
   too, so we never shadow it.
 
-Those children pay only for this module and the timeout bound (``os`` and ``sys``, already
-loaded): the sidecar, its records and their imports load only in the process that starts it.
+Those children pay for this module, the timeout bound and the join watch (``threading`` and
+a thread that sleeps): the sidecar, its records and their imports load only in the process that
+starts it.
 Standard library only, Python 3.8+.
 """
 
@@ -38,7 +41,6 @@ if TYPE_CHECKING:
 
 ENV_RUN_DIR = "ORCHESTRATE_RUN_DIR"
 ENV_SWITCH = "ORCHESTRATE_SIDECAR"
-ENV_OWNER = "ORCHESTRATE_SIDECAR_PID"
 
 
 def enabled(environ: Any) -> bool:
@@ -46,31 +48,21 @@ def enabled(environ: Any) -> bool:
     return str(environ.get(ENV_SWITCH, "1")).strip() != "0"
 
 
-def _owner_elsewhere(environ: Any) -> bool:
-    """Whether another live process of this rank (our parent, usually) owns the sidecar."""
-    raw = str(environ.get(ENV_OWNER, "")).strip()
-    if not raw.isdigit() or int(raw) == os.getpid():
-        return False
-    try:
-        os.kill(int(raw), 0)
-    except ProcessLookupError:
-        return False  # stale: left by a process that is gone
-    except OSError:
-        return True  # alive, but not ours to signal
-    return True
-
-
 def activate(environ: Any) -> Any:
-    """Bound the default timeout, then start the sidecar in a rank process (not in its
-    children); returns the sidecar started, or None."""
+    """Bound the default timeout, then start the sidecar in a rank process, or the join watch
+    in any other process of the job (:mod:`orchestrate.diagnosis.joinwatch`); returns the
+    sidecar started, or None."""
     bound_from(environ)
     run_dir = str(environ.get(ENV_RUN_DIR, "")).strip()
+    if not run_dir or not enabled(environ):
+        return None
+    # Imported here: the timeout bound alone needs neither.
+    from orchestrate.diagnosis.joinwatch import owner_elsewhere, watch
+
     rank = str(environ.get("RANK", "")).strip()
-    if not run_dir or not rank.isdigit() or not enabled(environ):
+    if not rank.isdigit() or owner_elsewhere(environ):
+        watch(run_dir, environ)  # a rank's children, a launcher and its workers
         return None
-    if _owner_elsewhere(environ):
-        return None
-    # Imported here: a rank's children (which stay off) never load the thread and its records.
     from orchestrate.diagnosis.sidecar import start
 
     return start(run_dir, int(rank))

@@ -46,6 +46,13 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
 
     ``diagnosis.json``: the latest diagnosis of the stall watch (also beside its dumps, in
     ``<id>/``).
+
+    ``joined/<attempt>/<host>-<pid>.json`` (:class:`Joined`): a process that formed a process
+    group, with the rank and world size it joined with, written once by the sidecar or the
+    join watch of that process (``attempt`` is ``ORCHESTRATE_ATTEMPT``)::
+
+        {"pid": 1234, "host": "h2", "rank": 1, "world_size": 4, "env_rank": 1,
+         "t": <time.time()>, "heartbeats": true}
 """
 
 from __future__ import annotations
@@ -55,7 +62,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrate.core.layout import DIAG_DIAGNOSIS, DIAG_DIR, DIAG_HEARTBEATS, DIAG_REQUEST
+from orchestrate.core.layout import (
+    DIAG_DIAGNOSIS,
+    DIAG_DIR,
+    DIAG_HEARTBEATS,
+    DIAG_JOINED,
+    DIAG_REQUEST,
+)
 
 _SAFE_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -145,6 +158,14 @@ class DiagFiles:
     def diagnosis_of(self, request_id: str) -> Path:
         """The diagnosis kept beside the dumps it was made of."""
         return self.answers(request_id) / DIAG_DIAGNOSIS
+
+    def joined(self, attempt: int) -> Path:
+        """The folder of one attempt's :class:`Joined` records."""
+        return self.folder / DIAG_JOINED / str(attempt)
+
+    def joined_by(self, attempt: int, host: str, pid: int) -> Path:
+        """One process's :class:`Joined` record."""
+        return self.joined(attempt) / f"{host}-{pid}.json"
 
 
 # --- what: the rank's records ------------------------------------------------------------------
@@ -323,6 +344,39 @@ class Heartbeat:
             stdlib=_str(data.get("stdlib")), cpu_s=_float(data.get("cpu_s")),
             proc=KernelState.from_json(data.get("proc")),
         )
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A process that formed a process group: the rank and world size it joined with, as the
+    process itself saw them at ``init_process_group`` (``diag/joined/<attempt>/``). ``env_rank``
+    is RANK in its environment (the plan's, or torchrun's for its workers; None without one);
+    ``heartbeats`` says whether it writes ``hb/rank-<rank>.json`` (a sidecar of its own)."""
+
+    pid: int | None = None
+    host: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    env_rank: int | None = None
+    t: float | None = None
+    heartbeats: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "host": self.host, "rank": self.rank,
+                "world_size": self.world_size, "env_rank": self.env_rank, "t": self.t,
+                "heartbeats": self.heartbeats}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Joined | None:
+        """The inverse of :meth:`to_json`; None without a rank and a world size."""
+        if not isinstance(data, dict):
+            return None
+        rank, world = _int(data.get("rank")), _int(data.get("world_size"))
+        if rank is None or world is None:
+            return None
+        return cls(_int(data.get("pid")), _str(data.get("host")), rank, world,
+                   _int(data.get("env_rank")), _float(data.get("t")),
+                   data.get("heartbeats") is True)
 
 
 @dataclass(frozen=True)

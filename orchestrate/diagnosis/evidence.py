@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Done, Heartbeat, Request
+from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Done, Heartbeat, Joined, Request
 from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall
 
@@ -64,6 +64,18 @@ def read_heartbeats(run_dir: Path, ranks: Iterable[int]) -> dict[int, Heartbeat 
     """Each rank's last heartbeat, or None where there is none (yet) or it is unreadable."""
     files = DiagFiles(run_dir)
     return {rank: read_heartbeat(files.heartbeat(rank)) for rank in ranks}
+
+
+def read_joined(run_dir: Path, attempt: int) -> list[Joined]:
+    """The processes of one attempt that formed a process group, as each recorded it."""
+    folder = DiagFiles(run_dir).joined(attempt)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = (Joined.from_json(_read_json(folder / name)) for name in names
+             if name.endswith(".json"))
+    return [joined for joined in found if joined is not None]
 
 
 @dataclass(frozen=True)
@@ -213,7 +225,8 @@ def main(argv: list[str]) -> int:
     """The host side of an SSH job's stall watch (``evidence.py`` in the run directory, run
     with ``python -S``), one JSON object on stdout:
 
-    - ``heartbeats RUN_DIR RANKS``: ``{"t": host time, "heartbeats": {rank: beat | null}}``;
+    - ``heartbeats RUN_DIR RANKS [ATTEMPT]``: ``{"t": host time, "heartbeats": {rank: beat |
+      null}, "joined": [the attempt's Joined records on this host]}``;
     - ``collect RUN_DIR RANKS TIMEOUT_S REQUEST_ID``: ask this host's ranks for dumps and wait
       (:func:`collect`); ``{"t", "heartbeats", "collected": Collection.to_json() with each
       answer's "fr_text": the flight recorder's text, at most FR_SEND_BYTES}``.
@@ -233,5 +246,7 @@ def main(argv: list[str]) -> int:
         out["collected"] = replace(collected, answers=answers).to_json()
     out["heartbeats"] = {str(rank): None if beat is None else beat.to_json()
                          for rank, beat in read_heartbeats(run_dir, ranks).items()}
+    if argv[0] == "heartbeats" and len(argv) == 4:
+        out["joined"] = [j.to_json() for j in read_joined(run_dir, int(argv[3]))]
     print(json.dumps(out))
     return 0

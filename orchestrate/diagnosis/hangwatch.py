@@ -23,16 +23,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from orchestrate.diagnosis.diagfiles import Heartbeat
+from orchestrate.diagnosis.diagfiles import Heartbeat, Joined
 from orchestrate.diagnosis.evidence import (
     DEFAULT_COLLECT_S,
     Collection,
     collect,
     read_heartbeats,
+    read_joined,
     write_diagnosis,
 )
 from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall, StallWatch
+from orchestrate.diagnosis.world import wrong_world
 
 
 class Evidence(Protocol):
@@ -46,16 +48,24 @@ class Evidence(Protocol):
         (:func:`orchestrate.diagnosis.evidence.collect`), its files in the controller's run
         directory."""
 
+    def joined(self) -> list[Joined]:
+        """The attempt's processes that formed a process group, as far as known at the last
+        :meth:`heartbeats`."""
+
 
 class RunDirEvidence:
     """The ranks write into the run directory the watch reads (local; Slurm's shared one)."""
 
-    def __init__(self, run_dir: Path, ranks: Sequence[int]) -> None:
+    def __init__(self, run_dir: Path, ranks: Sequence[int], attempt: int = 1) -> None:
         self.run_dir = run_dir
         self.ranks = list(ranks)
+        self.attempt = attempt
 
     def heartbeats(self) -> dict[int, Heartbeat | None]:
         return read_heartbeats(self.run_dir, self.ranks)
+
+    def joined(self) -> list[Joined]:
+        return read_joined(self.run_dir, self.attempt)
 
     def collect(self, timeout_s: float) -> Collection:
         return collect(self.run_dir, self.ranks, timeout_s)
@@ -70,7 +80,9 @@ class HangWatch:
     """One attempt's stall watch (see the module docstring).
 
     ``nodes`` maps each rank to its node's name, ``master`` is ``addr:port`` and ``interface``
-    the network interface of the plan (for the sentence of a transport stall).
+    the network interface of the plan (for the sentence of a transport stall). ``world_size``
+    and ``launcher`` are the plan's, for the world check (:mod:`orchestrate.diagnosis.world`;
+    None: no check); a ``stall_s`` of 0 turns the stall rule off and leaves the world check.
     """
 
     def __init__(
@@ -84,6 +96,8 @@ class HangWatch:
         heartbeat_s: float,
         interface: str | None = None,
         collect_s: float = DEFAULT_COLLECT_S,
+        world_size: int | None = None,
+        launcher: str = "ranks",
     ) -> None:
         self.run_dir = run_dir
         self.source = source
@@ -91,14 +105,26 @@ class HangWatch:
         self.master = master
         self.interface = interface
         self.collect_s = collect_s
-        self.rule = StallWatch(stall_s, heartbeat_s)
-        self.interval_s = look_interval_s(stall_s, heartbeat_s)
+        self.rule = StallWatch(stall_s, heartbeat_s) if stall_s > 0 else None
+        self.interval_s = look_interval_s(stall_s, heartbeat_s) if stall_s > 0 else heartbeat_s
+        self.world = (world_size, launcher) if world_size is not None else None
         self.last: Diagnosis | None = None
 
     def look(self, alive: Mapping[int, bool] | None = None) -> Diagnosis | None:
-        """One look: a :class:`Diagnosis` the first time the job counts as stalled (once per
-        stall: the rule stays quiet until some rank progresses again), else None."""
+        """One look: a ``wrong_world`` :class:`Diagnosis` the first time a process joined a
+        process group that is not the plan's (once per attempt), or a stall's the first time
+        the job counts as stalled (once per stall: the rule stays quiet until some rank
+        progresses again), else None."""
         beats = self.source.heartbeats()
+        if self.world is not None:
+            found = wrong_world(self.source.joined(), *self.world, time.time())
+            if found is not None:
+                self.world = None  # said once
+                write_diagnosis(self.run_dir, found)
+                self.last = found
+                return found
+        if self.rule is None:
+            return None
         stall = self.rule.observe(time.time(), beats, alive or {})
         if stall is None:
             return None

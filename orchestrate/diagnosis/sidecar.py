@@ -56,9 +56,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.diagnosis.activation import ENV_OWNER
 from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, KernelState, Request
 from orchestrate.diagnosis.flightrecorder import FlightRecorder, dump_function, with_ops
+from orchestrate.diagnosis.joinwatch import ENV_OWNER, LIVE_KEY, dist_world, live_sidecar, record
 
 ENV_INTERVAL = "ORCHESTRATE_HEARTBEAT_S"
 
@@ -67,7 +67,6 @@ POLL_S = 1.0  # how often the request file is read
 STALE_REQUEST_S = 60.0  # a request this much older than the sidecar is from an earlier run
 STACK_DEPTH = 10  # innermost frames of the main thread kept in each heartbeat
 USER_DEPTH = 6  # innermost frames outside the standard library and installed packages
-_LIVE_KEY = "_orchestrate_sidecar"  # attribute of ``sys`` holding the live sidecar
 #: Frames of this folder (the sidecar's modules: the timeout hook, the exit beat) and of the
 #: sitecustomize entry beside it are never the user's.
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -107,6 +106,7 @@ class Sidecar:
         self._signature: Any = None
         self.recorder = FlightRecorder()
         self._was_initialised = False
+        self._joined = False  # its process group's rank and world size recorded
         self._request_text: str | None = None
         self._stdlib = os.path.dirname(os.__file__)
         self._writing = threading.Lock()  # the last heartbeat at exit must not be overwritten
@@ -188,7 +188,11 @@ class Sidecar:
         main = threading.main_thread()
         frame = sys._current_frames().get(main.ident or 0)
         stack, user = _frames(frame, STACK_DEPTH, USER_DEPTH, self._stdlib)
-        initialised = _dist_initialised()
+        world = dist_world()
+        initialised = world is not None
+        if world is not None and not self._joined:
+            self._joined = True  # for the world check: the rank and world it joined with
+            record(self.run_dir, world[0], world[1], heartbeats=True)
         if self.explicit:
             phase, since = self.phase, self.phase_since
         else:
@@ -339,17 +343,6 @@ def _frames(
     return tuple(stack), tuple(user)
 
 
-def _dist_initialised() -> bool:
-    """``torch.distributed.is_initialized()``, without importing it."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return False
-    try:
-        return bool(dist.is_available() and dist.is_initialized())
-    except Exception:
-        return False
-
-
 def _in_init_process_group(stack: tuple[Frame, ...]) -> bool:
     return any(f.function == "init_process_group" and "distributed" in f.file for f in stack)
 
@@ -403,10 +396,8 @@ _live: Sidecar | None = None
 
 def current() -> Sidecar | None:
     """The sidecar running in this process, started by either copy of this module."""
-    car = getattr(sys, _LIVE_KEY, None)
-    if car is not None and getattr(car, "pid", None) == os.getpid():
-        return car  # type: ignore[no-any-return]
-    return None
+    car: Sidecar | None = live_sidecar()
+    return car
 
 
 def start(run_dir: str | os.PathLike[str], rank: int, interval_s: float | None = None) -> Any:
@@ -417,7 +408,7 @@ def start(run_dir: str | os.PathLike[str], rank: int, interval_s: float | None =
         if interval_s is None:
             interval_s = _interval_from(os.environ)
         car = Sidecar(os.fspath(run_dir), int(rank), interval_s)
-        setattr(sys, _LIVE_KEY, car)
+        setattr(sys, LIVE_KEY, car)
         os.environ[ENV_OWNER] = str(car.pid)
         car.launch()
     _live = car

@@ -36,10 +36,11 @@ SHIPPED: dict[str, tuple[str, ...]] = {
     # The Slurm batch job's ``monitor.py``: logs, the stall watch and the end of a run.
     "monitor": ("orchestrate.core.exits", "orchestrate.core.plan.outcome",
                 "orchestrate.core.plan.restart", "orchestrate.core.layout",
+                "orchestrate.core.plan.workers",
                 "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.stallrule",
                 "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
-                "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.hangwatch",
-                "orchestrate.backends.slurm.monitor"),
+                "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",
+                "orchestrate.diagnosis.hangwatch", "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host",),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
@@ -48,7 +49,8 @@ SHIPPED: dict[str, tuple[str, ...]] = {
     # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
     "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
                 "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.flightrecorder",
-                "orchestrate.diagnosis.activation", "orchestrate.diagnosis.sidecar"),
+                "orchestrate.diagnosis.joinwatch", "orchestrate.diagnosis.activation",
+                "orchestrate.diagnosis.sidecar"),
 }
 
 

@@ -17,7 +17,11 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
 - no rank made progress for ``distributed.stall_s`` (the stall watch,
   :mod:`orchestrate.diagnosis.hangwatch`, in a thread beside this loop): the stuck rank is named in
   the log, the store (``status``' diagnosis) and ``diag/diagnosis.json``; with ``on_stall: kill``
-  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts).
+  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts);
+- a process formed a process group that is not the plan's world (the world check,
+  :mod:`orchestrate.diagnosis.world`, in the same thread): named like a stall, as a diagnosis of
+  kind ``wrong_world``; with ``on_wrong_world: kill`` (the default) every rank is stopped
+  (FAILED): a job that trained separate worlds never ends COMPLETED.
 
 Ranks the job stops itself are recorded as STOPPED, with their exit, never as FAILED: only the
 first failure failed. Local and SSH jobs share this loop; only the handles differ.
@@ -28,9 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import queue
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,12 +44,15 @@ from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
-from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
+from orchestrate.core.plan.workers import REPORT_LINES, worker_end
+from orchestrate.diagnosis.hangwatch import Evidence
 from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import Store
+from orchestrate.run.watcher import watch_attempt
 
 POLL_S = 0.05
 #: A rank that exited 0 while others still run this long later is reported: in DDP the others
@@ -142,6 +147,18 @@ class _Run:
         self.first_done: tuple[int, str, float] | None = None  # the first rank to exit 0
         self.zero_done_at: float | None = None  # when rank 0 exited 0
         self.noticed_early = False
+        self.per_node = plan.per_node
+        self.logged_as: dict[int, int] = {}  # a failed worker's rank -> its launcher's handle
+
+    def _end_of(self, end: RankEnd) -> RankEnd:
+        """A handle's end; under a launcher that starts workers, the end of the worker that its
+        launcher's last lines name as failed (:func:`~orchestrate.core.plan.workers.worker_end`),
+        so the failure names that worker, with the launcher's log."""
+        if not self.per_node or end.exit.ok:
+            return end
+        worker = worker_end(end, last_lines(rank_log(self.run_dir, end.rank), REPORT_LINES))
+        self.logged_as[worker.rank] = end.rank
+        return worker
 
     # ---- events --------------------------------------------------------------------------
 
@@ -155,7 +172,7 @@ class _Run:
             del self.running[rank]
             self.exits[rank] = result
             now = time.time()
-            ended.append(RankEnd(rank, handle.node, result, now))
+            ended.append(self._end_of(RankEnd(rank, handle.node, result, now)))
             stopped_by_us = self.ending is not None
             ended_as: RankState = "COMPLETED" if result.ok else (
                 STOPPED if stopped_by_us else "FAILED")
@@ -167,8 +184,9 @@ class _Run:
                 self.zero_done_at = time.monotonic()
         first = first_failure(ended)
         if first is not None and self.ending is None:
-            lost = next((h.lost for h in self.handles if h.rank == first.rank and h.lost), None)
-            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, first.rank), 10),
+            logged = self.logged_as.get(first.rank, first.rank)
+            lost = next((h.lost for h in self.handles if h.rank == logged and h.lost), None)
+            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, logged), 10),
                                       lost)
             reason = self.failure.sentence()
             if self.failure.requeue:
@@ -245,65 +263,15 @@ class _Run:
         return outcome
 
 
-class _Watcher:
-    """The stall watch in a thread of its own: a look can take seconds (a dump request waits
-    for the ranks; an SSH job's evidence comes over the network) while the supervisor's loop
-    must keep noticing exits every :data:`POLL_S`. Diagnoses come back through a queue."""
-
-    def __init__(self, watch: HangWatch, sink: LogSink) -> None:
-        self.watch = watch
-        self.sink = sink
-        self.alive: frozenset[int] = frozenset()  # replaced (never mutated) by the loop
-        self.found: queue.Queue[Diagnosis] = queue.Queue()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _run(self) -> None:
-        failures = 0
-        while not self.stopped.wait(self.watch.interval_s):
-            try:
-                alive = self.alive
-                diagnosis = self.watch.look({rank: True for rank in alive})
-                failures = 0
-            except Exception as exc:  # the watch must never take the job down
-                failures += 1
-                if failures == 3:
-                    self.sink.note(f"stall watch: cannot read the ranks' heartbeats "
-                                   f"({type(exc).__name__}: {exc}); still trying")
-                continue
-            if diagnosis is not None and not self.stopped.is_set():
-                self.found.put(diagnosis)
-
-    def take(self) -> Diagnosis | None:
-        try:
-            return self.found.get_nowait()
-        except queue.Empty:
-            return None
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-
-def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
-           ) -> _Watcher | None:
-    """The attempt's stall watch, unless the job turned it off or the backend has no evidence."""
-    if evidence is None or plan.stall_s <= 0 or not plan.sidecar:
-        return None
-    nodes = {r.rank: r.node for r in plan.ranks}
-    interface = plan.nodes[0].env.get("GLOO_SOCKET_IFNAME") if plan.nodes else None
-    watch = HangWatch(run_dir, evidence, nodes, f"{plan.master_addr}:{plan.master_port}",
-                      stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
-                      interface=interface)
-    return _Watcher(watch, sink)
-
-
 def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
-    """A stall was named: say so everywhere; with ``on_stall: kill`` stop the job."""
+    """A stall or a wrong world was named: say so everywhere; with ``on_stall: kill`` (a
+    stall) or ``on_wrong_world: kill`` (the default: a world that is not the plan's never ends
+    COMPLETED) stop the job."""
     run.store.update(run.job_id, diagnosis=diagnosis.to_json())
     if run.ending is not None:
+        return
+    if diagnosis.kind == WRONG_WORLD:
+        _wrong_world(run, plan, diagnosis)
         return
     if plan.on_stall == "kill":
         reason = f"stalled: {diagnosis.summary}"
@@ -313,6 +281,17 @@ def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
     run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job goes "
                   f"on; `orchestrate diagnose {run.job_id}` shows every rank)")
     run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
+
+
+def _wrong_world(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
+    """A process joined a world that is not the plan's (:mod:`orchestrate.diagnosis.world`)."""
+    reason = f"wrong world: {diagnosis.summary}"
+    if plan.on_wrong_world == "kill":
+        run.stop_all(Outcome("FAILED", reason, None),
+                     f"{reason}; stopping every rank (distributed.on_wrong_world: kill)")
+        return
+    run.sink.note(f"{reason} (distributed.on_wrong_world: report: the job goes on)")
+    run.store.update(run.job_id, reason=reason)
 
 
 def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHandle],
@@ -328,7 +307,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
     metrics = run_dir / METRICS
     current = store.get(job_id)
     first_step_seen = current is not None and current.first_step_at is not None
-    watcher = _watch(plan, run_dir, evidence, sink)
+    watcher = watch_attempt(plan, run_dir, evidence, sink)
     try:
         # All started before any is recorded: a store write (a disk sync) delays the next.
         pids = [(handle, handle.start(functools.partial(sink.line, handle.rank)))

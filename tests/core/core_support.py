@@ -145,6 +145,8 @@ def normalise(text: str) -> str:
     for name, source in folder().items():
         shipped[source] = f"<{name} of orchestrate.diagnosis.rankpackage.folder()>\n"
     text = text.replace(sys.executable, "$PYTHON")
+    # Its folder too: commands are looked up in the node's Python environment first.
+    text = text.replace(os.path.dirname(sys.executable), "$PYTHON_BIN")
     for program, shown in shipped.items():
         text = text.replace(program, shown)
     return text

@@ -160,7 +160,7 @@ def test_a_given_port_is_used_as_is() -> None:
     inv = inventory(gpu_node("a", 1))
     p = plan(job(distributed={"master_port": 29500}), inv)
     assert (p.master_port, p.env["MASTER_PORT"], p.port_fixed) == (29500, "29500", True)
-    p = plan(job(env={"MASTER_PORT": 23456, "MASTER_ADDR": "head.ib"}), inv)
+    p = plan(job(distributed={"master_port": 23456, "master_addr": "head.ib"}), inv)
     assert (p.master_port, p.port_fixed, p.master_addr, p.master_addr_fixed) == (
         23456, True, "head.ib", True
     )

@@ -6,7 +6,8 @@ Started detached by :class:`~orchestrate.backends.local.backend.LocalBackend`, i
 (:func:`orchestrate.backends.detached.start_watchdog`), so that ranks never outlive a supervisor
 that is killed, even with SIGKILL; leases the plan's GPUs, CPU slots and port in this machine's
 lease book, re-planning around what other jobs hold; writes the run directory and the record;
-then starts one ``bash launch-<node>.sh LOCAL_RANK`` per rank (the script ``render`` prints) and
+then starts one ``bash launch-<node>.sh LOCAL_RANK`` per rank (the script ``render`` prints; one
+``bash launch-<node>.sh`` for the node under ``launcher: per_node`` or ``torchrun``) and
 runs them to the end with the shared loop of :mod:`orchestrate.run.supervise`. Every attempt
 runs on the same leases.
 """
@@ -45,9 +46,11 @@ if TYPE_CHECKING:
     from orchestrate.run.prepare import Prepared
 
 class LocalRank:
-    """One rank as a local process in its own process group."""
+    """One rank as a local process in its own process group; under a launcher that starts
+    workers (``per_node``, ``torchrun``) the node's one process, recorded as its first rank
+    (``local_rank`` None: the launch script takes no argument)."""
 
-    def __init__(self, rank: int, node: str, local_rank: int, script: Path,
+    def __init__(self, rank: int, node: str, local_rank: int | None, script: Path,
                  secrets: list[str], attempt: int = 1) -> None:
         self.rank = rank
         self.node = node
@@ -61,9 +64,10 @@ class LocalRank:
         self.exited_at: float | None = None
 
     def start(self, emit: Callable[[str], None]) -> int | None:
-        """Run ``bash launch-<node>.sh LOCAL_RANK``; secrets go in on stdin."""
+        """Run ``bash launch-<node>.sh [LOCAL_RANK]``; secrets go in on stdin."""
+        argument = [] if self.local_rank is None else [str(self.local_rank)]
         self.proc = subprocess.Popen(
-            ["bash", str(self.script), str(self.local_rank)],
+            ["bash", str(self.script), *argument],
             stdin=subprocess.PIPE if self.secrets else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             cwd=self.script.parent, start_new_session=True,
@@ -136,13 +140,18 @@ class LocalSupervisor(Supervisor):
         return prepared
 
     def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
-        """A process per rank, on this machine, running the node's launch script."""
+        """A process per rank (or the node's one process under ``launcher: per_node`` or
+        ``torchrun``), on this machine, running the node's launch script."""
         plan = prepared.plan
-        script = self.run_dir / node_script_name(plan.nodes[0].name)
+        node = plan.nodes[0]
+        script = self.run_dir / node_script_name(node.name)
         secrets = [os.environ.get(name, "") for name in plan.secret_env]
-        handles = [LocalRank(r.rank, r.node, r.local_rank, script, secrets, attempt)
-                   for r in plan.ranks]
-        evidence = RunDirEvidence(self.run_dir, [r.rank for r in plan.ranks])
+        if plan.per_node:
+            handles = [LocalRank(node.first_rank, node.name, None, script, secrets, attempt)]
+        else:
+            handles = [LocalRank(r.rank, r.node, r.local_rank, script, secrets, attempt)
+                       for r in plan.ranks]
+        evidence = RunDirEvidence(self.run_dir, [r.rank for r in plan.ranks], attempt)
         return Launched(handles, self._reap, evidence=evidence)
 
     def _reap(self) -> None:

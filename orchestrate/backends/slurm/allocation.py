@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.container import ContainerPlan
-from orchestrate.core.plan.plan import Plan, checkpoint_dir
+from orchestrate.core.plan.launch import (
+    MASTER_ADDR_WORD,
+    MASTER_PORT_WORD,
+    TORCHRUN,
+    environment_bin,
+    not_found,
+)
+from orchestrate.core.plan.plan import NodePlan, Plan, checkpoint_dir
 from orchestrate.core.spec.job import time_limit_seconds
 
 #: Set at run time by the batch script: the first host and a port derived from the Slurm job id.
@@ -50,6 +57,9 @@ class NodeSlot:
     env: dict[str, str]
     command: tuple[str, ...]
     container: ContainerPlan | None = None  # its podman/docker container (docs/containers.md)
+    shell_command: str = ""  # the command as shell words (a torchrun master filled in then)
+    bin: str | None = None  # the node's Python environment, where commands are looked up first
+    missing: str = ""  # what the task says when its command is not found
 
 
 Option = tuple[str, "str | None"]  # ("--nodes", "2"); ("--requeue", None) for a flag
@@ -64,6 +74,9 @@ class SlurmLayout:
     match_order: tuple[int, ...]  # plan nodes, most ranks first: the order hosts are matched in
     nodes: tuple[NodeSlot, ...]
     ranks: tuple[RankSlot, ...]
+    #: The step's tasks: every rank, or (a launcher per node) one per node, recorded and
+    #: logged under its node's first rank.
+    tasks: tuple[RankSlot, ...]
     common_env: dict[str, str]
     python: str  # the first node's interpreter, for the log merger in the batch shell
     signal: str
@@ -99,12 +112,17 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
             env={k: v for k, v in n.env.items() if k not in SLURM_OWNED_ENV},
             command=n.command,
             container=n.container,
+            shell_command=shell_command(plan, n),
+            bin=environment_bin(n.python),
+            missing=not_found(n.command[0], n.python),
         )
         for i, n in enumerate(nodes)
     )
     ranks = tuple(
         RankSlot(rank=r.rank, local_rank=r.local_rank, node_index=r.node_rank) for r in plan.ranks
     )
+    tasks = tuple(RankSlot(rank=n.first_rank, local_rank=0, node_index=i)
+                  for i, n in enumerate(nodes)) if plan.per_node else ranks
     common = {k: v for k, v in plan.env.items() if k not in RUNTIME_ENV + SLURM_OWNED_ENV}
     return SlurmLayout(
         options=tuple(options),
@@ -112,6 +130,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         match_order=tuple(sorted(range(len(nodes)), key=lambda i: -counts[i])),
         nodes=node_slots,
         ranks=ranks,
+        tasks=tasks,
         common_env=common,
         python=nodes[0].python,
         signal=slurm.signal,
@@ -188,16 +207,38 @@ def _extra_args(extra_args: tuple[str, ...]) -> list[Option]:
     return options
 
 
+def shell_command(plan: Plan, node: NodePlan) -> str:
+    """A node's command as shell words for ``set --``: every word quoted, except a torchrun
+    line's master address and port, which the batch script knows only when it runs (the first
+    host, the port from the Slurm job id) unless the job fixed them."""
+    from orchestrate.core.render.render import quote
+
+    words = [quote(arg) for arg in node.command]
+    if plan.launcher == TORCHRUN:
+        if not plan.master_addr_fixed:
+            words[MASTER_ADDR_WORD] = '--master-addr="$MASTER_ADDR"'
+        if not plan.port_fixed:
+            words[MASTER_PORT_WORD] = '--master-port="$MASTER_PORT"'
+    return " ".join(words)
+
+
 def _watch_settings(plan: Plan) -> str | None:
-    """What ``monitor.py watch`` needs, unless the job turned the stall watch off."""
-    if plan.stall_s <= 0 or not plan.sidecar:
+    """What ``monitor.py watch`` needs, unless the job turned the sidecar off: the stall
+    watch's bound (0: off) and the plan's world, which the ranks' process groups must match."""
+    if not plan.sidecar:
         return None
-    return json.dumps({
+    settings: dict[str, object] = {
         "stall_s": plan.stall_s,
         "heartbeat_s": plan.heartbeat_s,
         "on_stall": plan.on_stall,
         "interface": plan.nodes[0].env.get("GLOO_SOCKET_IFNAME"),
-    }, separators=(",", ":"))
+        "world_size": plan.world_size,
+        "launcher": plan.launcher,
+        "on_wrong_world": plan.on_wrong_world,
+    }
+    if plan.per_node:  # the host file has a line per node: each rank's node, by index
+        settings["rank_nodes"] = [r.node_rank for r in plan.ranks]
+    return json.dumps(settings, separators=(",", ":"))
 
 
 def _gpu_options(plan: Plan) -> list[Option]:

@@ -23,8 +23,11 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
 ``watch RUN_DIR HOSTFILE STALLED MERGED SETTINGS``
     While the step runs: the stall watch (:mod:`orchestrate.diagnosis.hangwatch`) over the run
     directory, which every node shares, with the ranks named by their hosts (HOSTFILE, one line per
-    rank).
-    SETTINGS is JSON: ``stall_s``, ``heartbeat_s``, ``on_stall``, ``interface``; the master is
+    rank, or per node with ``rank_nodes``), and the world check (:mod:`orchestrate.diagnosis.world`:
+    a process group that is not the plan's is stopped like a stall under ``on_wrong_world:
+    kill``, and ends the run as ``wrong world: ...``, never a stall that a restart retries).
+    SETTINGS is JSON: ``stall_s``, ``heartbeat_s``, ``on_stall``, ``interface``, ``world_size``,
+    ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
     MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged log and kept in
     ``diag/diagnosis.json``; with ``on_stall: kill`` the diagnosis is also written to STALLED
     and the step is cancelled (``scancel JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's
@@ -52,12 +55,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from orchestrate.core.exits import EXIT_FAILED
+from orchestrate.core.layout import LOG_DIR
 from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
+from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence
+from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -211,6 +218,21 @@ def rank_ends(exit_dir: str) -> list[RankEnd]:
     return ends
 
 
+def _worker_end(end: RankEnd, run_dir: str) -> RankEnd:
+    """Under a launcher that starts workers (``ORCHESTRATE_LAUNCHER``: per_node, torchrun), a
+    node's task ends as the worker its launcher's report names as failed (its log's last lines:
+    :func:`orchestrate.core.plan.workers.worker_end`)."""
+    if os.environ.get("ORCHESTRATE_LAUNCHER", "ranks") == "ranks" or end.exit.ok:
+        return end
+    try:
+        with open(os.path.join(run_dir, LOG_DIR, f"rank-{end.rank}.log"), encoding="utf-8",
+                  errors="replace") as f:
+            lines = [line.rstrip("\n") for line in deque(f, maxlen=REPORT_LINES)]
+    except OSError:
+        return end
+    return worker_end(end, lines)
+
+
 class Verdict:
     """What the batch script does after the step."""
 
@@ -237,7 +259,7 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
                ) -> Verdict:
     """The verdict on one run of the step (see the module docstring), noted in the log.
     ``stalled`` is the file the stall watch wrote if it stopped the step."""
-    ends = rank_ends(exit_dir)
+    ends = [_worker_end(end, run_dir) for end in rank_ends(exit_dir)]
     stall = _read_stall(stalled) if stalled else None
     if not ends and stall is None:
         return Verdict("NONE", 0)
@@ -247,9 +269,10 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
     failed = [end.exit for end in ends if not end.exit.ok]
     if stall is not None:
         nodes = stall.get("nodes") or []
-        sentence = f"stalled: {stall.get('summary')}"
+        wrong = stall.get("kind") == WRONG_WORLD  # not a stall: no restart.on: [stall]
+        sentence = f"{'wrong world' if wrong else 'stalled'}: {stall.get('summary')}"
         ending = ending_of(failed, first.exit if first else None,
-                           nodes[0] if len(nodes) == 1 else None, sentence, stalled=True)
+                           nodes[0] if len(nodes) == 1 else None, sentence, stalled=not wrong)
     else:
         assert first is not None
         sentence = f"rank {first.rank} on {first.node} failed with {first.exit.describe()}"
@@ -295,11 +318,18 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
     with open(hostfile, encoding="utf-8") as f:
         hosts = [line.strip() for line in f if line.strip()]
     nodes = dict(enumerate(hosts))
+    if settings.get("rank_nodes"):  # a line per node (per_node, torchrun): each rank's node
+        nodes = {rank: hosts[i] for rank, i in enumerate(settings["rank_nodes"])}
     master = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    hang = HangWatch(Path(run_dir), RunDirEvidence(Path(run_dir), sorted(nodes)), nodes, master,
+    attempt = os.environ.get("ORCHESTRATE_ATTEMPT", "1")
+    evidence = RunDirEvidence(Path(run_dir), sorted(nodes), int(attempt or 1))
+    world = settings.get("world_size")
+    hang = HangWatch(Path(run_dir), evidence, nodes, master,
                      stall_s=float(settings["stall_s"]),
                      heartbeat_s=float(settings["heartbeat_s"]),
-                     interface=settings.get("interface"))
+                     interface=settings.get("interface"),
+                     world_size=None if world is None else int(world),
+                     launcher=str(settings.get("launcher", "ranks")))
     while not stop:
         due = time.monotonic() + hang.interval_s
         while not stop and time.monotonic() < due:  # a handled SIGTERM does not cut a sleep
@@ -313,13 +343,15 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
             continue
         if diagnosis is None:
             continue
-        if settings.get("on_stall") != "kill":
-            _note(merged, f"stalled: {diagnosis.summary} (distributed.on_stall: report: the "
+        wrong = diagnosis.kind == WRONG_WORLD
+        said, knob = ("wrong world", "on_wrong_world") if wrong else ("stalled", "on_stall")
+        if settings.get(knob, "kill" if wrong else "report") != "kill":
+            _note(merged, f"{said}: {diagnosis.summary} (distributed.{knob}: report: the "
                           "job goes on)")
             continue
         _write(stalled, json.dumps(diagnosis.to_json()))
-        _note(merged, f"stalled: {diagnosis.summary}; stopping every rank "
-                      "(distributed.on_stall: kill)")
+        _note(merged, f"{said}: {diagnosis.summary}; stopping every rank "
+                      f"(distributed.{knob}: kill)")
         _cancel_step()
         return 0
     return 0

@@ -128,8 +128,9 @@ def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> 
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
                    job: JobRecord, last: Run | None) -> str:
     decided = _decided(Path(job.run_dir), last)
-    if decided.startswith("stalled: "):
-        # The stall watch stopped the step: the ranks' ends are its doing, not failures.
+    if decided.startswith(("stalled: ", "wrong world: ")):
+        # The stall watch (or the world check) stopped the step: the ranks' ends are its
+        # doing, not failures.
         return decided
     if failure is not None:
         if failure.requeue and decided:

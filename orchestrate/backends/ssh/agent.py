@@ -193,7 +193,9 @@ class Serving:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
         env[TAG] = self.job_id
-        child = subprocess.Popen(["bash", request["script"], str(request["local_rank"])],
+        local_rank = request.get("local_rank")  # None: a node's one process (per_node)
+        argument = [] if local_rank is None else [str(local_rank)]
+        child = subprocess.Popen(["bash", request["script"], *argument],
                                  cwd=os.path.dirname(request["script"]), env=env)
         say("pid", {"pid": child.pid})
         while True:

@@ -20,7 +20,7 @@ from typing import Any
 from orchestrate.backends.ssh.connections import Links, Target, fan_out
 from orchestrate.core.layout import EVIDENCE_PROGRAM
 from orchestrate.core.plan.plan import Plan
-from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Heartbeat
+from orchestrate.diagnosis.diagfiles import Answer, DiagFiles, Heartbeat, Joined
 from orchestrate.diagnosis.evidence import Collection, new_request_id, write_atomic
 
 #: Seconds a host may take beyond its connect timeout to answer a heartbeat read.
@@ -42,8 +42,11 @@ class RemoteEvidence:
     """:class:`orchestrate.diagnosis.hangwatch.Evidence` over SSH, for one attempt's plan."""
 
     def __init__(self, plan: Plan, targets: Mapping[str, Target], links: Links, fanout: int,
-                 local_run_dir: Path) -> None:
+                 local_run_dir: Path, attempt: int = 1) -> None:
         self.plan = plan
+        self.attempt = attempt
+        #: The processes that formed a process group, from every host's last answer.
+        self._joined: dict[str, list[Joined]] = {}
         self.targets = dict(targets)
         self.links = links
         self.fanout = fanout
@@ -60,23 +63,30 @@ class RemoteEvidence:
                 and not self.links.get(self.targets[name]).lost]
 
     def heartbeats(self) -> dict[int, Heartbeat | None]:
+        """Every host's ranks' heartbeats (mirrored here), and the processes there that joined
+        a process group (:meth:`joined`)."""
         def read(target: Target) -> dict[str, Any]:
             ranks = ",".join(map(str, self.ranks_on[target.name]))
             result = self.links.get(target).run(
-                self._command(target, "heartbeats", self.plan.run_dir, ranks),
+                self._command(target, "heartbeats", self.plan.run_dir, ranks, str(self.attempt)),
                 timeout=target.connect_timeout_s + READ_SLACK_S)
             return _answer_json(result.output)
 
         beats: dict[int, Heartbeat | None] = {r.rank: None for r in self.plan.ranks}
-        for got in fan_out(self._hosts(), read, self.fanout).values():
+        for name, got in fan_out(self._hosts(), read, self.fanout).items():
             if got.value is None:
                 continue  # unreachable now: its ranks keep their last beats' ages in the watch
+            found = (Joined.from_json(j) for j in got.value.get("joined") or ())
+            self._joined[name] = [j for j in found if j is not None]
             for rank, data in (got.value.get("heartbeats") or {}).items():
                 beat = Heartbeat.from_json(data)
                 if beat is not None:
                     beats[int(rank)] = beat
                     write_atomic(self.files.heartbeat(int(rank)), json.dumps(beat.to_json()))
         return beats
+
+    def joined(self) -> list[Joined]:
+        return [j for found in self._joined.values() for j in found]
 
     def collect(self, timeout_s: float) -> Collection:
         request_id = new_request_id()

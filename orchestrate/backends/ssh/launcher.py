@@ -281,19 +281,23 @@ class Launcher:
 
     def handles(self, plan: Plan, stopper: HostStopper, grace_s: float,
                 attempt: int = 1) -> list[SSHRank]:
-        """A rank handle per rank, on the channels opened in preflight."""
+        """A rank handle per rank, on the channels opened in preflight; under a launcher that
+        starts workers (``per_node``, ``torchrun``) one per node, recorded as its first rank,
+        whose launch script takes no local rank."""
         handles = []
         sessions = self.pool.sessions()
         for node in plan.nodes:
             session = sessions[node.name]
             script = f"{plan.run_dir}/{node_script_name(node.name)}"
-            for rank in node.ranks:
+            starts = [(node.first_rank, None)] if plan.per_node else \
+                [(rank.rank, rank.local_rank) for rank in node.ranks]
+            for rank, local_rank in starts:
                 handles.append(SSHRank(
-                    rank=rank.rank,
+                    rank=rank,
                     node=node.name,
-                    channel=session.channels[rank.local_rank],
+                    channel=session.channels[local_rank or 0],
                     start_request={"op": "start", "job_id": plan.job_id, "script": script,
-                                   "local_rank": rank.local_rank, "grace_s": grace_s,
+                                   "local_rank": local_rank, "grace_s": grace_s,
                                    "env": {ATTEMPT_VAR: str(attempt)}},
                     stop_host=_stopper_for(stopper, node.name),
                 ))

@@ -125,7 +125,7 @@ class SSHSupervisor(Supervisor):
             pool.close(abort_all=False)
 
         evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
-                                  self.run_dir)
+                                  self.run_dir, attempt)
         return Launched(handles, cleanup, sink, evidence)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.exits import EXIT_BUSY
 from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
 from orchestrate.core.spec import hostlist
 
@@ -124,6 +125,31 @@ def place(
             "(`orchestrate list` shows them); the exit status is 75, not 2")
             for p in refusal.problems)
     raise refusal
+
+
+def check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
+                     busy: Busy, source: str) -> None:
+    """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
+    if job.backend == "local":
+        raise UserError.single(
+            "the local backend runs on this machine only: there is no other node to restart on",
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="leave it out (a restart reuses this machine)",
+        )
+    spare = job.model_copy(update={"resources": job.resources.model_copy(
+        update={"nodes": job.resources.nodes + 1})})
+    try:
+        place(spare, inventory, memory, busy, source)
+    except UserError as exc:
+        held = exc.exit_status == EXIT_BUSY  # the spare is held by other jobs now
+        raise UserError.single(
+            f"no spare node: the job uses {job.resources.nodes} node(s) and no other node of "
+            f"inventory '{inventory.name}' could take a failed one's place"
+            + (" (other jobs hold them now)" if held else ""),
+            source=source, field="restart.exclude_failed_node", got=True,
+            hint="add a node to the inventory (or to resources.node_names), or set it to false "
+            "(a restart then reuses the node)", busy=held,
+        ) from None
 
 
 def _fits_when_free(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,

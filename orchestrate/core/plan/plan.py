@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.core.errors import UserError
-from orchestrate.core.exits import EXIT_BUSY
+from orchestrate.core.plan import launch
 from orchestrate.core.plan.container import ContainerPlan, NodeInfo, plan_container
-from orchestrate.core.plan.memory import MemoryEstimate, ModelFacts
-from orchestrate.core.plan.placement import Busy, Choice, place
+from orchestrate.core.plan.memory import ModelFacts
+from orchestrate.core.plan.placement import Busy, Choice, check_spare_node, place
 from orchestrate.core.plan.ports import master_endpoint
 from orchestrate.core.plan.rankenv import common_env, dist_backend, heartbeat_s, node_env, text
 from orchestrate.core.plan.ranks import NodeRanks, RankPlan, number_ranks
@@ -64,7 +63,9 @@ class NodePlan:
     cuda_visible_devices: str | None
     env: dict[str, str]  # node-specific part (on top of Plan.env)
     python: str
-    command: tuple[str, ...]  # the plan's command, "python" replaced by the node's interpreter
+    # What orchestrate starts there: the plan's command, "python" replaced by the node's
+    # interpreter (launcher: torchrun: the node's torch.distributed.run line running it).
+    command: tuple[str, ...]
     partition: str | None = None
     gres_type: str | None = None
     ranks: tuple[RankPlan, ...] = ()
@@ -141,6 +142,18 @@ class Plan:
     stall_s: float = 120.0  # distributed.stall_s: 0 = no stall watch
     on_stall: str = "report"  # distributed.on_stall: report | kill
     sidecar: bool = True  # distributed.sidecar
+    launcher: str = "ranks"  # ranks | per_node | torchrun (orchestrate.core.plan.launch)
+    on_wrong_world: str = "kill"  # distributed.on_wrong_world: kill | report
+
+    @property
+    def per_node(self) -> bool:
+        """Whether orchestrate starts one process per node (whose workers are the ranks), not
+        one per rank."""
+        return self.launcher != launch.RANKS
+
+    def processes(self, node: NodePlan) -> int:
+        """How many processes orchestrate itself starts on ``node``."""
+        return 1 if self.per_node else node.nproc
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -211,6 +224,8 @@ class Plan:
             "stall_s": self.stall_s,
             "on_stall": self.on_stall,
             "sidecar": self.sidecar,
+            "launcher": self.launcher,
+            "on_wrong_world": self.on_wrong_world,
         }
 
     @classmethod
@@ -270,6 +285,8 @@ class Plan:
             stall_s=float(data.get("stall_s", 120.0)),
             on_stall=str(data.get("on_stall", "report")),
             sidecar=bool(data.get("sidecar", True)),
+            launcher=str(data.get("launcher", launch.RANKS)),
+            on_wrong_world=str(data.get("on_wrong_world", "kill")),
         )
 
 
@@ -304,6 +321,7 @@ def make_plan(
     ``train.model_params``); ``occupancy`` what a backend found on the hosts (see
     :class:`Occupancy`).
     """
+    launch.check(job, source)
     occupancy = occupancy or Occupancy()
     warnings: list[str] = []
     model = model_facts(job, model, param_count, source)
@@ -313,7 +331,7 @@ def make_plan(
     if job.restart.exclude_failed_node and not occupancy.excluded:
         # Asked before the first attempt only: once a node is excluded, the placement above
         # (without it) is the whole question; a restart with no node left cannot start, saying so.
-        _check_spare_node(job, inventory, memory, occupancy, source)
+        check_spare_node(job, inventory, memory, occupancy.busy(), source)
     backend = dist_backend(job, placement.any_gpu, source, warnings)
     notes = list(placement.notes)
     frameworks.check(job.framework, job.backend, job.name,
@@ -321,14 +339,14 @@ def make_plan(
     numbered = number_ranks(choices)
     decision = _decide(job, model, numbered, placement.models, source, warnings, notes)
     master_addr, port, addr_fixed, port_fixed = master_endpoint(
-        job, choices[0].node.address, job_id, occupancy.master_port, source)
+        job, choices[0].node.address, job_id, occupancy.master_port)
     world_size = sum(c.nproc for c in choices)
-    _check_world_size(job, world_size, source)
     common = common_env(job, job_id=job_id, run_dir=run_dir, backend=backend,
                         any_gpu=placement.any_gpu, world_size=world_size,
                         master_addr=master_addr, master_port=port, debug=debug)
     command = _command(job, run_dir)
-    nodes = _node_plans(job, numbered, common, backend, occupancy.interfaces, python, command)
+    nodes = _node_plans(job, numbered, common, backend, occupancy.interfaces, python,
+                        (command, master_addr, port, job_id))
     nodes = _containers(job, choices, nodes, common, occupancy, notes, source=source,
                         job_id=job_id, run_dir=run_dir, workdir=workdir)
     return Plan(
@@ -351,8 +369,7 @@ def make_plan(
         ssh=SSHSettings(fanout=job.ssh.fanout, connect_timeout_s=job.ssh.connect_timeout_s),
         restart=_policy(job),
         secret_env=tuple(job.secret_env),
-        train_config=None if job.train is None or decision is None else resolved_config(
-            job.train.model_dump(mode="json"), decision),
+        train_config=_train_config(job, decision),
         memory=None if decision is None else decision.memory,
         batch=None if decision is None else decision.shares,
         warnings=tuple(warnings),
@@ -361,20 +378,27 @@ def make_plan(
         stall_s=job.distributed.stall_s,
         on_stall=job.distributed.on_stall,
         sidecar=job.distributed.sidecar,
+        launcher=job.launcher,
+        on_wrong_world=job.distributed.on_wrong_world,
     )
 
 
 def _node_plans(job: JobSpec, numbered_nodes: tuple[NodeRanks, ...], common: dict[str, str],
                 backend: str, interfaces: Mapping[str, str], python: str,
-                command: tuple[str, ...]) -> tuple[NodePlan, ...]:
-    """Every node's part of the plan, in node-rank order. The job's ``env`` wins over anything
-    the planner set: a variable of a node's own environment is replaced there, any other goes
-    into ``common`` (updated in place: it is the plan's common environment being built)."""
+                start: tuple[tuple[str, ...], str, int, str]) -> tuple[NodePlan, ...]:
+    """Every node's part of the plan, in node-rank order; ``start`` is the job's command, the
+    master's address and port and the job id (a torchrun node's command holds them). The job's
+    ``env`` wins over anything the planner set: a variable of a node's own environment is
+    replaced there, any other goes into ``common`` (updated in place: it is the plan's common
+    environment being built)."""
     nodes: list[NodePlan] = []
     for numbered in numbered_nodes:
         choice = numbered.choice
         env = node_env(job, choice, numbered.node_rank, len(numbered_nodes) > 1, backend,
                        interfaces.get(choice.node.name))
+        env.update(launch.node_env(job.launcher, nnodes=len(numbered_nodes),
+                                   node_rank=numbered.node_rank, nproc=choice.nproc,
+                                   first_rank=numbered.first_rank))
         # The job's env overrides any of it (the master's address and port included): the plan,
         # and so the tables, the JSON and the scripts, show what the ranks will really use.
         for key, value in job.env.items():
@@ -392,7 +416,9 @@ def _node_plans(job: JobSpec, numbered_nodes: tuple[NodeRanks, ...], common: dic
             env=env,
             python=node_python,
             # In a container "python" is the image's interpreter (container.python).
-            command=_node_command(command, job.container.python if job.container else node_python),
+            command=_node_command(job.launcher, start,
+                                  job.container.python if job.container else node_python,
+                                  numbered.node_rank, choice.nproc, len(numbered_nodes)),
             partition=job.slurm.partition or choice.node.partition,
             gres_type=job.slurm.gres_type or choice.node.gres_type,
             ranks=numbered.ranks,
@@ -431,14 +457,11 @@ def _decide(job: JobSpec, model: ModelFacts | None, numbered: tuple[NodeRanks, .
     return decision
 
 
-def _check_world_size(job: JobSpec, world_size: int, source: str) -> None:
-    """A ``WORLD_SIZE`` in the job's env must agree with the plan (it is the planner's)."""
-    if "WORLD_SIZE" in job.env and text(job.env["WORLD_SIZE"]) != str(world_size):
-        raise UserError.single(
-            f"contradicts the plan, which runs {world_size} rank(s)", source=source,
-            field="env.WORLD_SIZE", got=text(job.env["WORLD_SIZE"]),
-            hint="drop it from env: the planner sets WORLD_SIZE from resources",
-        )
+def _train_config(job: JobSpec, decision: Decision | None) -> dict[str, Any] | None:
+    """train.json: the job's ``train:`` section with what the planner settled written in."""
+    if job.train is None or decision is None:
+        return None
+    return resolved_config(job.train.model_dump(mode="json"), decision)
 
 
 def _policy(job: JobSpec) -> Policy:
@@ -447,30 +470,6 @@ def _policy(job: JobSpec) -> Policy:
                   exclude_failed_node=restart.exclude_failed_node)
 
 
-def _check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
-                      occupancy: Occupancy, source: str) -> None:
-    """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
-    if job.backend == "local":
-        raise UserError.single(
-            "the local backend runs on this machine only: there is no other node to restart on",
-            source=source, field="restart.exclude_failed_node", got=True,
-            hint="leave it out (a restart reuses this machine)",
-        )
-    spare = job.model_copy(update={"resources": job.resources.model_copy(
-        update={"nodes": job.resources.nodes + 1})})
-    try:
-        place(spare, inventory, memory, occupancy.busy(),
-              source)
-    except UserError as exc:
-        busy = exc.exit_status == EXIT_BUSY  # the spare is held by other jobs now
-        raise UserError.single(
-            f"no spare node: the job uses {job.resources.nodes} node(s) and no other node of "
-            f"inventory '{inventory.name}' could take a failed one's place"
-            + (" (other jobs hold them now)" if busy else ""),
-            source=source, field="restart.exclude_failed_node", got=True,
-            hint="add a node to the inventory (or to resources.node_names), or set it to false "
-            "(a restart then reuses the node)", busy=busy,
-        ) from None
 
 
 def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:
@@ -480,7 +479,15 @@ def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:
     return tuple(job.command)
 
 
-def _node_command(command: tuple[str, ...], python: str) -> tuple[str, ...]:
+def _node_command(launcher: str, start: tuple[tuple[str, ...], str, int, str], python: str,
+                  node_rank: int, nproc: int, nnodes: int) -> tuple[str, ...]:
+    """What the node runs: the plan's command, or (``launcher: torchrun``) the node's
+    torch.distributed.run line running it."""
+    command, master_addr, master_port, job_id = start
+    if launcher == launch.TORCHRUN:
+        return launch.torchrun_command(command, python, nnodes=nnodes, node_rank=node_rank,
+                                       nproc=nproc, master_addr=master_addr,
+                                       master_port=master_port, job_id=job_id)
     # "python train.py" in a job means the node's interpreter (inventory 'python'), which is
     # what people mean on servers whose PATH has no training environment.
     if command and command[0] in ("python", "python3"):

@@ -12,8 +12,6 @@ import hashlib
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from orchestrate.core.errors import UserError
-
 if TYPE_CHECKING:
     from orchestrate.core.spec.job import JobSpec
 
@@ -42,15 +40,11 @@ def pick_port(
 
 
 def master_endpoint(
-    job: JobSpec, first_address: str, job_id: str, found_port: int | None, source: str
+    job: JobSpec, first_address: str, job_id: str, found_port: int | None
 ) -> tuple[str, int, bool, bool]:
     """MASTER_ADDR, MASTER_PORT, and whether each was fixed by the job (not derived): the first
-    node's address and the derived port, unless the job (``distributed.master_port``, its
-    ``env``) or a backend (``found_port``, free on the master host) says otherwise."""
-    # Here, not at the top: the rank side imports this module (train/env.py), and rankenv
-    # brings the job spec's models along.
-    from orchestrate.core.plan.rankenv import text
-
+    node's address and the derived port, unless the job (``distributed.master_addr`` and
+    ``master_port``) or a backend (``found_port``, free on the master host) says otherwise."""
     port_fixed = isinstance(job.distributed.master_port, int)
     if found_port is not None:
         port = found_port
@@ -58,27 +52,7 @@ def master_endpoint(
         port = job.distributed.master_port
     else:
         port = derive_port(job_id)
-    addr = first_address
-    addr_fixed = "MASTER_ADDR" in job.env
-    if addr_fixed:
-        addr = text(job.env["MASTER_ADDR"])
-    if "MASTER_PORT" in job.env:
-        port = _env_port(job.env["MASTER_PORT"], source)
-        port_fixed = True
+    addr = job.distributed.master_addr or first_address
+    addr_fixed = job.distributed.master_addr is not None
     return addr, port, addr_fixed, port_fixed
 
-
-def _env_port(value: str | int | float | bool, source: str) -> int:
-    """MASTER_PORT from the job's env, which must be a port number like distributed's."""
-    from orchestrate.core.plan.rankenv import text
-
-    port = text(value)
-    if not port.isdigit() or not 1024 <= int(port) <= 65535:
-        raise UserError.single(
-            "MASTER_PORT must be a port between 1024 and 65535",
-            source=source,
-            field="env.MASTER_PORT",
-            got=port,
-            hint="or set distributed.master_port, or leave both out for a derived port",
-        )
-    return int(port)

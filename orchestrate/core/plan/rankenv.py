@@ -82,6 +82,13 @@ def common_env(
         "PYTHONUNBUFFERED": "1",
     }
     env.update(frameworks.common_env(job.backend, job_id, any_gpu))
+    if job.launcher != "ranks":
+        # The rank sidecar reads it: a per_node program's workers get their heartbeats once they
+        # join their process group (their rank is the one they join with).
+        env["ORCHESTRATE_LAUNCHER"] = job.launcher
+    if job.launcher == "per_node":
+        # Lightning would take it as "ranks come from RANK", which a node's one process lacks.
+        env.pop("TORCHELASTIC_RUN_ID", None)
     if job.distributed.sidecar:
         # The rank sidecar's heartbeat: a few beats within the stall bound (docs/hangs.md).
         env["ORCHESTRATE_HEARTBEAT_S"] = number(heartbeat_s(job.distributed.stall_s))

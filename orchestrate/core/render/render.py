@@ -28,7 +28,8 @@ from orchestrate.core.layout import (
     TRAIN_CONFIG,
     node_script_name,
 )
-from orchestrate.core.plan.plan import Plan
+from orchestrate.core.plan.launch import environment_bin, not_found
+from orchestrate.core.plan.plan import NodePlan, Plan
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN
 from orchestrate.version import __version__
 
@@ -139,8 +140,17 @@ def node_scripts(plan: Plan, templates_dir: Path | None = None) -> dict[str, str
         template = environment(templates_dir).get_template("node.sh.j2")
         for node in plan.nodes:
             name = node_script_name(node.name)
-            scripts[name] = template.render(base, node=node, script_name=name)
+            scripts[name] = template.render(base, node=node, script_name=name,
+                                            start=node_start(node))
     return scripts
+
+
+def node_start(node: NodePlan) -> dict[str, str | None]:
+    """How a node's script finds its command: the node's Python environment's folder, looked
+    in first (None when the inventory names no interpreter path), and what it says when the
+    command is in neither that folder nor PATH."""
+    return {"bin": environment_bin(node.python),
+            "missing": not_found(node.command[0], node.python)}
 
 
 def train_config(plan: Plan) -> dict[str, str]:

@@ -7,23 +7,16 @@ validates into :class:`JobSpec`. Paths inside the file are relative to the file.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.errors import UserError
+from orchestrate.core.spec import overrides as overrides_module
 from orchestrate.core.spec.container import ContainerSpec
 from orchestrate.core.spec.frameworks import Framework
-from orchestrate.core.spec.loader import (
-    Lines,
-    known_fields,
-    parse_value,
-    read_yaml,
-    suggest,
-    validate,
-)
+from orchestrate.core.spec.loader import Lines, read_yaml, validate
 from orchestrate.core.spec.schema import (
     Bool,
     Float,
@@ -37,6 +30,11 @@ from orchestrate.core.spec.schema import (
 from orchestrate.core.spec.trainspec import TrainSpec
 
 Backend = Literal["local", "slurm", "ssh"]
+#: How a node's processes start (docs/launchers.md): ``ranks``, one process per rank with the
+#: torchrun environment; ``per_node``, one process per node that starts its own workers
+#: (``torch.multiprocessing.spawn``); ``torchrun``, orchestrate runs the node's
+#: ``torch.distributed.run`` with the plan's static rendezvous.
+Launcher = Literal["ranks", "per_node", "torchrun"]
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,6 +42,17 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 #: Set per rank or per node by the planner; one value in the job's env cannot be right for all.
 PER_RANK_ENV = ("RANK", "LOCAL_RANK")
 PER_NODE_ENV = ("GROUP_RANK", "LOCAL_WORLD_SIZE")
+#: Set by the planner from the resources and the inventory; a value in the job's env would
+#: silently override the plan (the ranks would build a world, or use GPUs, that no table
+#: shows). Each with where the job says it instead.
+PLAN_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the planner sets it to the node's chosen GPUs (PCI bus order): "
+                            "choose them with resources.gpus_per_node, gpu_model or "
+                            "min_gpu_memory_gb, or the inventory's CUDA indices",
+    "WORLD_SIZE": "the planner sets it from resources (the ranks of every node)",
+    "MASTER_ADDR": "set distributed.master_addr instead",
+    "MASTER_PORT": "set distributed.master_port instead",
+}
 #: orchestrate's own variables (the job's tag that finds its processes, its run directory, ...):
 #: a job that set them would escape cancel or write elsewhere.
 RESERVED_PREFIX = "ORCHESTRATE_"
@@ -128,6 +137,9 @@ class Distributed(Spec):
 
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     master_port: Annotated[int | Literal["auto"], not_boolean("a port or 'auto'")] = "auto"
+    master_addr: str | None = Field(
+        default=None, description="the master's address as the ranks reach it (default: the "
+        "first node's address; on Slurm, its host)")
     timeout_s: Float = Field(default=600.0, gt=0, le=86400)
     omp_num_threads: MaybeInt = Field(default=None, ge=1)
     #: A job is stalled when no rank made progress (a step, a collective, a phase) for this
@@ -139,6 +151,17 @@ class Distributed(Spec):
     on_stall: Literal["report", "kill"] = "report"
     #: The per-rank sidecar (heartbeats, stacks on request) in every Python rank.
     sidecar: Bool = True
+    #: What a process group formed with a rank or world size other than the plan's does
+    #: (seen by the sidecar at init_process_group: the program built its own world):
+    #: ``kill`` stops the job (FAILED, never restarted), ``report`` says so and goes on.
+    on_wrong_world: Literal["kill", "report"] = "kill"
+
+    @field_validator("master_addr")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise ValueError("a host name or an IP address, without spaces")
+        return value
 
     @field_validator("stall_s")
     @classmethod
@@ -309,6 +332,13 @@ class JobSpec(Spec):
         description="names taken from the submitting environment; never written to a file",
     )
     distributed: Distributed = Field(default_factory=Distributed)
+    launcher: Launcher = Field(
+        default="ranks",
+        description="how each node's processes start: ranks (one process per rank, the "
+        "default), per_node (one process per node that starts its own workers, e.g. "
+        "torch.multiprocessing.spawn) or torchrun (orchestrate runs torch.distributed.run on "
+        "every node with the plan's rendezvous); docs/launchers.md",
+    )
     framework: Framework = Field(
         default="none",
         description="the training framework the command uses, so that `plan` refuses layouts "
@@ -380,6 +410,8 @@ def _check_env_name(key: str) -> None:
     for names, unit in ((PER_RANK_ENV, "rank"), (PER_NODE_ENV, "node")):
         if key in names:
             raise ValueError(f"{key} is set per {unit} by the planner and cannot be overridden")
+    if key in PLAN_ENV:
+        raise ValueError(f"{key} would silently override the plan: {PLAN_ENV[key]}")
     if key.startswith(RESERVED_PREFIX):
         raise ValueError(f"{key}: variables starting with {RESERVED_PREFIX} are orchestrate's "
                          "own (the job's tag, its run directory, ...)")
@@ -395,7 +427,7 @@ def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec
     try:
         return validate(JobSpec, data, str(path), lines)
     except UserError as exc:
-        raise UserError(_blame_overrides(exc.problems, overrides)) from None
+        raise UserError(overrides_module.blame(exc.problems, overrides)) from None
 
 
 def _check_one_entrypoint(data: dict[str, Any], in_file: set[str],
@@ -413,59 +445,9 @@ def _check_one_entrypoint(data: dict[str, Any], in_file: set[str],
         )
 
 
-def _blame_overrides(
-    problems: tuple[Problem, ...], overrides: list[str] | tuple[str, ...]
-) -> list[Problem]:
-    """A problem in a field that ``--set`` gave comes from ``--set``, not from a file line."""
-    given = [tuple(item.partition("=")[0].strip().split(".")) for item in overrides]
-    blamed = []
-    for problem in problems:
-        field = tuple(problem.field.split("."))
-        if any(field[: len(g)] == g or g[: len(field)] == field for g in given):
-            problem = replace(problem, source="--set", line=None)
-        blamed.append(problem)
-    return blamed
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Apply ``field.path=value`` overrides; values parse as YAML (``2``, ``true``, ``[a, b]``)."""
-    problems: list[Problem] = []
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            problems.append(
-                Problem("expected FIELD=VALUE", source="--set", got=repr(item),
-                        hint="for example --set resources.nodes=2")
-            )
-            continue
-        path = key.strip().split(".")
-        known = known_fields(JobSpec, tuple(path[:-1]))
-        if known and path[-1] not in known and path[-2:-1] != ["env"]:
-            close = suggest(JobSpec, tuple(path[:-1]), path[-1])
-            problems.append(
-                Problem("unknown field", source="--set", field=key,
-                        hint=(f"did you mean '{'.'.join([*path[:-1], close])}'? " if close else "")
-                        + "known keys here: " + ", ".join(sorted(known)))
-            )
-            continue
-        # Read as the same text in the file would be (``4:00:00`` is a time, not base 60),
-        # within the same bounds; text that is not YAML stays text.
-        value = parse_value(raw, "--set", invalid_as_text=True) if raw.strip() else ""
-        _assign(data, path, value)
-    if problems:
-        raise UserError(problems)
-    return data
-
-
-def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = {}
-            node[part] = child
-        node = child
-    node[path[-1]] = value
+    """Apply ``field.path=value`` overrides to a job's data (:func:`overrides.apply`)."""
+    return overrides_module.apply(JobSpec, data, overrides)
 
 
 def job_dir(path: Path) -> Path:
@@ -473,5 +455,5 @@ def job_dir(path: Path) -> Path:
     return path.resolve().parent
 
 
-__all__ = ["Backend", "Distributed", "JobSpec", "Lines", "Resources", "SSHJob", "SlurmJob",
-           "apply_overrides", "job_dir", "load_job"]
+__all__ = ["Backend", "Distributed", "JobSpec", "Launcher", "Lines", "Resources", "SSHJob",
+           "SlurmJob", "apply_overrides", "job_dir", "load_job"]

@@ -189,7 +189,8 @@ def test_allocation_refuses_what_slurm_cannot_do(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("name", ["uniform", "uneven-pinned", "uneven-gpus", "secrets-fixed"])
+@pytest.mark.parametrize("name", ["uniform", "uneven-pinned", "uneven-gpus", "secrets-fixed",
+                                  "per-node-uneven", "torchrun-fixed"])
 def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
     bodies = {
         "uniform": ("resources: {nodes: 2, gpus_per_node: 2}\ncommand: [python, 'a b.py']\n",
@@ -198,9 +199,15 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
                           "command: [python, x.py]\nrestart: {on: [requeue]}\n",
                           CPU_INVENTORY),
         "uneven-gpus": ("resources: {nodes: 3}\ncommand: [python, x.py]\n", GPU_INVENTORY),
+        "per-node-uneven": ("resources: {nodes: 2, gpus_per_node: all, node_names: [n3, n1]}\n"
+                            "launcher: per_node\ncommand: [python, spawn.py]\n", CPU_INVENTORY),
+        "torchrun-fixed": ("resources: {nodes: 2, gpus_per_node: 2}\nlauncher: torchrun\n"
+                           "distributed: {master_port: 29500, master_addr: n2}\n"
+                           "command: [python, -m, pkg.train]\n", GPU_INVENTORY),
         "secrets-fixed": ("resources: {nodes: 2, gpus_per_node: 1}\ncommand: [python, x.py]\n"
-                          "secret_env: [TOKEN]\ndistributed: {master_port: 29500}\n"
-                          "env: {MASTER_ADDR: n2, QUOTE: \"it's $HOME\"}\n", CPU_INVENTORY),
+                          "secret_env: [TOKEN]\n"
+                          "distributed: {master_port: 29500, master_addr: n2}\n"
+                          "env: {QUOTE: \"it's $HOME\"}\n", CPU_INVENTORY),
     }
     body, inventory = bodies[name]
     files = rendered(prepare(_job(tmp_path, "s", body, inventory), (), job_id="s-1"))
@@ -214,6 +221,8 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
     if name == "secrets-fixed":
         assert "MASTER_PORT=29500" in text and "MASTER_ADDR=n2" in text
         assert "export QUOTE='it'\"'\"'s $HOME'" in text
+    if name == "torchrun-fixed":  # fixed by the job: the words themselves, not the shell's
+        assert "--master-addr=n2 --master-port=29500 " in text
 
 
 # ---- the log merger ---------------------------------------------------------------------

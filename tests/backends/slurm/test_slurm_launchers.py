@@ -1,0 +1,72 @@
+"""Programs that start their own workers, on the Slurm test cluster (issue #21): one task per
+node under ``launcher: per_node`` (the field notes' ``mp.spawn`` program) and ``launcher:
+torchrun`` (an unchanged torchrun script), and the notes' program unchanged in a ``ranks`` job,
+which builds a world of its own on every node and must be stopped by the world check
+(``monitor.py watch``). The programs are tests/backends/programs/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.backends.slurm.conftest import OrchestrateCli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+ENDED = {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+
+
+def _job(ocli: OrchestrateCli, name: str, launcher: str, program: str, gpus: int,
+         env: str = "") -> tuple[Path, Path]:
+    out = ocli.work / f"out-{name}"
+    path = ocli.write(f"{name}.yaml", f"""
+        name: {name}
+        backend: slurm
+        inventory: inventory.yaml
+        launcher: {launcher}
+        resources: {{nodes: 2, gpus_per_node: {gpus}, time: "00:05:00"}}
+        distributed: {{backend: gloo, timeout_s: 300}}
+        restart: {{max: 0}}
+        env: {{OUT: '{out}'{env}}}
+        command: [python3, '{PROGRAMS / program}']
+        """)
+    return path, out
+
+
+def _worlds(out: Path) -> dict[int, dict[str, Any]]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+
+
+@pytest.mark.parametrize("launcher, program", [("per_node", "spawn_train.py"),
+                                               ("torchrun", "torchrun_train.py")])
+def test_workers_started_per_node_join_the_plans_world(ocli: OrchestrateCli, launcher: str,
+                                                       program: str) -> None:
+    ocli.inventory()
+    path, out = _job(ocli, f"w-{launcher}".replace("_", "-"), launcher, program, gpus=2)
+    status = ocli.wait(ocli.submit(path), ENDED, timeout=240)
+    assert status["state"] == "COMPLETED", status
+    worlds = _worlds(out)
+    assert sorted(worlds) == [0, 1, 2, 3], worlds
+    assert {w["world_size"] for w in worlds.values()} == {4}
+    assert worlds[0]["host"] == worlds[1]["host"] != worlds[2]["host"] == worlds[3]["host"]
+    assert len({w["weights"] for w in worlds.values()}) == 1
+
+
+def test_the_notes_program_unchanged_in_a_ranks_job_is_stopped(ocli: OrchestrateCli) -> None:
+    ocli.inventory()
+    path, out = _job(ocli, "own", "ranks", "spawn_train.py", gpus=1,
+                     env=", SPAWN_MODE: notes, STEPS: 900, PAUSE_S: 0.1")
+    status = ocli.wait(ocli.submit(path), ENDED, timeout=240)
+    assert status["state"] == "FAILED", status
+    diagnosis = status["diagnosis"]
+    assert diagnosis is not None and diagnosis["kind"] == "wrong_world", status
+    assert "joined a world of 1, the plan has 2" in diagnosis["summary"], diagnosis
+    assert "wrong world: rank" in status["reason"], status["reason"]
+    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    assert "distributed.on_wrong_world: kill" in merged, merged
+    assert _worlds(out) == {}

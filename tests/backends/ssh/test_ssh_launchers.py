@@ -1,0 +1,188 @@
+"""Programs that start their own workers, on the SSH test hosts (issue #21), and commands found
+in the inventory's Python environment.
+
+Two hosts (h1, h2), one process per host: the field notes' ``mp.spawn`` program under
+``launcher: per_node`` (2 workers per host), an unchanged torchrun script under ``launcher:
+torchrun``, and the notes' program unchanged in a ``ranks`` job (1 rank per host, each building
+a localhost world of its own: two separate models), which the world check must stop. The
+programs are tests/backends/programs/; each worker writes its process group's rank and world.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.backends.ssh.conftest import SshCli
+
+pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+
+
+def _job(cli: SshCli, name: str, launcher: str, program: str, gpus: int, env: str = "",
+         command: str = "") -> tuple[Path, Path]:
+    cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])
+    out = cli.work / f"out-{name}"
+    path = cli.write(f"{name}.yaml", f"""
+        name: {name}
+        backend: ssh
+        inventory: inv.yaml
+        launcher: {launcher}
+        resources: {{nodes: 2, gpus_per_node: {gpus}}}
+        distributed: {{backend: gloo}}
+        restart: {{max: 0}}
+        env: {{OUT: '{out}'{env}}}
+        command: {command or f"[python3, '{PROGRAMS / program}']"}
+        """)
+    return path, out
+
+
+def _worlds(out: Path) -> dict[int, dict[str, Any]]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+
+
+def _submit_and_wait(cli: SshCli, path: Path, job: str, timeout: float = 150
+                     ) -> dict[str, Any]:
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    return cli.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}, timeout)
+
+
+@pytest.mark.timeout(240)
+def test_the_field_notes_spawn_program_on_two_hosts_joins_the_plans_world(
+        ssh_cli: SshCli) -> None:
+    path, out = _job(ssh_cli, "spawn", "per_node", "spawn_train.py", gpus=2)
+    status = _submit_and_wait(ssh_cli, path, f"spawn-{os.getpid()}")
+    assert status["state"] == "COMPLETED", status
+    worlds = _worlds(out)
+    assert sorted(worlds) == [0, 1, 2, 3], worlds
+    assert {w["world_size"] for w in worlds.values()} == {4}
+    assert {r: w["host"] for r, w in worlds.items()} == {0: "h1", 1: "h1", 2: "h2", 3: "h2"}
+    assert len({w["weights"] for w in worlds.values()}) == 1  # one model, trained together
+
+
+@pytest.mark.timeout(240)
+def test_an_unchanged_torchrun_script_on_two_hosts(ssh_cli: SshCli) -> None:
+    path, out = _job(ssh_cli, "trun", "torchrun", "torchrun_train.py", gpus=2)
+    status = _submit_and_wait(ssh_cli, path, f"trun-{os.getpid()}")
+    assert status["state"] == "COMPLETED", status
+    worlds = _worlds(out)
+    assert sorted(worlds) == [0, 1, 2, 3], worlds
+    assert {w["world_size"] for w in worlds.values()} == {4}
+    assert {r: w["host"] for r, w in worlds.items()} == {0: "h1", 1: "h1", 2: "h2", 3: "h2"}
+    assert len({w["weights"] for w in worlds.values()}) == 1
+
+
+@pytest.mark.timeout(240)
+def test_the_notes_program_unchanged_on_two_hosts_is_never_completed(ssh_cli: SshCli) -> None:
+    """The issue's case: 2 hosts x 1 rank, each rank's mp.spawn builds a localhost world of 1 and
+    trains its own model. Without the world check this ended COMPLETED."""
+    path, out = _job(ssh_cli, "own", "ranks", "spawn_train.py", gpus=1,
+                     env=", SPAWN_MODE: notes, STEPS: 600, PAUSE_S: 0.1")
+    status = _submit_and_wait(ssh_cli, path, f"own-{os.getpid()}")
+    assert status["state"] == "FAILED", status
+    diagnosis = status["diagnosis"]
+    assert diagnosis["kind"] == "wrong_world", diagnosis
+    assert "joined a world of 1, the plan has 2" in diagnosis["summary"], diagnosis
+    assert diagnosis["nodes"][0] in ("h1", "h2")
+    assert status["reason"].startswith(f"wrong world: {diagnosis['summary']}")
+    assert _worlds(out) == {}
+
+
+@pytest.mark.timeout(240)
+def test_commands_resolve_in_the_inventorys_python_environment(ssh_cli: SshCli,
+                                                              tmp_path: Path) -> None:
+    """A Python environment's own executable (here `envtool`, beside the inventory's python) is
+    found on the hosts although their login PATH lacks that folder; a missing one is named
+    with the folder and the host."""
+    env_bin = tmp_path / "env" / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "python3").symlink_to(sys.executable)
+    tool = env_bin / "envtool"
+    tool.write_text('#!/bin/sh\n'
+                    'echo "envtool on $(hostname) rank $RANK" > "$OUT/rank-$RANK.txt"\n')
+    tool.chmod(0o755)
+    out = ssh_cli.work / "out-tool"
+    out.mkdir()
+    ssh_cli.inventory([{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1}],
+                      python=str(env_bin / "python3"))
+    found = ssh_cli.write("tool.yaml", f"""
+        name: tool
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 2, gpus_per_node: 1}}
+        env: {{OUT: '{out}'}}
+        command: [envtool]
+        """)
+    status = _submit_and_wait(ssh_cli, found, f"tool-{os.getpid()}")
+    assert status["state"] == "COMPLETED", status
+    assert sorted(p.read_text().strip() for p in out.glob("*.txt")) == [
+        "envtool on h1 rank 0", "envtool on h2 rank 1"]
+    missing = ssh_cli.write("missing.yaml", """
+        name: missing
+        backend: ssh
+        inventory: inv.yaml
+        resources: {nodes: 2, gpus_per_node: 1}
+        command: [no-such-envtool, --help]
+        """)
+    status = _submit_and_wait(ssh_cli, missing, f"missing-{os.getpid()}")
+    assert status["state"] == "FAILED", status
+    log = (Path(status["run_dir"]) / "output.log").read_text()
+    assert f"orchestrate: no-such-envtool: not in {env_bin} or on PATH on h" in log, log
+
+
+def _started(out: Path, count: int, timeout: float = 120) -> dict[int, tuple[str, int]]:
+    """Every worker's (host, pid on that host), once all of them joined."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {int(p.stem.split("-")[1]): p.read_text().split() for p in
+                 out.glob("started-*.txt")}
+        if len(found) == count and all(len(v) == 2 for v in found.values()):
+            return {rank: (v[0], int(v[1])) for rank, v in found.items()}
+        time.sleep(0.3)
+    raise AssertionError(f"the workers never all joined: {sorted(out.glob('*'))}")
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_worker_on_h2_fails_the_job_naming_it(ssh_cli: SshCli) -> None:
+    import signal
+
+    job = f"wkill-{os.getpid()}"
+    path, out = _job(ssh_cli, "wkill", "per_node", "spawn_train.py", gpus=2,
+                     env=", STEPS: 900, PAUSE_S: 0.1")
+    ssh_cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    started = _started(out, 4)
+    host, pid = started[3]
+    assert host == "h2"
+    os.kill(ssh_cli.hosts.root_pid("h2", pid), signal.SIGKILL)
+    status = ssh_cli.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}, 90)
+    assert status["state"] == "FAILED", status
+    assert status["reason"].startswith("rank 3 on h2 failed with signal 9"), status["reason"]
+
+
+@pytest.mark.timeout(240)
+def test_cancel_leaves_no_worker_on_any_host(ssh_cli: SshCli) -> None:
+    import time
+
+    from tests.backends.ssh.conftest import tagged_by_namespace
+
+    job = f"wcxl-{os.getpid()}"
+    path, out = _job(ssh_cli, "wcxl", "per_node", "spawn_train.py", gpus=2,
+                     env=", STEPS: 900, PAUSE_S: 0.1")
+    ssh_cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    _started(out, 4)
+    assert set(tagged_by_namespace(ssh_cli.hosts, job)) == {"h1", "h2"}
+    ssh_cli.run("cancel", job, check=True)
+    status = ssh_cli.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"}, 60)
+    assert status["state"] == "CANCELLED", status
+    deadline = time.monotonic() + 15
+    while tagged_by_namespace(ssh_cli.hosts, job) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert tagged_by_namespace(ssh_cli.hosts, job) == {}
