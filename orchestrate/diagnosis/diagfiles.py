@@ -28,7 +28,12 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
          "main_cpu_s": 12.3,  # CPU seconds of the main thread (Linux), null elsewhere
          "user_stack": [...],  # its innermost frames outside the stdlib and *-packages
          "stdlib": "/usr/lib/python3.11", "fr": "ok",
-         "cpu_s": 0.012}  # CPU time of the thread that wrote it (the sidecar's cost so far)
+         "cpu_s": 0.012,  # CPU time of the thread that wrote it (the sidecar's cost so far)
+         "proc": {"state": "S", "wchan": "pipe_read", "syscall": "read",
+                  "target": "/ckpt/step-9.pt"}}  # the main thread, as the kernel sees it
+
+    ``proc`` (:class:`KernelState`) is what tells a rank blocked in file I/O, or computing
+    (``main_cpu_s`` grows), from one that waits (:mod:`orchestrate.diagnosis.stallrule`).
 
     ``pgs`` is ``null`` until ``torch.distributed`` is imported; ``fr`` says why it is empty
     (``"off"``, ``"unavailable"``, ``"empty"``, or the first error). The ``desc`` and ``op*``
@@ -40,9 +45,13 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
 
     ``<id>/rank-<R>.stacks.txt`` (a header naming the main thread, then faulthandler's dump of
     every thread), ``rank-<R>.fr.json`` (the full flight-recorder dump, once torch.distributed
-    is imported), ``rank-<R>.state.json`` (a fresh heartbeat with ``"proc"``: the main thread's
-    kernel state, :class:`KernelState`) and last ``rank-<R>.done`` (``{"id", "t", "files"}``,
-    :class:`Done`): one rank's answer (:class:`AnswerFiles`).
+    is imported), ``rank-<R>.state.json`` (a fresh heartbeat) and last ``rank-<R>.done``
+    (``{"id", "t", "files"}``, :class:`Done`): one rank's answer (:class:`AnswerFiles`). The
+    stacks file ends with a section per forked child of the rank that answered (DataLoader
+    workers: :mod:`orchestrate.diagnosis.workers`), each after a ``# worker pid P ...`` line.
+
+    ``workers/rank-<R>.pid-<P>.stacks.txt``: where a forked child of rank R writes its stacks
+    when the sidecar asks it (:mod:`orchestrate.diagnosis.workers`).
 
     ``diagnosis.json``: the latest diagnosis of the stall watch (also beside its dumps, in
     ``<id>/``).
@@ -55,7 +64,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrate.core.layout import DIAG_DIAGNOSIS, DIAG_DIR, DIAG_HEARTBEATS, DIAG_REQUEST
+from orchestrate.core.layout import (
+    DIAG_DIAGNOSIS,
+    DIAG_DIR,
+    DIAG_HEARTBEATS,
+    DIAG_REQUEST,
+    DIAG_WORKERS,
+)
 
 _SAFE_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -145,6 +160,15 @@ class DiagFiles:
     def diagnosis_of(self, request_id: str) -> Path:
         """The diagnosis kept beside the dumps it was made of."""
         return self.answers(request_id) / DIAG_DIAGNOSIS
+
+    @property
+    def workers(self) -> Path:
+        """The folder where the ranks' forked children write their stacks when asked."""
+        return self.folder / DIAG_WORKERS
+
+    def worker_stacks(self, rank: int, pid: int) -> Path:
+        """Where child ``pid`` of rank ``rank`` writes its stacks."""
+        return self.workers / f"rank-{rank}.pid-{pid}.stacks.txt"
 
 
 # --- what: the rank's records ------------------------------------------------------------------
@@ -241,22 +265,63 @@ class GroupState:
         return cls(str(data["pg"]), enqueued, started, completed, op)
 
 
+#: System calls that wait on the file system: by file descriptor (``read``...) or by path
+#: (``openat``, ``statx``...). A thread sleeping in one of them on a file (not a socket, a pipe
+#: or an event fd: those wait for another process) is in slow I/O.
+FILE_SYSCALLS = frozenset((
+    "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2",
+    "pwritev2", "fsync", "fdatasync", "sync_file_range", "syncfs", "sync", "ftruncate",
+    "fallocate", "copy_file_range", "sendfile", "splice", "msync", "getdents64", "close",
+    "open", "openat", "openat2", "creat", "stat", "lstat", "fstat", "newfstatat", "statx",
+    "rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir",
+    "truncate", "io_getevents", "io_pgetevents", "io_uring_enter",
+))
+
+
 @dataclass(frozen=True)
 class KernelState:
-    """The kernel's view of the main thread (Linux ``/proc``): ``R`` on CPU, ``S`` sleeping,
-    ``D`` disk, ``T`` stopped, with the wait channel when the kernel shows it."""
+    """The kernel's view of one thread (Linux ``/proc``): ``R`` on CPU, ``S`` sleeping, ``D``
+    uninterruptible (disk), ``T`` stopped, with the wait channel when the kernel shows it, the
+    system call it sleeps in (``/proc/.../syscall``: ``"read"``; None when it is in none or
+    the file cannot be read) and, for a call on a file descriptor, what that descriptor is
+    (``/proc/self/fd/N``: a path, ``pipe:[123]``, ``socket:[456]``)."""
 
     state: str | None = None
     wchan: str | None = None
+    syscall: str | None = None
+    target: str | None = None
+
+    def file_io(self) -> bool:
+        """Blocked in file I/O: uninterruptible (``D``), or sleeping in a file system call on
+        a path (or on a descriptor that names one)."""
+        if self.state == "D":
+            return True
+        if self.state != "S" or self.syscall not in FILE_SYSCALLS:
+            return False
+        return self.target is None or self.target.startswith("/")
+
+    def io_text(self) -> str:
+        """``read of /data/shard-3.bin (pipe_read)``, ``disk wait (nfs_wait_bit)``."""
+        if self.syscall is None:
+            what = "disk wait"
+        else:
+            what = self.syscall + (f" of {self.target}" if self.target else "")
+        return f"{what} ({self.wchan})" if self.wchan else what
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "wchan": self.wchan}
+        out: dict[str, Any] = {"state": self.state, "wchan": self.wchan}
+        if self.syscall is not None:
+            out["syscall"] = self.syscall
+        if self.target is not None:
+            out["target"] = self.target
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> KernelState | None:
         if not isinstance(data, dict):
             return None
-        return cls(_str(data.get("state")), _str(data.get("wchan")))
+        return cls(_str(data.get("state")), _str(data.get("wchan")), _str(data.get("syscall")),
+                   _str(data.get("target")))
 
 
 @dataclass(frozen=True)
@@ -282,7 +347,7 @@ class Heartbeat:
     user_stack: tuple[Frame, ...] = ()
     stdlib: str | None = None
     cpu_s: float | None = None
-    proc: KernelState | None = None  # in a dump's state only
+    proc: KernelState | None = None  # the main thread's kernel state when the beat was made
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object (see the module docstring)."""
@@ -345,7 +410,7 @@ class Request:
             return None
         if not request_id or len(request_id) > 64 or not set(request_id) <= _SAFE_ID:
             return None
-        if request_id in (".", "..", DIAG_HEARTBEATS) or request_id.startswith("."):
+        if request_id in (".", "..", DIAG_HEARTBEATS, DIAG_WORKERS) or request_id.startswith("."):
             return None
         return cls(request_id, at)
 

@@ -47,7 +47,8 @@ SHIPPED: dict[str, tuple[str, ...]] = {
     # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
     # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
     "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
-                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.flightrecorder",
+                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.threadstate",
+                "orchestrate.diagnosis.workers", "orchestrate.diagnosis.flightrecorder",
                 "orchestrate.diagnosis.activation", "orchestrate.diagnosis.sidecar"),
 }
 

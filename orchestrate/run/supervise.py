@@ -294,7 +294,7 @@ def _watch(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
     interface = plan.nodes[0].env.get("GLOO_SOCKET_IFNAME") if plan.nodes else None
     watch = HangWatch(run_dir, evidence, nodes, f"{plan.master_addr}:{plan.master_port}",
                       stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
-                      interface=interface)
+                      interface=interface, busy_s=plan.busy_s, notify=sink.note)
     return _Watcher(watch, sink)
 
 

@@ -24,11 +24,12 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     While the step runs: the stall watch (:mod:`orchestrate.diagnosis.hangwatch`) over the run
     directory, which every node shares, with the ranks named by their hosts (HOSTFILE, one line per
     rank).
-    SETTINGS is JSON: ``stall_s``, ``heartbeat_s``, ``on_stall``, ``interface``; the master is
-    MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged log and kept in
-    ``diag/diagnosis.json``; with ``on_stall: kill`` the diagnosis is also written to STALLED
-    and the step is cancelled (``scancel JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's
-    KillWait), so ``decide`` ends the run as a stall. SIGTERM ends the watch.
+    SETTINGS is JSON: ``stall_s``, ``busy_s``, ``heartbeat_s``, ``on_stall``, ``interface``;
+    the master is MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged
+    log and kept in ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too);
+    with ``on_stall: kill`` the diagnosis is also written to STALLED and the step is cancelled
+    (``scancel JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide``
+    ends the run as a stall. SIGTERM ends the watch.
 
 ``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
@@ -272,7 +273,8 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
     hang = HangWatch(Path(run_dir), RunDirEvidence(Path(run_dir), sorted(nodes)), nodes, master,
                      stall_s=float(settings["stall_s"]),
                      heartbeat_s=float(settings["heartbeat_s"]),
-                     interface=settings.get("interface"))
+                     interface=settings.get("interface"),
+                     busy_s=settings.get("busy_s"), notify=lambda text: _note(merged, text))
     while not stop:
         due = time.monotonic() + hang.interval_s
         while not stop and time.monotonic() < due:  # a handled SIGTERM does not cut a sleep
