@@ -83,7 +83,8 @@ def held_off(hold: Hold, beats: Mapping[int, Heartbeat | None], nodes: Mapping[i
                 text += f" at {frame.text()}"
             if beat.proc is not None and beat.proc.file_io():
                 text += f" ({beat.proc.io_text()})"
-            if beat.phase and hold.busy[rank] != f"in {beat.phase}":
+            if beat.phase not in (None, "start", "running") and \
+                    hold.busy[rank] != f"in {beat.phase}":
                 text += f", phase {beat.phase}"
         parts.append(text)
     more = len(hold.busy) - NAMED_BUSY

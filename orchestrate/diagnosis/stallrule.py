@@ -226,7 +226,7 @@ class StallWatch:
         self._step_times: list[float] = []
         self._last_progress: float | None = None
         self._last_active = 0.0  # last progress, or last look that found a rank busy
-        self._busy: dict[int, str] = {}  # the ranks busy at the last look that found any
+        self._busy: dict[int, str] = {}  # rank -> its activity, as of its latest fresh beat
         self._reported = False
         self._held = False  # this stretch without progress was said to be held off
         self._hold: Hold | None = None
@@ -261,10 +261,8 @@ class StallWatch:
         if progressed:
             self._last_progress = self._last_active = now
             self._reported = self._held = False
-            self._busy = {}
         elif busy:
             self._last_active = now
-            self._busy = busy
         if self._reported or not self._beats:
             return None
         ages = {rank: now - at for rank, (_, at) in self._beats.items()}
@@ -293,12 +291,12 @@ class StallWatch:
                      dict(self._busy) if reason == "busy" else {})
 
     def _take(self, now: float, heartbeats: Mapping[int, Heartbeat | None]
-              ) -> tuple[bool, dict[int, str]]:
-        """Take in one look's heartbeats: whether any rank progressed since the last, and the
-        ranks busy now (from fresh beats only: a stopped sidecar proves nothing)."""
+              ) -> tuple[bool, bool]:
+        """Take in one look's heartbeats: whether any rank progressed since the last, and
+        whether a fresh beat showed a busy rank (a stopped sidecar proves nothing)."""
         progressed = False
         timed = False
-        busy: dict[int, str] = {}
+        busy = False
         for rank in sorted(heartbeats):
             beat = heartbeats[rank]
             if beat is None:
@@ -309,7 +307,10 @@ class StallWatch:
                 what = activity(beat, self._last_beat.get(rank),
                                 None if seen is None else now - seen[1])
                 if what is not None:
-                    busy[rank] = what
+                    self._busy[rank] = what
+                    busy = True
+                else:
+                    self._busy.pop(rank, None)
                 self._beats[rank] = (identity, now)
                 self._last_beat[rank] = beat
             self._phases[rank] = beat.phase

@@ -307,6 +307,8 @@ class Trainer:
                 distributed=self.cluster.world_size > 1,
             )
             val_loss, val_accuracy = result.loss, result.accuracy
+            # Out of the slow phase: a rank stuck after it must not count as busy evaluating.
+            sidecar.phase("step", self.position.step)
         self.metrics.record(self._progress(
             "epoch", train_loss=reduced[0] / reduced[1] if reduced[1] else None,
             val_loss=val_loss, val_accuracy=val_accuracy,
@@ -424,3 +426,6 @@ class Trainer:
         if barrier and self.cluster.control is not None:
             dist.barrier(group=self.cluster.control)
         self.last_saved = self._where
+        # Out of the slow phase: a rank stuck after it (in its data) must not count as busy
+        # checkpointing (docs/hangs.md, distributed.busy_s).
+        sidecar.phase("step", self.position.step)
