@@ -42,11 +42,13 @@ SLURM_BATCH_LOG = "slurm-%j.out"
 SSH_HOSTS = "ssh-hosts.json"
 #: Stall diagnosis (orchestrate.diagnosis.sidecar writes, orchestrate.diagnosis.evidence reads):
 #: ``diag/hb/rank-R.json`` heartbeats, ``diag/request`` (a launcher asks for dumps),
-#: ``diag/<id>/rank-R.*`` the answers, ``diag/diagnosis.json`` the latest diagnosis. Every path
-#: in ``diag/`` is built by orchestrate.diagnosis.diagfiles.DiagFiles from these names (the
-#: rank sidecar carries a copy of this module).
+#: ``diag/<id>/rank-R.*`` the answers, ``diag/diagnosis.json`` the latest diagnosis,
+#: ``diag/workers/`` the stacks of the ranks' forked children. Every path in ``diag/`` is built
+#: by orchestrate.diagnosis.diagfiles.DiagFiles from these names (the rank sidecar carries a
+#: copy of this module).
 DIAG_DIR = "diag"
 DIAG_HEARTBEATS = "hb"
+DIAG_WORKERS = "workers"
 DIAG_REQUEST = "request"
 DIAG_DIAGNOSIS = "diagnosis.json"
 #: ``diag/joined/<attempt>/<host>-<pid>.json``: every process that formed a process group, with

@@ -28,7 +28,12 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
          "main_cpu_s": 12.3,  # CPU seconds of the main thread (Linux), null elsewhere
          "user_stack": [...],  # its innermost frames outside the stdlib and *-packages
          "stdlib": "/usr/lib/python3.11", "fr": "ok",
-         "cpu_s": 0.012}  # CPU time of the thread that wrote it (the sidecar's cost so far)
+         "cpu_s": 0.012,  # CPU time of the thread that wrote it (the sidecar's cost so far)
+         "proc": {"state": "S", "wchan": "pipe_read", "syscall": "read",
+                  "target": "/ckpt/step-9.pt"}}  # the main thread, as the kernel sees it
+
+    ``proc`` (:class:`KernelState`) is what tells a rank blocked in file I/O, or computing
+    (``main_cpu_s`` grows), from one that waits (:mod:`orchestrate.diagnosis.stallrule`).
 
     ``pgs`` is ``null`` until ``torch.distributed`` is imported; ``fr`` says why it is empty
     (``"off"``, ``"unavailable"``, ``"empty"``, or the first error). The ``desc`` and ``op*``
@@ -40,9 +45,13 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
 
     ``<id>/rank-<R>.stacks.txt`` (a header naming the main thread, then faulthandler's dump of
     every thread), ``rank-<R>.fr.json`` (the full flight-recorder dump, once torch.distributed
-    is imported), ``rank-<R>.state.json`` (a fresh heartbeat with ``"proc"``: the main thread's
-    kernel state, :class:`KernelState`) and last ``rank-<R>.done`` (``{"id", "t", "files"}``,
-    :class:`Done`): one rank's answer (:class:`AnswerFiles`).
+    is imported), ``rank-<R>.state.json`` (a fresh heartbeat) and last ``rank-<R>.done``
+    (``{"id", "t", "files"}``, :class:`Done`): one rank's answer (:class:`AnswerFiles`). The
+    stacks file ends with a section per forked child of the rank that answered (DataLoader
+    workers: :mod:`orchestrate.diagnosis.workers`), each after a ``# worker pid P ...`` line.
+
+    ``workers/rank-<R>.pid-<P>.stacks.txt``: where a forked child of rank R writes its stacks
+    when the sidecar asks it (:mod:`orchestrate.diagnosis.workers`).
 
     ``diagnosis.json``: the latest diagnosis of the stall watch (also beside its dumps, in
     ``<id>/``).
@@ -68,7 +77,9 @@ from orchestrate.core.layout import (
     DIAG_HEARTBEATS,
     DIAG_JOINED,
     DIAG_REQUEST,
+    DIAG_WORKERS,
 )
+from orchestrate.diagnosis.kernelstate import KernelState
 
 _SAFE_ID = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
@@ -167,6 +178,15 @@ class DiagFiles:
         """One process's :class:`Joined` record."""
         return self.joined(attempt) / f"{host}-{pid}.json"
 
+    @property
+    def workers(self) -> Path:
+        """The folder where the ranks' forked children write their stacks when asked."""
+        return self.folder / DIAG_WORKERS
+
+    def worker_stacks(self, rank: int, pid: int) -> Path:
+        """Where child ``pid`` of rank ``rank`` writes its stacks."""
+        return self.workers / f"rank-{rank}.pid-{pid}.stacks.txt"
+
 
 # --- what: the rank's records ------------------------------------------------------------------
 
@@ -263,24 +283,6 @@ class GroupState:
 
 
 @dataclass(frozen=True)
-class KernelState:
-    """The kernel's view of the main thread (Linux ``/proc``): ``R`` on CPU, ``S`` sleeping,
-    ``D`` disk, ``T`` stopped, with the wait channel when the kernel shows it."""
-
-    state: str | None = None
-    wchan: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "wchan": self.wchan}
-
-    @classmethod
-    def from_json(cls, data: Any) -> KernelState | None:
-        if not isinstance(data, dict):
-            return None
-        return cls(_str(data.get("state")), _str(data.get("wchan")))
-
-
-@dataclass(frozen=True)
 class Heartbeat:
     """What a rank is doing, as its sidecar wrote it (``hb/rank-R.json``; with ``proc``, a
     dump's ``rank-R.state.json``). Fields the file lacks are None (or empty)."""
@@ -303,7 +305,7 @@ class Heartbeat:
     user_stack: tuple[Frame, ...] = ()
     stdlib: str | None = None
     cpu_s: float | None = None
-    proc: KernelState | None = None  # in a dump's state only
+    proc: KernelState | None = None  # the main thread's kernel state when the beat was made
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object (see the module docstring)."""
@@ -399,7 +401,7 @@ class Request:
             return None
         if not request_id or len(request_id) > 64 or not set(request_id) <= _SAFE_ID:
             return None
-        if request_id in (".", "..", DIAG_HEARTBEATS) or request_id.startswith("."):
+        if request_id in (".", "..", DIAG_HEARTBEATS, DIAG_WORKERS) or request_id.startswith("."):
             return None
         return cls(request_id, at)
 

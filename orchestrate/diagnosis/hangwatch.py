@@ -5,7 +5,9 @@ Every few seconds the watch reads each rank's heartbeat (written by the rank sid
 (:class:`orchestrate.diagnosis.stallrule.StallWatch`). When the job counts as stalled it asks
 every rank for its stacks and flight recorder, classifies
 (:func:`orchestrate.diagnosis.stall.classify`) and keeps the diagnosis in the run directory
-(``diag/diagnosis.json``), so ``status``, ``diagnose`` and the report show it.
+(``diag/diagnosis.json``), so ``status``, ``diagnose`` and the report show it. When busy ranks
+hold a stall off (a long checkpoint, slow I/O, a long CPU step: the rule's ``busy_s``) it says so
+once, through ``notify``, naming each busy rank and where it is.
 
 Where the evidence lies differs by backend, and only that: a local job's and a Slurm job's run
 directory is the one the watch reads (Slurm's is on a shared file system, and the watch runs
@@ -19,7 +21,7 @@ Standard library only, Python 3.8+ (the Slurm batch job runs it with the node's 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -32,8 +34,9 @@ from orchestrate.diagnosis.evidence import (
     read_joined,
     write_diagnosis,
 )
+from orchestrate.diagnosis.stacks import innermost_user_frame
 from orchestrate.diagnosis.stall import Diagnosis, classify
-from orchestrate.diagnosis.stallrule import Stall, StallWatch
+from orchestrate.diagnosis.stallrule import Hold, Stall, StallWatch
 from orchestrate.diagnosis.world import wrong_world
 
 
@@ -71,6 +74,36 @@ class RunDirEvidence:
         return collect(self.run_dir, self.ranks, timeout_s)
 
 
+#: Busy ranks named one by one in the notice; more are counted.
+NAMED_BUSY = 3
+
+
+def held_off(hold: Hold, beats: Mapping[int, Heartbeat | None], nodes: Mapping[int, str]
+             ) -> str:
+    """The notice of a stall held off: ``no progress for 12 s, but not stalled: rank 0 (node
+    a) in slow I/O at ckpt.py:40 `save` (write of /mnt/ckpt/x.pt), phase checkpoint; ...``."""
+    parts = []
+    for rank in sorted(hold.busy)[:NAMED_BUSY]:
+        beat = beats.get(rank)
+        node = nodes.get(rank) or (beat.host if beat is not None else None) or "?"
+        text = f"rank {rank} (node {node}) {hold.busy[rank]}"
+        if beat is not None:
+            frame = innermost_user_frame(beat.user_stack or beat.stack, beat.stdlib)
+            if frame is not None:
+                text += f" at {frame.text()}"
+            if beat.proc is not None and beat.proc.file_io():
+                text += f" ({beat.proc.io_text()})"
+            if beat.phase not in (None, "start", "running") and \
+                    hold.busy[rank] != f"in {beat.phase}":
+                text += f", phase {beat.phase}"
+        parts.append(text)
+    more = len(hold.busy) - NAMED_BUSY
+    if more > 0:
+        parts.append(f"{more} more rank{'s' if more > 1 else ''} busy")
+    return (f"no progress for {hold.idle_s:.0f} s, but not stalled: {'; '.join(parts)} (a "
+            f"stall only after distributed.busy_s, {hold.busy_s:.0f} s without progress)")
+
+
 def look_interval_s(stall_s: float, heartbeat_s: float) -> float:
     """How often a watch looks: every beat, but no more than a tenth of the bound apart."""
     return max(heartbeat_s, min(5.0, stall_s / 10.0))
@@ -83,6 +116,8 @@ class HangWatch:
     the network interface of the plan (for the sentence of a transport stall). ``world_size``
     and ``launcher`` are the plan's, for the world check (:mod:`orchestrate.diagnosis.world`;
     None: no check); a ``stall_s`` of 0 turns the stall rule off and leaves the world check.
+    ``busy_s`` is ``distributed.busy_s`` (None: the rule's default); ``notify`` gets the
+    sentence said when busy ranks hold a stall off (the supervisor's log).
     """
 
     def __init__(
@@ -98,6 +133,8 @@ class HangWatch:
         collect_s: float = DEFAULT_COLLECT_S,
         world_size: int | None = None,
         launcher: str = "ranks",
+        busy_s: float | None = None,
+        notify: Callable[[str], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.source = source
@@ -105,7 +142,8 @@ class HangWatch:
         self.master = master
         self.interface = interface
         self.collect_s = collect_s
-        self.rule = StallWatch(stall_s, heartbeat_s) if stall_s > 0 else None
+        self.rule = StallWatch(stall_s, heartbeat_s, busy_s=busy_s) if stall_s > 0 else None
+        self.notify = notify
         self.interval_s = look_interval_s(stall_s, heartbeat_s) if stall_s > 0 else heartbeat_s
         self.world = (world_size, launcher) if world_size is not None else None
         self.last: Diagnosis | None = None
@@ -126,6 +164,9 @@ class HangWatch:
         if self.rule is None:
             return None
         stall = self.rule.observe(time.time(), beats, alive or {})
+        hold = self.rule.take_hold()
+        if hold is not None and self.notify is not None:
+            self.notify(held_off(hold, beats, self.nodes))
         if stall is None:
             return None
         return self.name(stall, alive)

@@ -56,15 +56,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, KernelState, Request
+from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, Request
 from orchestrate.diagnosis.flightrecorder import FlightRecorder, dump_function, with_ops
 from orchestrate.diagnosis.joinwatch import ENV_OWNER, LIVE_KEY, dist_world, live_sidecar, record
+from orchestrate.diagnosis.threadstate import read_thread
+from orchestrate.diagnosis.workers import arm, cleanup, sections
 
 ENV_INTERVAL = "ORCHESTRATE_HEARTBEAT_S"
 
 DEFAULT_INTERVAL_S = 2.5
 POLL_S = 1.0  # how often the request file is read
 STALE_REQUEST_S = 60.0  # a request this much older than the sidecar is from an earlier run
+CLEANUP_S = 60.0  # how often the stacks files of forked children that ended are removed
 STACK_DEPTH = 10  # innermost frames of the main thread kept in each heartbeat
 USER_DEPTH = 6  # innermost frames outside the standard library and installed packages
 #: Frames of this folder (the sidecar's modules: the timeout hook, the exit beat) and of the
@@ -125,6 +128,7 @@ class Sidecar:
         request = _parse_request(text)
         if request is not None and request.t < self.started - STALE_REQUEST_S:
             self._request_text = text
+        arm(self.files, self.rank)
         thread = threading.Thread(target=self._run, name="orchestrate-sidecar", daemon=True)
         self.thread = thread
         thread.start()
@@ -133,6 +137,7 @@ class Sidecar:
     def _run(self) -> None:
         try:
             due = 0.0
+            tidy = time.monotonic() + CLEANUP_S
             while not self.stopped:
                 now = time.monotonic()
                 if now >= due:
@@ -142,6 +147,9 @@ class Sidecar:
                         self._write_heartbeat(self.heartbeat())
                     due = now + self.interval_s
                 self._poll_request()
+                if now >= tidy:
+                    cleanup(self.files, self.rank)
+                    tidy = now + CLEANUP_S
                 self.cpu_s = time.thread_time()
                 time.sleep(max(0.05, min(POLL_S, due - time.monotonic())))
         except _CannotWrite as exc:
@@ -208,12 +216,14 @@ class Sidecar:
             self._signature = signature
             self.progress_t = now
         self.beat += 1
+        cpu, proc = read_thread("self", main.native_id) if main.native_id else (None, None)
         return Heartbeat(
             rank=self.rank, pid=self.pid, host=self.host, t=now, beat=self.beat,
             interval_s=self.interval_s, started=self.started, phase=phase, phase_since=since,
             step=step, progress_t=self.progress_t, pgs=pgs, fr=self.recorder.note, stack=stack,
-            main_cpu_s=_main_cpu_s(main.native_id), user_stack=user, stdlib=self._stdlib,
+            main_cpu_s=cpu, user_stack=user, stdlib=self._stdlib,
             cpu_s=round(self.cpu_s, 6),  # the sidecar thread's CPU time: its cost, measured
+            proc=proc,  # what the main thread does as the kernel sees it: I/O, CPU, a wait
         )
 
     def _observe_phase(self, stack: tuple[Frame, ...], now: float, initialised: bool) -> None:
@@ -263,6 +273,7 @@ class Sidecar:
                 handle.write(self._stacks_header())
                 handle.flush()
                 faulthandler.dump_traceback(file=handle, all_threads=True)
+                handle.write(sections(self.files, self.rank))  # forked children's
             written.append(str(paths.stacks))
             state = self.heartbeat(look_up_ops=False)  # the full dump below has the ops
             dump = dump_function()
@@ -274,7 +285,6 @@ class Sidecar:
                 _write_atomic(str(paths.flight_recorder), raw, "fr")
                 written.append(str(paths.flight_recorder))
                 state = replace(state, pgs=with_ops(state.pgs, raw))
-            state = replace(state, proc=_thread_state(threading.main_thread()))
             _write_atomic(str(paths.state), json.dumps(state.to_json()).encode(), "state")
             written.append(str(paths.state))
             done = Done(request_id, time.time(), tuple(written))
@@ -345,48 +355,6 @@ def _frames(
 
 def _in_init_process_group(stack: tuple[Frame, ...]) -> bool:
     return any(f.function == "init_process_group" and "distributed" in f.file for f in stack)
-
-
-def _main_cpu_s(native: int | None) -> float | None:
-    """CPU seconds the main thread used (Linux ``/proc``; None elsewhere): before
-    ``init_process_group`` it tells a rank that imports (loading libtorch keeps one frame for
-    seconds) from one that sleeps."""
-    if native is None or _TICKS is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{native}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _clock_ticks() -> float | None:
-    try:
-        return float(os.sysconf("SC_CLK_TCK"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-_TICKS = _clock_ticks()
-
-
-def _thread_state(thread: threading.Thread) -> KernelState:
-    """The kernel's view of a thread (Linux). Python frames cannot tell sleep from I/O."""
-    native = getattr(thread, "native_id", None)
-    if native is None:
-        return KernelState()
-    base = f"/proc/self/task/{native}/"
-    state = wchan = None
-    try:
-        with open(base + "stat", encoding="ascii", errors="replace") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-        with open(base + "wchan", encoding="ascii", errors="replace") as handle:
-            text = handle.read().strip()
-            wchan = text if text and text != "0" else None
-    except (OSError, IndexError):
-        pass
-    return KernelState(state, wchan)
 
 
 # --- the public API ------------------------------------------------------------------------

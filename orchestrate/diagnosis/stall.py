@@ -13,7 +13,9 @@ script runs it with the node's python.
   native code holding the GIL);
 - ``rendezvous``: ranks that never reached ``init_process_group`` while others wait at the store;
 - ``laggard``: in the process group with a collective in flight, ranks whose last enqueued
-  collective is behind the others' (they are elsewhere: data loading, I/O, rank-0-only work);
+  collective is behind the others' (they are elsewhere: data loading, I/O, rank-0-only work;
+  a rank waiting in torch's DataLoader for a worker process is said to, with the worker that
+  is in the dataset's code and where: :mod:`orchestrate.diagnosis.workers`);
 - ``mismatch``: ranks at the same collective number but in a different op (or sizes);
 - ``transport``: every member in the same op at the same number, none completing: the data path
   itself is stuck;
@@ -29,8 +31,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat, KernelState, pg_order
-from orchestrate.diagnosis.stacks import innermost_user_frame, parse_stacks
+from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat, pg_order
+from orchestrate.diagnosis.kernelstate import KernelState
+from orchestrate.diagnosis.stacks import (
+    frame_kind,
+    innermost_user_frame,
+    parse_stacks,
+    waits_for_loader_worker,
+    worker_stacks,
+)
 from orchestrate.diagnosis.stallrule import (
     BEFORE_INIT,
     IN_INIT,
@@ -65,6 +74,16 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class LoaderWait:
+    """A rank waiting in torch's DataLoader for a worker process: the worker most likely owing
+    the batch, when the rank's answer carried its workers' stacks (else all None)."""
+
+    pid: int | None = None
+    frame: Frame | None = None
+    kernel: str | None = None
+
+
+@dataclass(frozen=True)
 class RankView:
     """Everything known about one rank when classifying."""
 
@@ -78,7 +97,8 @@ class RankView:
     t: float | None  # the rank's clock at its last heartbeat
     collectives: Mapping[str, Collective]
     frame: Frame | None
-    kernel: str | None  # "sleeping: hrtimer_nanosleep", "on CPU", ...
+    kernel: str | None  # "sleeping: hrtimer_nanosleep", "on CPU", "slow I/O: read of /x", ...
+    loader: LoaderWait | None = None  # waiting in torch's DataLoader for a worker
 
     def where(self) -> str:
         return "an unknown place" if self.frame is None else self.frame.text()
@@ -99,13 +119,28 @@ def _collectives(beat: Heartbeat | None) -> dict[str, Collective]:
 
 
 def _kernel(proc: KernelState | None) -> str | None:
+    """``sleeping: hrtimer_nanosleep``, ``slow I/O: read of /ckpt/x (pipe_read)``, ``on CPU``."""
     if proc is None:
         return None
+    if proc.file_io():
+        return f"slow I/O: {proc.io_text()}"
     words = {"S": "sleeping", "D": "in disk I/O", "R": "on CPU", "T": "stopped",
              "t": "stopped", "Z": "exited"}.get(str(proc.state))
     if words is None:
         return None
     return f"{words}: {proc.wchan}" if proc.wchan and proc.state in ("S", "D") else words
+
+
+def _loader_worker(stacks: str) -> LoaderWait:
+    """The worker a DataLoader most likely waits for: the first in the dataset's (user) code,
+    else the first that answered."""
+    workers = [w for w in worker_stacks(stacks) if w.frames]
+    if not workers:
+        return LoaderWait()
+    chosen = next((w for w in workers if any(frame_kind(f.file, w.stdlib) == "user"
+                                              for f in w.frames)), workers[0])
+    return LoaderWait(chosen.pid, innermost_user_frame(chosen.frames, chosen.stdlib),
+                      _kernel(chosen.kernel))
 
 
 def view_rank(
@@ -115,9 +150,12 @@ def view_rank(
     state = dump.state if dump is not None else None
     beat = state if state is not None else heartbeat
     frame = None
+    loader = None
     if dump is not None and dump.stacks:
         frames, stdlib = parse_stacks(dump.stacks)
         frame = innermost_user_frame(frames, stdlib)
+        if waits_for_loader_worker(frames):
+            loader = _loader_worker(dump.stacks)
     if frame is None and beat is not None:
         frame = innermost_user_frame(beat.user_stack or beat.stack, beat.stdlib)
     return RankView(
@@ -132,6 +170,7 @@ def view_rank(
         collectives=_collectives(beat),
         frame=frame,
         kernel=_kernel(state.proc) if state is not None else None,
+        loader=loader,
     )
 
 
@@ -196,6 +235,14 @@ def _verb(ranks: Sequence[Any], one: str, many: str) -> str:
 
 def _located(view: RankView) -> str:
     text = view.where()
+    if view.loader is not None:
+        text += ", waiting for a DataLoader worker"
+        worker = view.loader
+        if worker.pid is not None:
+            place = "an unknown place" if worker.frame is None else worker.frame.text()
+            text += f" (worker pid {worker.pid} is in {place}"
+            text += f", {worker.kernel})" if worker.kernel else ")"
+        return text
     return f"{text} ({view.kernel})" if view.kernel else text
 
 

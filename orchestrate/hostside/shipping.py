@@ -30,14 +30,16 @@ SHIPPED: dict[str, tuple[str, ...]] = {
               "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
               "orchestrate.backends.ssh.agent"),
     # What an SSH host runs to read its ranks' heartbeats and dumps (``evidence.py``).
-    "evidence": ("orchestrate.core.layout", "orchestrate.diagnosis.diagfiles",
+    "evidence": ("orchestrate.core.layout", "orchestrate.diagnosis.kernelstate",
+                 "orchestrate.diagnosis.diagfiles",
                  "orchestrate.diagnosis.stallrule", "orchestrate.diagnosis.stacks",
                  "orchestrate.diagnosis.stall", "orchestrate.diagnosis.evidence"),
     # The Slurm batch job's ``monitor.py``: logs, the stall watch and the end of a run.
     "monitor": ("orchestrate.core.exits", "orchestrate.core.plan.outcome",
                 "orchestrate.core.plan.restart", "orchestrate.core.layout",
                 "orchestrate.core.plan.workers",
-                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.stallrule",
+                "orchestrate.diagnosis.kernelstate", "orchestrate.diagnosis.diagfiles",
+                "orchestrate.diagnosis.stallrule",
                 "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
                 "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",
                 "orchestrate.diagnosis.hangwatch", "orchestrate.backends.slurm.monitor"),
@@ -48,7 +50,9 @@ SHIPPED: dict[str, tuple[str, ...]] = {
     # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
     # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
     "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
-                "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.flightrecorder",
+                "orchestrate.diagnosis.kernelstate", "orchestrate.diagnosis.diagfiles",
+                "orchestrate.diagnosis.threadstate",
+                "orchestrate.diagnosis.workers", "orchestrate.diagnosis.flightrecorder",
                 "orchestrate.diagnosis.joinwatch", "orchestrate.diagnosis.activation",
                 "orchestrate.diagnosis.sidecar"),
 }

@@ -71,5 +71,5 @@ def watch_attempt(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: Lo
     watch = HangWatch(run_dir, evidence, nodes, f"{plan.master_addr}:{plan.master_port}",
                       stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
                       interface=interface, world_size=plan.world_size,
-                      launcher=plan.launcher)
+                      launcher=plan.launcher, busy_s=plan.busy_s, notify=sink.note)
     return Watcher(watch, sink)

@@ -109,6 +109,9 @@ def save(trainer: Trainer, *, barrier: bool) -> None:
     if barrier and control is not None:
         dist.barrier(group=control)
     trainer.last_saved = trainer._where
+    # Out of the slow phase: a rank stuck after it (in its data) must not count as busy
+    # checkpointing (docs/hangs.md, distributed.busy_s).
+    sidecar.phase("step", trainer.position.step)
 
 
 def _announce(trainer: Trainer, path: Any) -> None:

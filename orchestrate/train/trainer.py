@@ -326,6 +326,8 @@ class Trainer:
                 control=self.cluster.control,
             )
             val_loss, val_accuracy = result.loss, result.accuracy
+            # Out of the slow phase: a rank stuck after it must not count as busy evaluating.
+            sidecar.phase("step", self.position.step)
         self.metrics.record(self._progress(
             "epoch", train_loss=reduced[0] / reduced[1] if reduced[1] else None,
             val_loss=val_loss, val_accuracy=val_accuracy,

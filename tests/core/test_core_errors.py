@@ -142,3 +142,21 @@ def test_a_template_mistake_is_a_user_error(tmp_path: Path) -> None:
     )
     errors = assert_user_error(cli("render", job))
     assert "template error" in errors[0] and "job_nmae" in errors[0]
+
+
+def test_busy_s_is_checked_against_the_stall_bound(tmp_path: Path) -> None:
+    """``distributed.busy_s`` (how long busy ranks hold a stall off, docs/hangs.md): a number,
+    above 0, never below ``stall_s``; each mistake at its file:line."""
+    bad = tmp_path / "job.yaml"
+    head = "name: demo\nbackend: ssh\ncommand: [x]\ndistributed:\n"
+    bad.write_text(head + "  stall_s: 60\n  busy_s: 30\n")
+    errors = assert_user_error(cli("validate", bad))
+    assert any("job.yaml:6: distributed.busy_s" in e and "at least distributed.stall_s (60 s)"
+               in e and "(got 30)" in e for e in errors), errors
+    for value, fragment in (("0", "greater than 0"), ("ten", "valid number")):
+        bad.write_text(head + f"  busy_s: {value}\n")
+        errors = assert_user_error(cli("validate", bad))
+        assert any("job.yaml:5: distributed.busy_s" in e and fragment in e for e in errors), (
+            errors)
+    bad.write_text(head + "  stall_s: 60\n  busy_s: 600\n")
+    assert "distributed.busy_s" not in cli("validate", bad).err

@@ -28,6 +28,8 @@ from typing import Any
 from orchestrate.diagnosis import evidence
 from orchestrate.diagnosis.diagfiles import Frame, GroupState, Heartbeat
 from orchestrate.diagnosis.evidence import Collection
+from orchestrate.diagnosis.hangwatch import held_off
+from orchestrate.diagnosis.kernelstate import KernelState
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.stallrule import Stall, StallWatch
@@ -204,14 +206,16 @@ class Outcome:
 
 def _compact(beat: Heartbeat | None) -> list[Any] | None:
     """What StallWatch reads of a heartbeat, as one short row (a capture's trace):
-    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...], main cpu]``."""
+    ``[pid, beat, phase, step, innermost frame, [[pg, enqueued, completed], ...], main cpu,
+    rank clock, main thread's kernel state]`` (captures before the kernel state have only the
+    first seven)."""
     if beat is None:
         return None
     return [
         beat.pid, beat.beat, beat.phase, beat.step,
         beat.stack[0].to_json() if beat.stack else None,
         [[p.pg, p.enqueued, p.completed] for p in beat.pgs or ()],
-        beat.main_cpu_s,
+        beat.main_cpu_s, beat.t, None if beat.proc is None else beat.proc.to_json(),
     ]
 
 
@@ -219,12 +223,14 @@ def expand(row: list[Any] | None) -> Heartbeat | None:
     """A trace row back into the heartbeat fields StallWatch reads."""
     if row is None:
         return None
-    pid, beat, phase, step, frame, pgs, cpu = row
+    pid, beat, phase, step, frame, pgs, cpu = row[:7]
+    t, proc = (row[7], row[8]) if len(row) > 7 else (None, None)
     innermost = Frame.from_json(frame) if frame else None
     return Heartbeat(
-        pid=pid, beat=beat, phase=phase, step=step, main_cpu_s=cpu,
+        pid=pid, beat=beat, phase=phase, step=step, main_cpu_s=cpu, t=t,
         stack=() if innermost is None else (innermost,),
         pgs=tuple(GroupState(pg, enq, -1, comp) for pg, enq, comp in pgs),
+        proc=KernelState.from_json(proc),
     )
 
 
@@ -237,9 +243,12 @@ def drive(
     nodes: dict[int, str] | None = None,
     poll_s: float = 0.25,
     capture: str | None = None,
+    busy_s: float | None = None,
+    holds: list[str] | None = None,
 ) -> Outcome:
-    """Play the launcher: watch until a stall is diagnosed, every rank exits, or the deadline."""
-    watch = StallWatch(stall_s, heartbeat_s)
+    """Play the launcher: watch until a stall is diagnosed, every rank exits, or the deadline.
+    ``holds`` gets the notice of each stall busy ranks held off (as the supervisor's log)."""
+    watch = StallWatch(stall_s, heartbeat_s, busy_s=busy_s)
     nodes = nodes or {rank: "local" for rank in job.ranks}
     started = time.monotonic()
     trace: list[Any] = []
@@ -250,6 +259,9 @@ def drive(
         if capture:
             trace.append([now, {r: _compact(b) for r, b in beats.items()}, alive])
         stall = watch.observe(now, beats, alive)
+        hold = watch.take_hold()
+        if hold is not None and holds is not None:
+            holds.append(held_off(hold, beats, nodes))
         if stall is not None:
             collected = evidence.collect(job.run_dir, job.ranks, timeout_s=4.0)
             diagnosis = evidence.diagnose(
@@ -281,7 +293,7 @@ def _save_capture(
     record = {
         "source": f"tests/diagnosis real run ({name}), torch "
                   f"{__import__('torch').__version__}, Python {sys.version.split()[0]}",
-        "stall_s": watch.stall_s, "heartbeat_s": watch.heartbeat_s,
+        "stall_s": watch.stall_s, "heartbeat_s": watch.heartbeat_s, "busy_s": watch.busy_s,
         "master": job.master, "nodes": nodes, "now": at,
         "heartbeats": {r: None if b is None else b.to_json() for r, b in beats.items()},
         "dumps": collected.to_json()["ranks"],

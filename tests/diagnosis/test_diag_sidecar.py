@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from diag_harness import PROGRAMS, REPO, Starter, install_site
+from diag_harness import PROGRAMS, REPO, Job, Starter, install_site
 
 from orchestrate.core import layout
+from orchestrate.core.plan.outcome import Exit, Failure, RankEnd
 from orchestrate.diagnosis import evidence, rankpackage, sidecar
 from orchestrate.diagnosis.diagfiles import DiagFiles
 from orchestrate.hostside.shipping import SHIPPED, module_source
+from orchestrate.run.logsink import last_lines
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -276,13 +278,39 @@ def test_default_timeout_becomes_the_jobs(starter: Starter) -> None:
     assert not (job.run_dir / "diag").exists()  # the bound does not need the sidecar
 
 
+def _ending(job: Job, rank: int, code: int) -> str:
+    """The sentence a launcher says of a rank that ended so (core.plan.outcome.Failure)."""
+    end = Exit(signal=-code) if code < 0 else Exit(code=code)
+    failure = Failure.of(RankEnd(rank, "local", end, 0.0), last_lines(job.logs[rank], 10))
+    return failure.sentence()
+
+
 def test_explicit_timeout_wins(starter: Starter) -> None:
+    """Both ranks time out after 3 s. How each process then ends is the runtime's: the program
+    exits 3, or gloo's teardown aborts it (SIGABRT, issue #25 item 14): either way the ending
+    names the timeout."""
     job, codes = _timeout_job(
         starter, "explicit", {"ORCHESTRATE_TIMEOUT_S": "60", "EXPLICIT_TIMEOUT_S": "3"}
     )
     out = job.output()
-    assert codes == {0: 3, 1: 3}, out
     assert out.count("Timed out waiting 3000ms") == 2, out
+    for rank, code in codes.items():
+        assert code in (3, -signal.SIGABRT), out
+        assert _ending(job, rank, code).startswith(
+            f"rank {rank} on local: collective timed out after 3 s (it then ended with "), out
+
+
+def test_a_timeout_is_named_when_the_rank_then_aborts(starter: Starter) -> None:
+    """Rank 0 dies of SIGABRT right after its collective timed out: not "failed with signal
+    6", but the timeout, and then the signal."""
+    job, codes = _timeout_job(
+        starter, "aborted",
+        {"ORCHESTRATE_TIMEOUT_S": "60", "EXPLICIT_TIMEOUT_S": "3", "ABORT_RANK": "0"},
+    )
+    assert codes[0] == -signal.SIGABRT, job.output()
+    assert _ending(job, 0, codes[0]) == (
+        "rank 0 on local: collective timed out after 3 s (it then ended with signal 6 "
+        "(SIGABRT))")
 
 
 def test_rendezvous_wait_is_bounded_too(starter: Starter) -> None:

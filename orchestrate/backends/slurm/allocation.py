@@ -229,6 +229,7 @@ def _watch_settings(plan: Plan) -> str | None:
         return None
     settings: dict[str, object] = {
         "stall_s": plan.stall_s,
+        "busy_s": plan.busy_s,
         "heartbeat_s": plan.heartbeat_s,
         "on_stall": plan.on_stall,
         "interface": plan.nodes[0].env.get("GLOO_SOCKET_IFNAME"),

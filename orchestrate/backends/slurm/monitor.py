@@ -26,12 +26,13 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     rank, or per node with ``rank_nodes``), and the world check (:mod:`orchestrate.diagnosis.world`:
     a process group that is not the plan's is stopped like a stall under ``on_wrong_world:
     kill``, and ends the run as ``wrong world: ...``, never a stall that a restart retries).
-    SETTINGS is JSON: ``stall_s``, ``heartbeat_s``, ``on_stall``, ``interface``, ``world_size``,
-    ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
+    SETTINGS is JSON: ``stall_s``, ``busy_s``, ``heartbeat_s``, ``on_stall``, ``interface``,
+    ``world_size``, ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
     MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged log and kept in
-    ``diag/diagnosis.json``; with ``on_stall: kill`` the diagnosis is also written to STALLED
-    and the step is cancelled (``scancel JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's
-    KillWait), so ``decide`` ends the run as a stall. SIGTERM ends the watch.
+    ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with ``on_stall:
+    kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
+    JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide`` ends the run as
+    a stall. SIGTERM ends the watch.
 
 ``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
@@ -329,7 +330,8 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
                      heartbeat_s=float(settings["heartbeat_s"]),
                      interface=settings.get("interface"),
                      world_size=None if world is None else int(world),
-                     launcher=str(settings.get("launcher", "ranks")))
+                     launcher=str(settings.get("launcher", "ranks")),
+                     busy_s=settings.get("busy_s"), notify=lambda text: _note(merged, text))
     while not stop:
         due = time.monotonic() + hang.interval_s
         while not stop and time.monotonic() < due:  # a handled SIGTERM does not cut a sleep

@@ -12,6 +12,7 @@ Standard library only, Python 3.8+: the Slurm monitor program bundles this modul
 
 from __future__ import annotations
 
+import re
 import signal as signals
 from dataclasses import dataclass
 
@@ -77,6 +78,33 @@ def first_failure(ends: Iterable[RankEnd]) -> RankEnd | None:
     return min(failed, key=lambda end: (end.at, end.rank))
 
 
+#: torch's words for a collective that ran out of time: gloo's exception ("Timed out waiting
+#: 3000ms for recv operation to complete") and nccl's watchdog ("Watchdog caught collective
+#: operation timeout: WorkNCCL(SeqNum=668, OpType=ALLREDUCE, ..., Timeout(ms)=600000) ran for
+#: 600097 milliseconds before timing out").
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (?:recv|send) operation to complete")
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+    r"[^)]*?Timeout\(ms\)=(\d+)\)")
+
+
+def collective_timeout(lines: Iterable[str]) -> str | None:
+    """``collective timed out after 3 s`` (``... (ALLREDUCE #668)`` from nccl) when a rank's
+    last log lines hold torch's timeout message, else None. The process may end in many ways
+    after it (an exit code of the program's choosing; SIGABRT from gloo tearing down or from
+    nccl's watchdog): the timeout is the cause either way."""
+    for line in reversed(list(lines)):
+        found = _NCCL_TIMEOUT.search(line)
+        if found is not None:
+            seconds = int(found.group(3)) / 1000
+            return (f"collective timed out after {seconds:g} s "
+                    f"({found.group(2)} #{found.group(1)})")
+        found = _GLOO_TIMEOUT.search(line)
+        if found is not None:
+            return f"collective timed out after {int(found.group(1)) / 1000:g} s"
+    return None
+
+
 @dataclass(frozen=True)
 class Failure:
     """The first failure of a job, as the store keeps it and ``status`` shows it."""
@@ -98,9 +126,15 @@ class Failure:
         return self.exit.code == EXIT_REQUEUE
 
     def sentence(self) -> str:
-        """``rank 3 on h2 failed with exit code 1`` (or what was lost, when a host was)."""
+        """``rank 3 on h2 failed with exit code 1`` (or what was lost, when a host was; or
+        ``rank 0 on h1: collective timed out after 600 s (it then ended with signal 6
+        (SIGABRT))`` when its log says so: :func:`collective_timeout`)."""
         if self.cause:
             return f"{self.cause} (rank {self.rank} and every other rank there presumed dead)"
+        timeout = collective_timeout(self.last_lines)
+        if timeout is not None:
+            return (f"rank {self.rank} on {self.node}: {timeout} (it then ended with "
+                    f"{self.exit.describe()})")
         return f"rank {self.rank} on {self.node} failed with {self.exit.describe()}"
 
     def to_json(self) -> dict[str, Any]:

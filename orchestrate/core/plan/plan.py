@@ -140,6 +140,7 @@ class Plan:
     time_limit: str | None = None
     master_addr_fixed: bool = False  # MASTER_ADDR set by the job's env (else the first node)
     stall_s: float = 120.0  # distributed.stall_s: 0 = no stall watch
+    busy_s: float = 1800.0  # distributed.busy_s, never below stall_s
     on_stall: str = "report"  # distributed.on_stall: report | kill
     sidecar: bool = True  # distributed.sidecar
     launcher: str = "ranks"  # ranks | per_node | torchrun (orchestrate.core.plan.launch)
@@ -222,6 +223,7 @@ class Plan:
             "ssh": asdict(self.ssh),
             "restart": self.restart.to_json(),
             "stall_s": self.stall_s,
+            "busy_s": self.busy_s,
             "on_stall": self.on_stall,
             "sidecar": self.sidecar,
             "launcher": self.launcher,
@@ -283,6 +285,7 @@ class Plan:
             notes=tuple(data.get("notes", ())),
             time_limit=data.get("time_limit"),
             stall_s=float(data.get("stall_s", 120.0)),
+            busy_s=float(data.get("busy_s", max(1800.0, float(data.get("stall_s", 120.0))))),
             on_stall=str(data.get("on_stall", "report")),
             sidecar=bool(data.get("sidecar", True)),
             launcher=str(data.get("launcher", launch.RANKS)),
@@ -376,10 +379,10 @@ def make_plan(
         notes=tuple(notes),
         time_limit=job.resources.time,
         stall_s=job.distributed.stall_s,
+        busy_s=max(job.distributed.busy_s, job.distributed.stall_s),
         on_stall=job.distributed.on_stall,
         sidecar=job.distributed.sidecar,
-        launcher=job.launcher,
-        on_wrong_world=job.distributed.on_wrong_world,
+        launcher=job.launcher, on_wrong_world=job.distributed.on_wrong_world,
     )
 
 

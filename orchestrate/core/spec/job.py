@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec import overrides as overrides_module
@@ -146,6 +146,10 @@ class Distributed(Spec):
     #: long, or a live rank's heartbeat stopped; then every rank's stacks and collectives are
     #: collected and the stuck rank named (docs/hangs.md). 0 turns the watch off.
     stall_s: Float = Field(default=120.0, ge=0, le=86400)
+    #: How long a rank that is busy without progress does not count as stalled: in the
+    #: trainer's checkpoint or eval phase, blocked in file I/O (slow storage), or computing
+    #: outside any collective (docs/hangs.md). Never less than ``stall_s``.
+    busy_s: Float = Field(default=1800.0, gt=0, le=7 * 86400)
     #: What a stall does: ``report`` (name the rank, keep running: the process-group timeout
     #: still ends it) or ``kill`` (stop the job, an ending that ``restart.on: [stall]`` restarts).
     on_stall: Literal["report", "kill"] = "report"
@@ -169,6 +173,15 @@ class Distributed(Spec):
         if 0 < value < 10:
             raise ValueError("at least 10 seconds (heartbeats come every few seconds), or 0 "
                              "to turn the stall watch off")
+        return value
+
+    @field_validator("busy_s")
+    @classmethod
+    def _busy(cls, value: float, info: ValidationInfo) -> float:
+        stall = info.data.get("stall_s")
+        if isinstance(stall, float) and value < stall:
+            raise ValueError(f"at least distributed.stall_s ({stall:g} s): busy ranks get more "
+                             "time than a stall, never less")
         return value
 
     @field_validator("master_port")

@@ -24,7 +24,8 @@ from tests.backends.local.conftest import Cli
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs"
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits"
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "digits"
 STALL_S = 10
 
 
@@ -176,7 +177,7 @@ def test_a_train_job_stuck_in_its_data_loading_is_named(cli: Cli) -> None:
         workdir: {EXAMPLE}
         distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: kill, timeout_s: 300}}
         restart: {{max: 0}}
-        env: {{PYTHONPATH: '{PROGRAMS}', MARKS: '{marks}'}}
+        env: {{PYTHONPATH: '{REPO}:{PROGRAMS}', MARKS: '{marks}'}}
         train:
           model: digits:build_model
           dataset: stuck_data:build_dataset
@@ -191,3 +192,70 @@ def test_a_train_job_stuck_in_its_data_loading_is_named(cli: Cli) -> None:
     assert status["state"] == "FAILED" and diagnosis is not None, status
     assert diagnosis["kind"] == "laggard" and diagnosis["ranks"] == [1], diagnosis
     assert "stuck_data.py" in diagnosis["summary"], diagnosis["summary"]
+
+
+def _slow_train_job(cli: Cli, name: str, slow: str, restart: str) -> Path:
+    """A ``train:`` job whose rank 0 waits 25 s on slow storage (tests/diagnosis/programs/
+    slow_train.py: the main thread sleeps in read(2) on a file) in its first checkpoint
+    (``slow: model``) or its first validation read (``slow: dataset``)."""
+    marks = cli.work / f"marks-{name}"
+    marks.mkdir()
+    model = ("slow_train:build_model\n          model_args: {hidden: 32, slow_s: 25}"
+             if slow == "model" else "digits:build_model\n          model_args: {hidden: 32}")
+    dataset = ("slow_train:build_dataset\n          dataset_args: {slow_s: 25}"
+               if slow == "dataset" else "digits:build_dataset")
+    return cli.write(f"{name}.yaml", f"""
+        name: {name}
+        resources: {{nodes: 1, gpus_per_node: 2}}
+        workdir: {EXAMPLE}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: kill, timeout_s: 300}}
+        restart: {restart}
+        env: {{PYTHONPATH: '{REPO}:{PROGRAMS}', MARKS: '{marks}'}}
+        train:
+          model: {model}
+          dataset: {dataset}
+          optimizer: {{name: adamw, lr: 3.0e-3}}
+          epochs: 2
+          batch_size: 64
+          checkpoint_dir: {cli.work / f"ckpt-{name}"}
+        """)
+
+
+def _supervisor_notes(status: dict[str, Any]) -> list[str]:
+    merged = Path(status["run_dir"]) / "output.log"
+    return [line for line in merged.read_text().splitlines()
+            if line.startswith("[orchestrate] no progress for")]
+
+
+def test_a_slow_checkpoint_is_not_a_stall_nor_a_restart_loop(cli: Cli) -> None:
+    """Issue #25 item 1: rank 0's checkpoint blocked 25 s on slow storage, ``stall_s`` 10,
+    ``on_stall: kill``, ``restart.on: [stall]``: the job completes in its one attempt, and the
+    supervisor's log says why it was not a stall."""
+    job = cli.id("ckp")
+    path = _slow_train_job(cli, "ckp", "model", "{max: 2, on: [stall], backoff_s: [0]}")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    _trigger_time(cli, "ckp", timeout=150)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING", "RESTARTING"),
+                    240)
+    assert status["state"] == "COMPLETED", status
+    assert status["diagnosis"] is None and len(status["attempts"]) == 1, status
+    notes = _supervisor_notes(status)
+    assert len(notes) == 1, notes
+    assert "but not stalled: rank 0 (node localhost) in slow I/O at slowstore.py:" in notes[0]
+    assert "(read of " in notes[0] and "), phase checkpoint (a stall only" in notes[0], notes
+    assert "(a stall only after distributed.busy_s, 1800 s without progress)" in notes[0]
+
+
+def test_a_slow_validation_read_is_not_a_stall(cli: Cli) -> None:
+    job = cli.id("evl")
+    path = _slow_train_job(cli, "evl", "dataset", "{max: 0}")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    _trigger_time(cli, "evl", timeout=150)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 240)
+    assert status["state"] == "COMPLETED", status
+    assert status["diagnosis"] is None, status
+    notes = _supervisor_notes(status)
+    assert len(notes) == 1, notes
+    assert "but not stalled: rank 0 (node localhost) in slow I/O at slowstore.py:" in notes[0]
+    # rank 1 waits for rank 0's shard in eval's all_reduce: in eval too, said but not needed
+    assert "), phase eval; rank 1 (node localhost) in eval at evaluate.py:" in notes[0], notes

@@ -91,3 +91,20 @@ def test_mismatch_frozen_and_rendezvous_are_named_side_by_side(ocli: Orchestrate
     assert "stopped answering" in frozen, frozen
     rendezvous = ocli.status(jobs["rendezvous"])["diagnosis"]["summary"]
     assert "never reached init_process_group" in rendezvous, rendezvous
+
+
+def test_a_rank_computing_alone_is_not_a_stall(ocli: OrchestrateCli) -> None:
+    """Issue #25 item 1 on Slurm (monitor.py's watch): rank 1 computes alone for 22 s while
+    rank 0 waits in a barrier, ``stall_s`` 10, ``on_stall: kill``: the step is not cancelled,
+    the job completes, and the merged log says why the stall was held off."""
+    ocli.inventory()
+    job_id = ocli.submit(_job(ocli, "solo", "solo", ", STEPS: 15, BUSY_S: 22"))
+    status = ocli.wait(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"}, timeout=240)
+    assert status["state"] == "COMPLETED" and status["diagnosis"] is None, status
+    assert (ocli.work / "marks-solo" / "trigger").exists()
+    host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
+    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    notes = [line for line in merged.splitlines()
+             if line.startswith("[orchestrate] no progress for")]
+    assert len(notes) == 1, merged
+    assert f"but not stalled: rank 1 (node {host}) computing at steps.py:" in notes[0], notes

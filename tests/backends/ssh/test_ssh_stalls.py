@@ -25,7 +25,7 @@ STEPS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs" / "steps.
 STALL_S = 10
 
 
-def _job(cli: SshCli, name: str, scenario: str, on_stall: str) -> Path:
+def _job(cli: SshCli, name: str, scenario: str, on_stall: str, extra_env: str = "") -> Path:
     cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])  # room for two jobs
     marks = cli.work / f"marks-{name}"
     marks.mkdir()
@@ -36,7 +36,7 @@ def _job(cli: SshCli, name: str, scenario: str, on_stall: str) -> Path:
         resources: {{nodes: 2, gpus_per_node: 1}}
         distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: {on_stall}, timeout_s: 300}}
         restart: {{max: 0}}
-        env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'}}
+        env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'{extra_env}}}
         command: [python3, '{STEPS}']
         """)
 
@@ -126,3 +126,22 @@ def test_mismatch_and_rendezvous_on_two_hosts_side_by_side(ssh_cli: SshCli) -> N
     summaries = {kind: ssh_cli.status(job)["diagnosis"]["summary"] for kind, job in jobs.items()}
     assert summaries["mismatch"].startswith("rank 1 (node h2) is in barrier #"), summaries
     assert "never reached init_process_group" in summaries["rendezvous"], summaries
+
+
+def test_a_rank_computing_alone_on_another_host_is_not_a_stall(ssh_cli: SshCli) -> None:
+    """Issue #25 item 1 over SSH: rank 1 (on h2) computes alone for 22 s while rank 0 waits in
+    a barrier, ``stall_s`` 10, ``on_stall: kill``: its CPU time, read from its heartbeat on h2
+    by the supervisor's watch, is activity; the job completes and the merged log says why the
+    stall was held off."""
+    job = "solo-ssh-" + os.urandom(3).hex()
+    path = _job(ssh_cli, "solo", "solo", "kill", ", STEPS: 15, BUSY_S: 22")
+    ssh_cli.run("submit", str(path), "--detach", "--job-id", job, check=True, timeout=120)
+    _mark(ssh_cli, "solo", "trigger")
+    status = _until(ssh_cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 180)
+    assert status["state"] == "COMPLETED" and status["diagnosis"] is None, status
+    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    notes = [line for line in merged.splitlines()
+             if line.startswith("[orchestrate] no progress for")]
+    assert len(notes) == 1, merged
+    assert "but not stalled: rank 1 (node h2) computing at steps.py:" in notes[0], notes
+    assert "rank 0" not in notes[0], notes

@@ -1,10 +1,14 @@
 """A user's plain DDP-style program (no orchestrate import): steps of one all_reduce each.
 
 The scenario comes from the environment, as a test sets it: ``SCENARIO`` = healthy | mismatch |
-laggard | frozen | rendezvous, ``BAD_RANK``, ``TRIGGER_STEP``, ``STEPS`` (healthy: how many
-steps before exiting 0), ``PAUSE_S`` (healthy: rank 0's pause, a stand-in for a long rank-0-only
-checkpoint), ``SELF_STOP`` (frozen: the rank stops itself). At the trigger, the bad rank writes
-``$MARKS/trigger`` so the test knows when the trouble began.
+laggard | frozen | rendezvous | compute | solo | slowio, ``BAD_RANK``, ``TRIGGER_STEP``, ``STEPS``
+(how many steps before exiting 0; healthy, compute, solo and slowio end), ``PAUSE_S`` (healthy:
+rank 0's pause, a stand-in for a long rank-0-only checkpoint), ``SELF_STOP`` (frozen: the rank
+stops itself), ``BUSY_S`` (compute: every rank computes this long in one step, with no
+collective; solo: the bad rank computes alone while the others wait in a barrier; slowio: the
+bad rank reads slow storage this long, forever when negative, while the others wait in
+all_reduce). At the trigger, the bad rank writes ``$MARKS/trigger`` so the test knows when the
+trouble began (compute: every rank, ``$MARKS/trigger-R``).
 """
 
 import os
@@ -19,6 +23,7 @@ BAD = int(os.environ.get("BAD_RANK", "-1"))
 TRIGGER = int(os.environ.get("TRIGGER_STEP", "15"))
 STEPS = int(os.environ.get("STEPS", "1000000"))
 PAUSE_S = float(os.environ.get("PAUSE_S", "0"))
+BUSY_S = float(os.environ.get("BUSY_S", "0"))
 
 
 def mark(name):
@@ -58,6 +63,34 @@ def save_checkpoint():
     time.sleep(PAUSE_S)
 
 
+def compute(seconds):
+    """One long CPU step: the main thread computes, no collective."""
+    end = time.time() + seconds
+    total = 0
+    while time.time() < end:
+        total += sum(i * i for i in range(2000))
+    return total
+
+
+def busy_step(step):
+    """The compute, solo and slowio scenarios at their trigger step."""
+    if step != TRIGGER:
+        return
+    if SCENARIO == "compute":
+        mark(f"trigger-{RANK}")
+        compute(BUSY_S)
+    elif SCENARIO == "solo":
+        if RANK == BAD:
+            mark("trigger")
+            compute(BUSY_S)
+        dist.barrier()  # the others wait here while the bad rank computes alone
+    elif SCENARIO == "slowio" and RANK == BAD:
+        from slowstore import slow_read
+
+        mark("trigger")
+        slow_read(BUSY_S)  # the slow read
+
+
 def train():
     prepare()
     dist.init_process_group("gloo")
@@ -75,6 +108,7 @@ def train():
                 os.kill(os.getpid(), 19)  # SIGSTOP, the whole process (its sidecar too)
         if SCENARIO == "healthy" and RANK == 0 and step == TRIGGER:
             save_checkpoint()
+        busy_step(step)
         time.sleep(0.05)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,6 +1,9 @@
 """A user's 2-rank program with no timeout of its own; at its last step the ranks disagree on
 the collective (rank 1 makes an extra barrier). ``EXPLICIT_TIMEOUT_S`` passes ``timeout=``.
-``NEVER_JOIN_RANK`` never calls init_process_group. Prints the default timeout it got."""
+``NEVER_JOIN_RANK`` never calls init_process_group. Prints the default timeout it got.
+``ABORT_RANK`` ends by SIGABRT right after its timeout, as gloo tearing down sometimes makes
+a rank end ("terminate called without an active exception"): the timeout must still be named.
+"""
 
 import datetime
 import os
@@ -29,5 +32,7 @@ try:
     dist.all_reduce(tensor)
 except Exception as exc:
     print(f"failed after {time.time() - started:.1f} s: {type(exc).__name__}: {exc}", flush=True)
+    if int(os.environ.get("ABORT_RANK", "-1")) == RANK:
+        os.abort()
     sys.exit(3)
 print("no failure", flush=True)
