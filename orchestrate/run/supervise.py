@@ -317,7 +317,7 @@ def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
 
 def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHandle],
               stop: StopRequest, grace_s: float, plan: Plan,
-              cleanup: Callable[[], None] | None = None, sink: LogSink | None = None,
+              cleanup: Callable[[], str | None] | None = None, sink: LogSink | None = None,
               evidence: Evidence | None = None) -> Outcome:
     """Run one attempt's ranks to the end and return how it ended (recording each rank, not
     the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
@@ -355,11 +355,13 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
     finally:
         if watcher is not None:
             watcher.stop()
-        if cleanup is not None:
-            cleanup()
+        left = cleanup() if cleanup is not None else None
         if not first_step_seen and metrics.exists():
             _record_first_step(store, job_id, metrics)
     outcome = run.outcome()
+    if left:  # processes that outlived the attempt: named in its ending
+        sink.note(left)
+        outcome.reason = f"{outcome.reason}; {left}" if outcome.reason else left
     sink.note(f"attempt ended {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
     sink.close()
     return outcome
@@ -370,7 +372,9 @@ class Launched:
     """One attempt's ranks, ready to start: the handles, what to run after them, the log."""
 
     handles: Sequence[RankHandle]
-    cleanup: Callable[[], None] | None = None
+    #: Run after the ranks ended; what it returns (processes that outlived them) is named in
+    #: the attempt's ending.
+    cleanup: Callable[[], str | None] | None = None
     sink: LogSink | None = None
     evidence: Evidence | None = None  # where the stall watch reads heartbeats
 

@@ -117,10 +117,17 @@ class Occupancy:
     master_port: int | None = None
     interfaces: Mapping[str, str] = field(default_factory=dict)
     excluded: frozenset[str] = frozenset()
+    #: GPUs in use outside orchestrate, why, and their free memory; who holds the leased GPUs
+    #: and slots (placement's Busy says more).
+    in_use: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    free_gb: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    holders: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    slot_holders: Mapping[str, str] = field(default_factory=dict)
 
     def busy(self) -> Busy:
         """What placement must avoid."""
-        return Busy(self.busy_gpus, self.busy_slots, self.excluded)
+        return Busy(self.busy_gpus, self.busy_slots, self.excluded, self.in_use, self.free_gb,
+                    self.holders, self.slot_holders)
 
 
 @dataclass(frozen=True)

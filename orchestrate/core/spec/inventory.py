@@ -103,6 +103,17 @@ class SlurmNodeSpec(Spec):
         return None if value is None else single_line(value)
 
 
+#: The inventory's word on where a host's lease book is (docs/shared-servers.md).
+LEASE_DIR_HELP = ("the machine's shared lease book, an absolute path (default: "
+                  "$ORCHESTRATE_LEASES there, else /var/tmp/orchestrate/leases)")
+
+
+def _absolute(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        raise ValueError("an absolute path, the same for every user of the host")
+    return value
+
+
 class NodeDefaults(Spec):
     """Settings every node inherits unless it says otherwise."""
 
@@ -112,6 +123,12 @@ class NodeDefaults(Spec):
     network: NetworkSpec | None = None
     slurm: SlurmNodeSpec | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
+    lease_dir: str | None = Field(default=None, description=LEASE_DIR_HELP)
+
+    @field_validator("lease_dir")
+    @classmethod
+    def _lease_dir(cls, value: str | None) -> str | None:
+        return _absolute(value)
 
 
 class NodeSpec(Spec):
@@ -128,6 +145,12 @@ class NodeSpec(Spec):
     ssh: SSHSpec | None = None
     python: str | None = None
     cpus: MaybeInt = Field(default=None, ge=1)
+    lease_dir: str | None = Field(default=None, description=LEASE_DIR_HELP)
+
+    @field_validator("lease_dir")
+    @classmethod
+    def _lease_dir(cls, value: str | None) -> str | None:
+        return _absolute(value)
 
     @field_validator("address")
     @classmethod
@@ -188,6 +211,7 @@ class Node:
     ssh: SSHSpec = field(default_factory=SSHSpec)
     python: str | None = None
     cpus: int | None = None
+    lease_dir: str | None = None  # the host's shared lease book (None: its default)
 
     @property
     def is_gpu(self) -> bool:
@@ -283,6 +307,7 @@ def resolve_inventory(
                     ssh=ssh,
                     python=ns.python or d.python,
                     cpus=ns.cpus or d.cpus,
+                    lease_dir=ns.lease_dir or d.lease_dir,
                 )
             )
     if problems:

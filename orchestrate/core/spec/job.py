@@ -71,6 +71,15 @@ def time_limit_seconds(limit: str) -> int:
     return int(first) * 60
 
 
+def wait_seconds(wait: bool | str) -> float | None:
+    """``resources.wait`` as seconds: None (do not wait), ``inf`` (no bound) or the bound."""
+    if wait is False:
+        return None
+    if wait is True:
+        return float("inf")
+    return float(time_limit_seconds(wait))
+
+
 def plain_text(value: str) -> str:
     """Text that can reach a script, an environment or a command line: UTF-8, no NUL byte."""
     if "\0" in value:
@@ -99,6 +108,29 @@ class Resources(Spec):
     )
     cpus_per_task: MaybeInt = Field(default=None, ge=1)
     mem_gb: MaybeFloat = Field(default=None, gt=0, description="memory per node")
+    share_gpus: Bool = Field(
+        default=False,
+        description="local and SSH: may use GPUs that processes outside orchestrate use, "
+        "counting their free memory (default: such GPUs are busy)",
+    )
+    wait: Annotated[bool | str, Field(
+        description="local and SSH: when what the job needs is held by others, wait for it "
+        "(PENDING, first come first served) instead of exiting 75: true, or for at most a "
+        "time (Slurm's formats, e.g. '30' or '02:00:00')")] = False
+
+    @field_validator("wait", mode="before")
+    @classmethod
+    def _wait(cls, value: object) -> object:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                if time_limit_seconds(value) > 0:
+                    return value
+            except ValueError:
+                pass
+        raise ValueError("a boolean (true: no bound), or how long to wait as a string: "
+                         "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'")
 
     @field_validator("gpus_per_node")
     @classmethod
