@@ -52,6 +52,10 @@ COMMANDS: Mapping[str, Lazy] = {
                    "shm, memlock and clocks (static); the master port and node-to-node ports "
                    "(connect); every rank joining and a checked all_reduce (smoke); all_reduce "
                    "and node-to-node bandwidth against the inventory (bandwidth)."),
+    "gpus": Lazy("orchestrate.cli.gpus", "gpus",
+                 "Every GPU of this machine (or of an inventory's SSH nodes) with its model, "
+                 "memory used/total, utilization and holders: orchestrate jobs (user, job id, "
+                 "since) and processes outside orchestrate (pid, user, name, memory)."),
     "inventory": Lazy("orchestrate.cli.inventory", "inventory",
                       "Inspect inventory files, write them from the machines, check them for "
                       "drift."),
@@ -76,7 +80,8 @@ COMMANDS: Mapping[str, Lazy] = {
                    "(default: the latest job)."),
     "submit": Lazy("orchestrate.cli.jobs", "submit",
                    "Launch a job; exits 0 when a followed job completes, 1 when it fails (or, "
-                   "with --preflight, when a check failed and nothing was submitted)."),
+                   "with --preflight, when a check failed and nothing was submitted), 75 when it "
+                   "could not be placed now (or, waiting, within its bound)."),
     "validate": Lazy("orchestrate.cli.inspect", "validate",
                      "Check inventory and job files; prints every problem found."),
 }

@@ -27,7 +27,8 @@ from pathlib import Path
 SHIPPED: dict[str, tuple[str, ...]] = {
     # The SSH agent, one per host and job (backends/ssh/channels.py), sent as ``python -S -c``.
     "agent": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-              "orchestrate.hostside.gpuuse", "orchestrate.hostside.leases",
+              "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
+              "orchestrate.hostside.leases",
               "orchestrate.hostside.watchdog", "orchestrate.core.exits",
               "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
               "orchestrate.backends.ssh.agent"),
@@ -44,7 +45,8 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-                 "orchestrate.hostside.leases", "orchestrate.hostside.watchdog"),
+                 "orchestrate.hostside.bookdir", "orchestrate.hostside.leases",
+                 "orchestrate.hostside.watchdog"),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
     "gatherer": ("orchestrate.hostside.hostfacts",),
     # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
