@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,6 +121,8 @@ class DetachedBackend(ABC):
                 f"the {self.label} supervisor ended before launching the job",
                 source=str(prepared.path), hint=f"its log: {run_dir / SUPERVISOR_LOG}")
         if not verdict.ok:
+            if attempt is None:
+                _discard(run_dir, proc)
             if verdict.table is not None:
                 verdict.table.print(only_failed=True)
             raise UserError(verdict.problems)
@@ -163,6 +166,18 @@ def _exchange(proc: subprocess.Popen[bytes], handshake: Handshake) -> Verdict | 
         raise
     finally:
         proc.stdout.close()
+
+
+def _discard(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+    """A refused submit leaves no run dir behind (nothing ran; the refusal is printed), so
+    ``ls runs/`` shows jobs, not attempts to place them. Only a dir holding nothing but the
+    supervisor's log is removed: anything else there was not made by this submit."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return
+    if {p.name for p in run_dir.iterdir()} <= {SUPERVISOR_LOG}:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def unreached(failed: Mapping[str, str]) -> str:

@@ -218,6 +218,10 @@ class LocalSupervisor(Supervisor):
                 found |= set(group.members({me, *skip}))
             return sorted(found)
 
+        lingering = left()
+        if lingering:  # what dropped the job tag: the supervisor's log names it
+            self.log("stopping what the ranks left without the job tag (by ancestry or "
+                     "cgroup): " + ", ".join(containment.describe_pid(p) for p in lingering[:5]))
         self.survivors = containment.stop_processes(left, STOP_GRACE_S)
         containment.reap_orphans(keep=skip)
         return survived(self.survivors)
