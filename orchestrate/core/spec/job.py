@@ -7,6 +7,7 @@ validates into :class:`JobSpec`. Paths inside the file are relative to the file.
 from __future__ import annotations
 
 import re
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -73,11 +74,8 @@ def time_limit_seconds(limit: str) -> int:
 
 def wait_seconds(wait: bool | str) -> float | None:
     """``resources.wait`` as seconds: None (do not wait), ``inf`` (no bound) or the bound."""
-    if wait is False:
-        return None
-    if wait is True:
-        return float("inf")
-    return float(time_limit_seconds(wait))
+    return None if wait is False else (
+        float("inf") if wait is True else float(time_limit_seconds(wait)))
 
 
 def plain_text(value: str) -> str:
@@ -121,14 +119,9 @@ class Resources(Spec):
     @field_validator("wait", mode="before")
     @classmethod
     def _wait(cls, value: object) -> object:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                if time_limit_seconds(value) > 0:
-                    return value
-            except ValueError:
-                pass
+        with suppress(ValueError):
+            if isinstance(value, bool) or (isinstance(value, str) and time_limit_seconds(value)):
+                return value
         raise ValueError("a boolean (true: no bound), or how long to wait as a string: "
                          "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'")
 
