@@ -359,8 +359,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
         if not first_step_seen and metrics.exists():
             _record_first_step(store, job_id, metrics)
     outcome = run.outcome()
-    if left:  # processes that outlived the attempt: named in its ending
-        sink.note(left)
+    if left:  # processes that outlived the attempt: named in its ending (noted below)
         outcome.reason = f"{outcome.reason}; {left}" if outcome.reason else left
     sink.note(f"attempt ended {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
     sink.close()
@@ -372,9 +371,7 @@ class Launched:
     """One attempt's ranks, ready to start: the handles, what to run after them, the log."""
 
     handles: Sequence[RankHandle]
-    #: Run after the ranks ended; what it returns (processes that outlived them) is named in
-    #: the attempt's ending.
-    cleanup: Callable[[], str | None] | None = None
+    cleanup: Callable[[], str | None] | None = None  # after the ranks: what outlived them
     sink: LogSink | None = None
     evidence: Evidence | None = None  # where the stall watch reads heartbeats
 
