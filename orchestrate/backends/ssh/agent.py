@@ -225,14 +225,14 @@ class Serving:
         survivors = stop_processes(lambda: descendants(me), self.grace_s)
         reap_orphans()
         named = [describe_pid(p) for p in survivors]
+        if self.group is not None:  # first: a cgroup with this agent in it holds the lease
+            self.group.leave()
+            self.group.remove()
         if self.joined:
             with suppress(OSError, BookError):
                 self.book().leave(self.job_id, [me], survivors,
                                   [f"{name} outlived the job" for name in named])
             self.joined = False
-        if self.group is not None:
-            self.group.leave()
-            self.group.remove()
         return named
 
     def files(self, request: dict[str, Any]) -> dict[str, Any]:

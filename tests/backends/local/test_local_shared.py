@@ -211,6 +211,9 @@ def test_a_daemon_that_drops_the_job_tag_does_not_outlive_the_job(cli: Cli, how:
         time.sleep(0.1)
     assert not _named(marker), f"the daemon {marker} outlived job {job_id}"
     leases = Path(cli.env["ORCHESTRATE_LEASES"])
+    deadline = time.monotonic() + 10  # left by the supervisor, or its watchdog after it
+    while list(leases.glob(f"*/{job_id}@*.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not list(leases.glob(f"*/{job_id}@*.json"))
     log = " ".join((Path(str(final["run_dir"])) / "supervisor.log").read_text().split())
     assert "stopping what the ranks left without the job tag (by ancestry or cgroup): pid " \
