@@ -29,3 +29,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 pytest_runtest_setup = tiers.guarded_setup
 pytest_runtest_call = tiers.guarded_call
 pytest_runtest_teardown = tiers.guarded_teardown
+
+
+@pytest.fixture(autouse=True)
+def private_lease_book(tmp_path_factory: pytest.TempPathFactory,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test gets a lease book of its own (``ORCHESTRATE_LEASES``, inherited by every
+    orchestrate it starts): the machine's shared book (/var/tmp/orchestrate/leases) would let a
+    job of one test session -- another engineer's, on a shared box -- refuse another's. Tests of
+    the shared book itself set their own."""
+    monkeypatch.setenv("ORCHESTRATE_LEASES", str(tmp_path_factory.mktemp("leases")))

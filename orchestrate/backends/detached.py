@@ -240,14 +240,17 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
     return current is not None and current.terminal
 
 
-def start_watchdog(pid: int, job_id: str, grace_s: float) -> subprocess.Popen[bytes]:
+def start_watchdog(pid: int, job_id: str, grace_s: float,
+                   lease_root: str | None = None) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
-    ends, however it ends, the watchdog stops whatever the job left on this machine and drops
-    its lease (:func:`orchestrate.hostside.host.watch`). Standard library only, no site-packages."""
+    ends, however it ends, the watchdog stops whatever the job left on this machine and leaves
+    its lease (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no
+    site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
-    text = shipped("watchdog", "from orchestrate.hostside.host import watch\n"
-                   f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r})")
+    text = shipped("watchdog", "from orchestrate.hostside.watchdog import watch\n"
+                   f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
+                   f"lease_root={lease_root!r})")
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(

@@ -74,18 +74,21 @@ class Handshake:
 class Verdict:
     """The supervisor's answer: launched (``ok``), or refused with the problems, nothing
     launched. ``table``: what was found on each host, when hosts were checked; ``timings``:
-    how long the launch steps took (the supervisor's log and ``bench/`` read them)."""
+    how long the launch steps took (the supervisor's log and ``bench/`` read them);
+    ``pending``: accepted, but waiting for what others hold (``submit --wait``)."""
 
     ok: bool
     problems: tuple[Problem, ...] = ()
     table: HostTable | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    #: Accepted but waiting (``submit --wait``): what for. The job is recorded PENDING.
+    pending: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As JSON values (one line on the supervisor's stdout)."""
         return {"ok": self.ok, "problems": [asdict(p) for p in self.problems],
                 "table": None if self.table is None else self.table.to_json(),
-                "timings": dict(self.timings)}
+                "timings": dict(self.timings), "pending": self.pending}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Verdict:
@@ -94,7 +97,8 @@ class Verdict:
         return cls(ok=bool(data["ok"]),
                    problems=tuple(Problem(**p) for p in data.get("problems", ())),
                    table=None if table is None else HostTable.from_json(table),
-                   timings={str(k): float(v) for k, v in (data.get("timings") or {}).items()})
+                   timings={str(k): float(v) for k, v in (data.get("timings") or {}).items()},
+                   pending=None if data.get("pending") is None else str(data["pending"]))
 
 
 class VerdictLine:

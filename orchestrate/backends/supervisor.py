@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from orchestrate.backends.base import STOP_GRACE_S, new_record, write_run_dir
 from orchestrate.backends.handshake import Handshake, Verdict, VerdictLine
-from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.errors import EXIT_BUSY, Problem, UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
 from orchestrate.core.plan.outcome import Attempt
+from orchestrate.run.jobrecord import JobState
 from orchestrate.run.store import PATIENCE_S, SUPERVISOR_PATIENCE_S, Store
 
 if TYPE_CHECKING:
@@ -38,11 +39,21 @@ if TYPE_CHECKING:
     from orchestrate.run.supervise import Launched, StopRequest
 
 
+class WaitEnded(Exception):
+    """A waiting job ends before it started: ``state`` (CANCELLED, DEADLINE) and why."""
+
+    def __init__(self, state: JobState, reason: str) -> None:
+        super().__init__(reason)
+        self.state: JobState = state
+
+
 class Supervisor(ABC):
     """One job's supervisor process, from the handshake to the job's end."""
 
     #: The backend (its ``files`` and ``label``).
     backend: ClassVar[DetachedBackend]
+    #: How often a waiting job looks again at what it waits for (its book, its hosts).
+    wait_poll_s: ClassVar[float] = 0.25
     #: What ``submit`` writes on stdin (a backend's may carry more).
     handshake_type: ClassVar[type[Handshake]] = Handshake
 
@@ -104,6 +115,7 @@ class Supervisor(ABC):
         verdict = VerdictLine()
         self.stop: StopRequest = StopRequest()
         self.first = self.handshake.attempt or 1
+        self.pending: str | None = None  # what the job waits for, once it waits
         try:
             self.begin(self.handshake)
             self.stop.install()
@@ -113,10 +125,11 @@ class Supervisor(ABC):
             from orchestrate.run.prepare import Prepared
 
             self.submitted = Prepared(self.handshake.loaded_job(), self.handshake.plan)
-            prepared = self._prepare(self.first, ())
-            assert prepared is not None, "the first attempt always claims"
+            prepared = self._first_attempt(verdict)
             self.prepared = prepared
         except BaseException as exc:
+            if self.pending is not None:
+                return self._give_up(exc)
             return self._refuse(exc, verdict)
         self.log(f"launching {prepared.plan.world_size} rank(s) on {len(prepared.plan.nodes)} "
                  f"node(s) after {time.monotonic() - self.started:.2f}s ({self.timings})")
@@ -128,6 +141,67 @@ class Supervisor(ABC):
         finally:
             self.end()
         return 0 if outcome.state == "COMPLETED" else 1
+
+    def _first_attempt(self, verdict: VerdictLine) -> Prepared:
+        """Claim and ready the first attempt; a job that waits (``resources.wait``) and finds
+        what it needs held is recorded PENDING, answered, and tries again until it gets it, is
+        cancelled or runs out of time (:class:`WaitEnded`)."""
+        from orchestrate.backends.sharing import wait_limit, waiting_reason
+
+        limit = wait_limit(self.submitted)
+        deadline = time.monotonic() + (limit or 0.0)
+        while True:
+            try:
+                prepared = self._prepare(self.first, ())
+                assert prepared is not None, "the first attempt always claims"
+                return prepared
+            except UserError as exc:
+                if limit is None or exc.exit_status != EXIT_BUSY:
+                    raise
+                reason = waiting_reason(exc)
+            if self.pending is None:
+                self._record_pending(reason)
+                verdict.send(Verdict(ok=True, pending=reason))
+            elif reason != self.pending:
+                self.store.update(self.job_id, reason=reason)
+            self.pending = reason
+            self.store.patience_s = SUPERVISOR_PATIENCE_S
+            until = min(time.monotonic() + self.wait_poll_s, deadline)
+            while time.monotonic() < until and not self.stop.reason:
+                time.sleep(0.02)
+            if self.stop.reason:
+                raise WaitEnded("CANCELLED", f"withdrawn while waiting: {self.stop.reason}")
+            if time.monotonic() >= deadline:
+                raise WaitEnded("DEADLINE", f"not placed within {limit:g}s (resources.wait); "
+                                f"it was {reason}")
+
+    def _record_pending(self, reason: str) -> None:
+        """The waiting job in the store, so that ``status``, ``list`` and ``cancel`` see it."""
+        record = new_record(self.submitted, "PENDING", self.handshake.submitted_at)
+        record.reason = reason
+        record.supervisor_pid, record.supervisor_host = os.getpid(), socket.gethostname()
+        if self.handshake.attempt is None:
+            self.store.add(record)
+        else:
+            self.store.reopen(self.job_id, Attempt(self.first, self.handshake.submitted_at))
+            self.store.update(self.job_id, reason=reason, supervisor_pid=os.getpid(),
+                              supervisor_host=socket.gethostname())
+
+    def _give_up(self, exc: BaseException) -> int:
+        """A waiting job that will not run after all: cancelled, out of time, or refused for
+        good meanwhile. It was recorded: its end is too."""
+        self.abort()
+        if isinstance(exc, WaitEnded):
+            state, reason = exc.state, str(exc)
+        elif isinstance(exc, UserError):
+            state = "FAILED"
+            reason = "; ".join(p.message for p in exc.problems)
+        else:
+            self.log("".join(traceback.format_exception(exc)))
+            state, reason = "FAILED", f"{type(exc).__name__}: {exc}"
+        self.log(f"job {self.job_id} {state} before it started: {reason}")
+        self.store.finish(self.job_id, state, reason)
+        return 1
 
     @property
     def run_dir(self) -> Path:
@@ -164,6 +238,12 @@ class Supervisor(ABC):
         restart's new plan (the restart policy reopened the attempt already)."""
         plan, names = prepared.plan, self.hostnames()
         pid, here = os.getpid(), socket.gethostname()
+        if attempt == self.first and self.pending is not None:  # recorded while it waited
+            self.store.update(self.job_id, plan=plan, hosts=[n.address for n in plan.nodes],
+                              reason="")
+            for r in plan.ranks:
+                self.store.update_rank(self.job_id, r.rank, node=r.node, host=names.get(r.node))
+            return
         if attempt == self.first and self.handshake.attempt is None:
             record = new_record(prepared, "PENDING", self.handshake.submitted_at)
             record.supervisor_pid, record.supervisor_host = pid, here

@@ -55,6 +55,10 @@ COMMANDS: Mapping[str, Lazy] = {
     "export": Lazy("orchestrate.cli.export", "export",
                    "Write a job's trained weights (DDP or FSDP checkpoint) as one plain state "
                    "dict."),
+    "gpus": Lazy("orchestrate.cli.gpus", "gpus",
+                 "Every GPU of this machine (or of an inventory's SSH nodes) with its model, "
+                 "memory used/total, utilization and holders: orchestrate jobs (user, job id, "
+                 "since) and processes outside orchestrate (pid, user, name, memory)."),
     "inventory": Lazy("orchestrate.cli.inventory", "inventory",
                       "Inspect inventory files, write them from the machines, check them for "
                       "drift."),
@@ -79,7 +83,8 @@ COMMANDS: Mapping[str, Lazy] = {
                    "(default: the latest job)."),
     "submit": Lazy("orchestrate.cli.jobs", "submit",
                    "Launch a job; exits 0 when a followed job completes, 1 when it fails (or, "
-                   "with --preflight, when a check failed and nothing was submitted)."),
+                   "with --preflight, when a check failed and nothing was submitted), 75 when it "
+                   "could not be placed now (or, waiting, within its bound)."),
     "validate": Lazy("orchestrate.cli.inspect", "validate",
                      "Check inventory and job files; prints every problem found."),
 }

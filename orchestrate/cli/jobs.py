@@ -12,7 +12,7 @@ import click
 
 from orchestrate.backends import get_backend
 from orchestrate.cli.tables import console
-from orchestrate.core.errors import UserError
+from orchestrate.core.errors import EXIT_BUSY, UserError
 from orchestrate.core.layout import DOCTOR_FILE, MERGED_LOG, rank_log
 from orchestrate.run.store import JobRecord, Store
 
@@ -54,13 +54,22 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
 @click.option("--preflight", is_flag=True,
               help="run the doctor's static, connect and smoke tiers on the job's nodes "
               "first; submit only if no check failed")
+@click.option("--wait", "wait", is_flag=False, flag_value="true", default=None,
+              metavar="[=TIMEOUT]",
+              help="local and SSH: when other jobs (or processes) hold what the job needs, wait "
+              "for it as PENDING, first come first served, instead of exiting 75; TIMEOUT in "
+              "Slurm's formats (MM, HH:MM:SS), none: no bound (resources.wait)")
 def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_run: bool,
-           job_id: str | None, debug: bool, preflight: bool) -> None:
+           job_id: str | None, debug: bool, preflight: bool, wait: str | None) -> None:
     """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
-    --preflight, when a check failed and nothing was submitted)."""
+    --preflight, when a check failed and nothing was submitted), 75 when it could not be
+    placed now (or, waiting, within its bound)."""
     from orchestrate.core.render.render import merged
     from orchestrate.run.prepare import new_id_suffix, prepare
 
+    if wait is not None:
+        overrides = (*overrides, "resources.wait=" + (
+            "true" if wait == "true" else repr(wait)))
     prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
                        debug=debug)
     backend = get_backend(prepared.plan.backend)
@@ -84,6 +93,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
         import shutil
 
         shutil.copyfile(checked.run_dir / DOCTOR_FILE, Path(record.run_dir) / DOCTOR_FILE)
+    if record.state == "PENDING" and record.reason:
+        click.echo(f"job {record.id} is {record.reason}", err=True)
     if follow is None:
         follow = sys.stdout.isatty()
     if not follow:
@@ -93,7 +104,14 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
                err=True)
     final = _follow(store, record)
     _summary(final)
-    raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
+    raise click.exceptions.Exit(_exit_status(final))
+
+
+def _exit_status(job: JobRecord) -> int:
+    """0 completed, 75 never placed within its wait (try again later), else 1."""
+    if job.state == "COMPLETED":
+        return 0
+    return EXIT_BUSY if job.state == "DEADLINE" and job.started_at is None else 1
 
 
 def _preflight(prepared: Prepared, store: Store) -> Run:
@@ -171,7 +189,7 @@ def resume(job_ref: str, follow: bool | None) -> None:
         return
     final = _follow(store, record)
     _summary(final)
-    raise click.exceptions.Exit(0 if final.state == "COMPLETED" else 1)
+    raise click.exceptions.Exit(_exit_status(final))
 
 
 @click.command("list")
@@ -189,11 +207,15 @@ def list_jobs(as_json: bool, limit: int) -> None:
     table = Table(title="jobs")
     for column in ("id", "backend", "state", "ranks", "attempts", "submitted", "run dir"):
         table.add_column(column)
+    waiting = [j for j in jobs if j.state == "PENDING" and j.reason]
     for j in jobs:
         table.add_row(j.id, j.backend, j.state, str(j.plan.world_size), str(j.attempt),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j.submitted_at)),
                       j.run_dir)
-    console().print(table)
+    out = console()
+    out.print(table)
+    for j in waiting:  # what each waiting job waits for, and who holds it
+        out.print(f"{j.id} is {j.reason}", markup=False, soft_wrap=True)
 
 
 @click.command()

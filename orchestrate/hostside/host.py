@@ -1,5 +1,5 @@
-"""What orchestrate does on a machine that runs ranks: find and stop a job's processes, lease
-GPUs, CPU slots and ports, check a port, list the GPUs, find the interface towards the master.
+"""What orchestrate does on a machine that runs ranks: find and stop a job's processes, check a
+port, list the GPUs, find the interface towards the master.
 
 One implementation for every backend that runs ranks itself. The local backend imports this
 module; the SSH backend ships its source text to each host inside the agent program
@@ -10,17 +10,11 @@ and imports nothing from orchestrate.
 **The tag.** Every process a launch script starts carries ``ORCHESTRATE_JOB_ID`` in its
 environment, so a job's processes are found by scanning ``/proc/*/environ``, even those that left
 the session (torchrun's workers, daemonised helpers). Names are never used: two jobs run the same
-``python``.
+``python``. A process that drops the tag is still found by ancestry or its cgroup
+(:mod:`orchestrate.hostside.containment`).
 
-**Leases.** Two jobs on one server must get disjoint GPUs, CPU slots and master ports, whichever
-backend launched them. A running job records what it holds in ``<state>/leases/<hostname>/
-<job_id>.json`` under an exclusive ``flock`` of that directory; planners ask first and avoid
-what is held. Per host name, because home directories are often shared over NFS. A lease is live
-while its holder (the process that claimed it: the local supervisor, or the SSH agent serving the
-node's first rank) is alive -- checked by pid *and* start time, so a reused pid never counts --
-or while any process on the host still carries the job's tag: a lease lasts as long as anything
-of the job runs, even after its supervisor was killed. Anything else is stale and removed by the
-next reader, so a crashed controller never blocks the GPUs for ever.
+The lease book every user of the machine shares is :mod:`orchestrate.hostside.leases`; the
+watchdog beside a local supervisor is :mod:`orchestrate.hostside.watchdog`.
 
 The state directory is ``$ORCHESTRATE_HOME``, else ``$XDG_STATE_HOME/orchestrate``, else
 ``~/.local/state/orchestrate`` (made absolute, so a supervisor started elsewhere agrees).
@@ -29,7 +23,6 @@ The state directory is ``$ORCHESTRATE_HOME``, else ``$XDG_STATE_HOME/orchestrate
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -43,7 +36,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 TAG = "ORCHESTRATE_JOB_ID"
-LEASE_DIR = "leases"
 SIOCGIFADDR = 0x8915
 
 
@@ -176,133 +168,6 @@ def remove_containers(job_id: str) -> int:
     return removed
 
 
-def watch(pid: int, start: int | None, job_id: str, grace_s: float, poll_s: float = 0.25) -> int:
-    """Wait for process ``pid`` (started at ``start``) to end, then stop whatever the job left
-    here and drop its lease. A watchdog beside a supervisor: if the supervisor is killed (even
-    with SIGKILL) its ranks do not outlive it. Returns the number of processes it stopped."""
-    while alive(pid, start):
-        time.sleep(poll_s)
-    stopped = reap(job_id, grace_s)["found"]
-    with suppress(OSError):
-        LeaseBook().release(job_id)
-    return stopped
-
-
-# ------------------------------------------------------------------------------ leases
-
-
-def new_lease(job_id: str, node: str, gpus: list[int], slots: int, port: int | None,
-              holder_pid: int) -> dict[str, Any]:
-    """A lease record: what ``job_id`` holds on this host, and who holds it."""
-    return {
-        "job_id": job_id, "node": node, "hostname": socket.gethostname(),
-        "gpus": sorted(set(gpus)), "slots": int(slots), "port": port,
-        "holder_pid": holder_pid, "holder_start": proc_start(holder_pid), "created": time.time(),
-    }
-
-
-def held(leases: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a set of leases holds together: GPUs, CPU slots, ports, and by which jobs."""
-    return {
-        "gpus": sorted({int(g) for lease in leases for g in lease.get("gpus") or []}),
-        "slots": sum(int(lease.get("slots") or 0) for lease in leases),
-        "ports": sorted({int(lease["port"]) for lease in leases if lease.get("port") is not None}),
-        "jobs": sorted({str(lease["job_id"]) for lease in leases}),
-    }
-
-
-class LeaseBook:
-    """The lease files of this host (see the module docstring)."""
-
-    def __init__(self, directory: str | None = None) -> None:
-        self.directory = directory or os.path.join(state_dir(), LEASE_DIR, socket.gethostname())
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-
-    def locked(self) -> _Locked:
-        """``with book.locked(): ...`` holds the book's exclusive lock."""
-        return _Locked(os.path.join(self.directory, ".lock"))
-
-    def _path(self, job_id: str) -> str:
-        return os.path.join(self.directory, job_id + ".json")
-
-    def live(self, except_job: str | None = None) -> list[dict[str, Any]]:
-        """Leases of jobs that still hold something (call inside :meth:`locked`); stale ones
-        are deleted. ``except_job``'s own lease is left out."""
-        leases = []
-        for name in sorted(os.listdir(self.directory)):
-            if not name.endswith(".json"):
-                continue
-            path = os.path.join(self.directory, name)
-            try:
-                with open(path) as f:
-                    lease = json.load(f)
-                holder = int(lease["holder_pid"])
-                job = str(lease["job_id"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if job != except_job:
-                leases.append((path, lease, holder))
-        jobs = None
-        live = []
-        for path, lease, holder in leases:
-            ok = alive(holder, lease.get("holder_start"))
-            if not ok:
-                jobs = tagged() if jobs is None else jobs
-                ok = str(lease["job_id"]) in jobs
-            if ok:
-                live.append(lease)
-            else:
-                with suppress(OSError):
-                    os.unlink(path)
-        return live
-
-    def record(self, lease: dict[str, Any]) -> None:
-        """Write a lease (call inside :meth:`locked`), atomically."""
-        path = self._path(str(lease["job_id"]))
-        with open(path + ".tmp", "w") as f:
-            json.dump(lease, f)
-        os.replace(path + ".tmp", path)
-
-    def claim(self, lease: dict[str, Any], slot_capacity: int | None = None) -> dict[str, Any]:
-        """Record ``lease`` unless another live job holds one of its GPUs or its port, the port
-        cannot be bound, or the CPU slots would exceed ``slot_capacity``. Returns ``{"ok":
-        True}``, or ``{"ok": False, ...}`` with what the others hold."""
-        with self.locked():
-            others = held(self.live(except_job=str(lease["job_id"])))
-            busy_gpus = sorted(set(lease.get("gpus") or []) & set(others["gpus"]))
-            port = lease.get("port")
-            port_taken = port is not None and (port in others["ports"] or not port_free(port))
-            slots = int(lease.get("slots") or 0)
-            too_many = slot_capacity is not None and slots and \
-                others["slots"] + slots > slot_capacity
-            if busy_gpus or port_taken or too_many:
-                return {"ok": False, "busy_gpus": others["gpus"], "busy_ports": others["ports"],
-                        "busy_slots": others["slots"], "port_taken": port_taken,
-                        "jobs": others["jobs"]}
-            self.record(lease)
-        return {"ok": True}
-
-    def release(self, job_id: str) -> None:
-        """Drop ``job_id``'s lease on this host (nothing if it has none)."""
-        with self.locked(), suppress(FileNotFoundError):
-            os.unlink(self._path(job_id))
-
-
-class _Locked:
-    """An exclusive ``flock`` on a file, as a context manager."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        self.handle = open(self.path, "a+")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-
-    def __exit__(self, *_: object) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
-
-
 # ------------------------------------------------------------------------------ checks
 
 
@@ -387,6 +252,6 @@ def interface_towards(address: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "TAG", "LeaseBook", "alive", "gpus", "held", "interface_towards", "job_pids", "new_lease",
-    "port_free", "proc_start", "reap", "run_text", "signal_all", "state_dir", "tagged", "watch",
+    "TAG", "alive", "gpus", "interface_towards", "job_pids", "port_free", "proc_start", "reap",
+    "run_text", "signal_all", "state_dir", "suppress", "tagged",
 ]

@@ -26,7 +26,10 @@ from pathlib import Path
 #: Every program orchestrate ships, by name: the modules it carries, innermost first.
 SHIPPED: dict[str, tuple[str, ...]] = {
     # The SSH agent, one per host and job (backends/ssh/channels.py), sent as ``python -S -c``.
-    "agent": ("orchestrate.hostside.host", "orchestrate.core.exits",
+    "agent": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
+              "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
+              "orchestrate.hostside.leases",
+              "orchestrate.hostside.watchdog", "orchestrate.core.exits",
               "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
               "orchestrate.backends.ssh.agent"),
     # What an SSH host runs to read its ranks' heartbeats and dumps (``evidence.py``).
@@ -44,7 +47,9 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",
                 "orchestrate.diagnosis.hangwatch", "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
-    "watchdog": ("orchestrate.hostside.host",),
+    "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
+                 "orchestrate.hostside.bookdir", "orchestrate.hostside.leases",
+                 "orchestrate.hostside.watchdog"),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
     "gatherer": ("orchestrate.hostside.hostfacts",),
     # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files

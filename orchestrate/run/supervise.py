@@ -296,7 +296,7 @@ def _wrong_world(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
 
 def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHandle],
               stop: StopRequest, grace_s: float, plan: Plan,
-              cleanup: Callable[[], None] | None = None, sink: LogSink | None = None,
+              cleanup: Callable[[], str | None] | None = None, sink: LogSink | None = None,
               evidence: Evidence | None = None) -> Outcome:
     """Run one attempt's ranks to the end and return how it ended (recording each rank, not
     the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
@@ -334,11 +334,12 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
     finally:
         if watcher is not None:
             watcher.stop()
-        if cleanup is not None:
-            cleanup()
+        left = cleanup() if cleanup is not None else None
         if not first_step_seen and metrics.exists():
             _record_first_step(store, job_id, metrics)
     outcome = run.outcome()
+    if left:  # processes that outlived the attempt: named in its ending (noted below)
+        outcome.reason = f"{outcome.reason}; {left}" if outcome.reason else left
     sink.note(f"attempt ended {outcome.state}" + (f": {outcome.reason}" if outcome.reason else ""))
     sink.close()
     return outcome
@@ -349,7 +350,7 @@ class Launched:
     """One attempt's ranks, ready to start: the handles, what to run after them, the log."""
 
     handles: Sequence[RankHandle]
-    cleanup: Callable[[], None] | None = None
+    cleanup: Callable[[], str | None] | None = None  # after the ranks: what outlived them
     sink: LogSink | None = None
     evidence: Evidence | None = None  # where the stall watch reads heartbeats
 

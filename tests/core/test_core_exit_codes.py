@@ -20,7 +20,7 @@ from orchestrate.core.exits import EXIT_BUSY, EXIT_USER_ERROR
 from orchestrate.core.plan.plan import Occupancy, make_plan
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.core.spec.job import JobSpec
-from orchestrate.hostside import host
+from orchestrate.hostside import leases
 
 pytestmark = pytest.mark.unit
 
@@ -79,11 +79,12 @@ def test_the_busy_mark_survives_the_ssh_supervisors_verdict() -> None:
 
 
 @pytest.fixture()
-def lease_book(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> host.LeaseBook:
-    """A private state directory (store and lease book) for this test."""
+def lease_book(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> leases.LeaseBook:
+    """A private state directory (store) and lease book for this test."""
     monkeypatch.setenv("ORCHESTRATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("ORCHESTRATE_RUNS", str(tmp_path / "runs"))
-    return host.LeaseBook()
+    monkeypatch.setenv("ORCHESTRATE_LEASES", str(tmp_path / "leases"))
+    return leases.LeaseBook()
 
 
 def _local_job(tmp_path: Path, extra: str = "") -> Path:
@@ -93,13 +94,13 @@ def _local_job(tmp_path: Path, extra: str = "") -> Path:
     return job
 
 
-def _hold(book: host.LeaseBook, slots: int, port: int | None = None) -> None:
+def _hold(book: leases.LeaseBook, slots: int, port: int | None = None) -> None:
     with book.locked():
-        book.record(host.new_lease("other-1", "localhost", [], slots, port, os.getpid()))
+        book.record(leases.new_lease("other-1", "localhost", [], slots, port, [os.getpid()]))
 
 
 @pytest.mark.process
-def test_submit_on_a_busy_machine_exits_75(tmp_path: Path, lease_book: host.LeaseBook) -> None:
+def test_submit_on_a_busy_machine_exits_75(tmp_path: Path, lease_book: leases.LeaseBook) -> None:
     _hold(lease_book, slots=2)
     result = cli("submit", "--detach", _local_job(tmp_path, "resources: {gpus_per_node: 2}\n"))
     assert result.code == EXIT_BUSY, result.err
@@ -107,7 +108,7 @@ def test_submit_on_a_busy_machine_exits_75(tmp_path: Path, lease_book: host.Leas
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-def test_submit_that_can_never_fit_exits_2(tmp_path: Path, lease_book: host.LeaseBook) -> None:
+def test_submit_that_can_never_fit_exits_2(tmp_path: Path, lease_book: leases.LeaseBook) -> None:
     _hold(lease_book, slots=2)
     result = cli("submit", "--detach", _local_job(tmp_path, "resources: {gpus_per_node: 4}\n"))
     assert result.code == EXIT_USER_ERROR, result.err
@@ -116,7 +117,7 @@ def test_submit_that_can_never_fit_exits_2(tmp_path: Path, lease_book: host.Leas
 
 @pytest.mark.process  # the supervisor decides, after it started
 def test_submit_whose_fixed_port_another_job_holds_exits_75(tmp_path: Path,
-                                                            lease_book: host.LeaseBook) -> None:
+                                                            lease_book: leases.LeaseBook) -> None:
     _hold(lease_book, slots=1, port=29517)
     job = _local_job(tmp_path, "resources: {gpus_per_node: 1}\n"
                      "distributed: {master_port: 29517}\n")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from orchestrate.backends.base import STOP_GRACE_S, Backend, rank_files
 from orchestrate.backends.detached import DetachedBackend
 from orchestrate.core.errors import UserError
-from orchestrate.hostside import host
 from orchestrate.run.store import JobRecord
 
 if TYPE_CHECKING:
@@ -55,11 +54,26 @@ class LocalBackend(DetachedBackend):
         """Nothing to ask beyond what ``submit`` checks: the plan is the whole story here."""
 
     def stop_everywhere(self, job: JobRecord) -> dict[str, str]:
-        """Kill-by-tag here, and drop the job's lease: this machine is everywhere."""
-        host.reap(job.id, STOP_GRACE_S)
-        with contextlib.suppress(OSError):
-            host.LeaseBook().release(job.id)
+        """Stop the job here (by tag, and by its cgroup), and let go of its lease: this machine
+        is everywhere. Whatever survives SIGKILL keeps the lease held while it lives."""
+        from orchestrate.hostside.watchdog import stop_job
+
+        stop_job(job.id, STOP_GRACE_S, _lease_root(job))
         return {}
+
+
+def _lease_root(job: JobRecord) -> str | None:
+    """The book the job leased in: its inventory's lease_dir for the node, else the default."""
+    from orchestrate.backends.base import reloaded
+    from orchestrate.backends.sharing import lease_dir
+    from orchestrate.run.prepare import Prepared
+
+    try:
+        loaded = reloaded(job)
+    except UserError:
+        return None
+    return lease_dir(Prepared(loaded, job.plan), job.plan.nodes[0].name) if job.plan.nodes \
+        else None
 
 
 def _this_machine_names() -> set[str]:

@@ -18,11 +18,12 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -30,8 +31,17 @@ from orchestrate.backends.base import STOP_GRACE_S
 from orchestrate.backends.detached import start_watchdog
 from orchestrate.backends.handshake import Handshake
 from orchestrate.backends.local.backend import LocalBackend
+from orchestrate.backends.sharing import (
+    blocked,
+    book_error,
+    lease_dir,
+    occupancy,
+    ticket,
+    wait_limit,
+    wants,
+)
 from orchestrate.backends.supervisor import Supervisor
-from orchestrate.core.errors import UserError
+from orchestrate.core.errors import EXIT_BUSY, UserError
 from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.core.plan.plan import Occupancy, Plan, checkpoint_dir
@@ -39,7 +49,7 @@ from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
-from orchestrate.hostside import host
+from orchestrate.hostside import containment, gpuuse, host, leases
 from orchestrate.run.supervise import Launched
 
 if TYPE_CHECKING:
@@ -113,35 +123,86 @@ def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
 
 
 class LocalSupervisor(Supervisor):
-    """One local job's supervisor."""
+    """One local job's supervisor: a child subreaper, so that whatever its ranks start stays
+    below it and is swept at the end of each attempt."""
 
     backend = LocalBackend()
 
     def begin(self, handshake: Handshake) -> None:
-        """The watchdog, before anything can start."""
-        start_watchdog(os.getpid(), self.job_id, STOP_GRACE_S)
+        """Become a subreaper first: whatever starts below this process stays below it."""
+        containment.become_subreaper()
+        self.lease_root: str | None = None
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.group: containment.JobGroup | None = None
+        self.survivors: list[int] = []
 
     def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared | None:
-        """Lease the GPUs, slots and port, re-planned around other jobs' leases, under the lease
-        book's lock; this supervisor holds the lease. A restart runs on the same leases."""
+        """Lease the GPUs, slots and port, re-planned around what other jobs hold and GPUs in
+        use outside orchestrate, under the book's lock, behind older waiting jobs; this
+        supervisor and its watchdog hold the lease. A restart runs on the same leases."""
         if attempt != self.first:
             return None
-        book = host.LeaseBook()
-        with book.locked():
-            prepared = _fit(self.submitted, host.held(book.live()))
-            _check_gpus_exist(prepared)
+        submitted = self.submitted
+        source = str(submitted.path)
+        node = submitted.plan.nodes[0]
+        self.lease_root = lease_dir(submitted, node.name)
+        if self.watchdog is None:  # before anything can start
+            self.watchdog = start_watchdog(os.getpid(), self.job_id, STOP_GRACE_S,
+                                           self.lease_root)
+        found = gpuuse.usage() if node.gpu_indices or _has_gpus(submitted) else None
+        if found is not None and not found["ok"] and not found.get("missing"):
+            raise UserError.single(str(found["detail"]), source=source, field="inventory",
+                                   hint="orchestrate reads nvidia-smi to see which GPUs are "
+                                   "in use; fix the driver, or run where it works")
+        try:
+            book = leases.LeaseBook(self.lease_root)
+            with book.locked():
+                prepared = self._place(book, found)
+        except leases.BookError as exc:
+            raise book_error(exc, source) from None
+        return prepared
+
+    def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None) -> Prepared:
+        """Inside the lock: plan around the book, or queue (a waiting job) and refuse."""
+        submitted = self.submitted
+        source = str(submitted.path)
+        node = submitted.plan.nodes[0]
+        held = leases.held(book.live(except_job=self.job_id))
+        outside = gpuuse.outside_use(found, set(held["gpus"])) if found else {}
+        waits = wait_limit(submitted) is not None
+        me = os.getpid()
+        want = (ticket(submitted, node, self.handshake.submitted_at, me, host.proc_start(me))
+                if waits else wants(submitted, node))
+        try:
+            refusal = blocked(held, [leases.describe(t) for t in book.ahead(want, self.job_id)],
+                              source)
+            if refusal is not None:
+                raise refusal
+            prepared = _fit(submitted, held, outside)
+            _check_gpus_exist(prepared, found)
             _check_runtime(prepared)
-            plan = prepared.plan
-            node = plan.nodes[0]
-            book.record(host.new_lease(
-                self.job_id, node.name, list(node.gpu_indices),
-                0 if node.gpu_indices else node.nproc, plan.master_port, os.getpid(),
-            ))
+        except UserError as exc:
+            if waits and exc.exit_status == EXIT_BUSY:
+                book.enqueue(want)
+            raise
+        plan = prepared.plan
+        chosen = plan.nodes[0]
+        key = f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}"
+        self.group = containment.JobGroup.make(key)
+        book.record(leases.new_lease(
+            self.job_id, chosen.name, list(chosen.gpu_indices),
+            0 if chosen.gpu_indices else chosen.nproc, plan.master_port,
+            [me, self._watchdog_pid()], self.group.path if self.group else None,
+        ))
+        book.forget(self.job_id)
         return prepared
 
     def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
         """A process per rank (or the node's one process under ``launcher: per_node`` or
-        ``torchrun``), on this machine, running the node's launch script."""
+        ``torchrun``), on this machine, running the node's launch script (in the job's cgroup
+        where there is one: its children are born there)."""
+        if self.group is not None and not self.group.join():
+            self.group = None
         plan = prepared.plan
         node = plan.nodes[0]
         script = self.run_dir / node_script_name(node.name)
@@ -154,31 +215,80 @@ class LocalSupervisor(Supervisor):
         evidence = RunDirEvidence(self.run_dir, [r.rank for r in plan.ranks], attempt)
         return Launched(handles, self._reap, evidence=evidence)
 
-    def _reap(self) -> None:
-        host.reap(self.job_id, STOP_GRACE_S)  # what a rank left (it may have left its session)
+    def _reap(self) -> str | None:
+        """The end of an attempt: what the ranks left, by tag, by ancestry (orphans re-parent
+        here) and by cgroup; what even SIGKILL did not end is named (and keeps the lease)."""
+        host.reap(self.job_id, STOP_GRACE_S)
+        me = os.getpid()
+        skip = {self._watchdog_pid()}
+        group = self.group
+
+        def left() -> list[int]:
+            found = set(containment.descendants(me, skip))
+            if group is not None:
+                found |= set(group.members({me, *skip}))
+            return sorted(found)
+
+        lingering = left()
+        if lingering:  # what dropped the job tag: the supervisor's log names it
+            self.log("stopping what the ranks left without the job tag (by ancestry or "
+                     "cgroup): " + ", ".join(containment.describe_pid(p) for p in lingering[:5]))
+        self.survivors = containment.stop_processes(left, STOP_GRACE_S)
+        containment.reap_orphans(keep=skip)
+        return survived(self.survivors)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
         """From the run directory (on this machine)."""
         return progress_marker(str(self.run_dir), checkpoint_dir(plan))
 
     def abort(self) -> None:
-        """Nothing runs: drop the lease."""
-        self.end()
+        """Nothing runs: drop the lease and the ticket."""
+        with contextlib.suppress(OSError, leases.BookError):
+            leases.LeaseBook(self.lease_root).release(self.job_id)
+        self._ungroup()
 
     def end(self) -> None:
-        """Drop the job's lease (the watchdog would, once this process is gone)."""
-        with contextlib.suppress(OSError):
-            host.LeaseBook().release(self.job_id)
+        """Leave the lease: dropped, unless processes of the job survived (then they hold it
+        while they live; the watchdog leaves it too once this process is gone)."""
+        alive = [p for p in self.survivors if host.proc_start(p) is not None]
+        self._ungroup()
+        with contextlib.suppress(OSError, leases.BookError):
+            leases.LeaseBook(self.lease_root).leave(
+                self.job_id, [os.getpid(), self._watchdog_pid()], alive,
+                [f"{containment.describe_pid(p)} outlived the job" for p in alive])
+
+    def _watchdog_pid(self) -> int:
+        return self.watchdog.pid if self.watchdog is not None else -1
+
+    def _ungroup(self) -> None:
+        if self.group is not None:
+            self.group.leave()
+            self.group.remove()
 
 
-def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
-    """The plan again around what other jobs hold here (GPUs, slots, ports), if it must."""
+def survived(pids: list[int]) -> str | None:
+    """The words a job's ending gets for processes that outlived it."""
+    if not pids:
+        return None
+    named = ", ".join(containment.describe_pid(p) for p in pids[:5])
+    more = f" and {len(pids) - 5} more" if len(pids) > 5 else ""
+    return (f"{len(pids)} process(es) of the job still run after SIGKILL: {named}{more}; "
+            "the job's lease stays held while they live")
+
+
+def _has_gpus(prepared: Prepared) -> bool:
+    spec = prepared.inventory.node(prepared.plan.nodes[0].name)
+    return spec is not None and spec.is_gpu
+
+
+def _fit(prepared: Prepared, held: dict[str, Any],
+         outside: Mapping[str, Mapping[str, Any]]) -> Prepared:
+    """The plan again around what other jobs hold here (GPUs, slots, ports) and the GPUs in use
+    outside orchestrate, if it must."""
     from orchestrate.run.prepare import plan_job
 
     plan = prepared.plan
     node = plan.nodes[0]
-    busy_gpus = frozenset(int(g) for g in held["gpus"])
-    busy_slots = int(held["slots"])
     taken = {int(p) for p in held["ports"]}
     port = plan.master_port
     port_busy = port in taken or not host.port_free(port)
@@ -195,14 +305,11 @@ def _fit(prepared: Prepared, held: dict[str, Any]) -> Prepared:
             raise UserError.single(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}",
                                    field="distributed.master_port", busy=True)
         port = found
-    if not port_busy and not busy_gpus and not busy_slots:
+    fields = occupancy(node.name, held, outside)
+    if not port_busy and not fields:
         return prepared
-    occupancy = Occupancy(
-        busy_gpus={node.name: busy_gpus} if busy_gpus else {},
-        busy_slots={node.name: busy_slots} if busy_slots else {},
-        master_port=port if port != plan.master_port else None,
-    )
-    return plan_job(prepared.loaded, plan.job_id, occupancy)
+    occupied = Occupancy(master_port=port if port != plan.master_port else None, **fields)
+    return plan_job(prepared.loaded, plan.job_id, occupied)
 
 
 def _check_runtime(prepared: Prepared) -> None:
@@ -215,13 +322,11 @@ def _check_runtime(prepared: Prepared) -> None:
             hint="install it (docs/containers.md), or choose a runtime this machine has")
 
 
-def _check_gpus_exist(prepared: Prepared) -> None:
+def _check_gpus_exist(prepared: Prepared, found: dict[str, Any] | None) -> None:
     wanted = set(prepared.plan.nodes[0].gpu_indices)
     if not wanted:
         return
-    from orchestrate.probe.machine import probe_gpus
-
-    present = {g.index for g in probe_gpus()}
+    present = {int(g["index"]) for g in found["gpus"]} if found and found.get("ok") else set()
     missing = sorted(wanted - present)
     if missing:
         raise UserError.single(

@@ -1,34 +1,43 @@
 """The program orchestrate runs on every SSH host, sent as ``python -c SOURCE MODE [ARGS]``.
 
 Standard library only, Python 3.8+: it runs under the node's interpreter (inventory ``python``),
-before anything of ours is installed there. Two modes:
+before anything of ours is installed there. Its modes:
 
-``serve`` runs on a pty channel, one per rank. It sets the pty raw (no echo: secrets written to
-stdin never come back in the output; no line editing or signal characters), says ``ready``, then
-obeys one JSON request per stdin line, answering each on stdout as a line
+``serve`` runs on a pty channel, one per rank. It becomes a child subreaper (whatever its rank
+starts stays below it, :mod:`orchestrate.hostside.containment`), sets the pty raw (no echo:
+secrets written to stdin never come back in the output; no line editing or signal characters),
+says ``ready``, then obeys one JSON request per stdin line, answering each on stdout as a line
 ``<RS>orchestrate:<kind> <json>``:
 
 - ``preflight``: every check of this host in one go (python, torch, workdir, master port,
-  network interface towards MASTER_ADDR, GPUs by nvidia-smi, the leases other jobs hold);
-- ``claim``: record this job's GPUs and port in the host's lease book, under flock, unless another
-  live job holds them (then say which);
+  network interface towards MASTER_ADDR, GPUs by nvidia-smi and which of them processes outside
+  orchestrate use, the leases other jobs hold and the jobs queued before this one);
+- ``claim``: record this job's GPUs and port in the host's shared lease book
+  (:mod:`orchestrate.hostside.leases`), under flock, unless another live job holds them or an
+  older waiting job wants them (then say which; a waiting job's ticket stays queued), and make
+  the job's cgroup where one can be made;
+- ``queue``: a waiting job's ticket in the host's queue (held by this agent), its claim dropped;
 - ``files``: write the run directory's files (0700 directory, 0600/0700 files);
-- ``start``: run ``bash launch-<node>.sh LOCAL_RANK`` as a child that inherits the pty, say its
-  pid, wait for it, say how it ended and exit the same way;
+- ``start``: join the job's lease as a holder (and its cgroup), run ``bash launch-<node>.sh
+  LOCAL_RANK`` as a child that inherits the pty, say its pid, wait for it and say how it ended
+  and what of the job is left here;
+- ``end``: the job is over: stop what the rank left below this agent, leave the lease (dropped
+  once nothing of the job lives), name the survivors, exit the way the rank did;
 - ``abort``: release the claim and exit; nothing was started.
 
 The serving process stays the session leader of the pty. When the channel closes (the
 controller died, or stopped the job) it gets SIGHUP and stops every process of the job on this
-host by tag before it exits, so nothing outlives a vanished controller.
+host by tag, and what is below it, before it exits, so nothing outlives a vanished controller.
 
-``reap JOB_ID GRACE_S`` runs without a pty: SIGTERM (+SIGCONT) to every process whose environment
-carries ``ORCHESTRATE_JOB_ID=JOB_ID``, SIGKILL to what is left after GRACE_S, then it drops the
-job's lease on this host and prints one JSON line.
+``reap JOB_ID GRACE_S [LEASE_DIR]`` runs without a pty: SIGTERM (+SIGCONT) to every process whose
+environment carries ``ORCHESTRATE_JOB_ID=JOB_ID`` and to the job's cgroup, SIGKILL to what is
+left after GRACE_S, then it leaves the job's lease on this host and prints one JSON line.
+``gpus [LEASE_DIR]`` prints this host's GPUs and who holds them (``orchestrate gpus``).
 
-Processes are found by their tag, and leases kept, by :mod:`orchestrate.hostside.host`, the same
-code the local backend runs in-process: this program is that module's text followed by this one's
-(:func:`orchestrate.hostside.shipping.bundle`), so local and SSH jobs on one machine see each
-other's leases.
+Processes are found, and leases kept, by the host-side modules of
+:mod:`orchestrate.hostside`, the same code the local backend runs in-process: this program is
+their text followed by this one's (:func:`orchestrate.hostside.shipping.shipped`), so local and
+SSH jobs on one machine, of every user, see each other's leases.
 """
 
 from __future__ import annotations
@@ -41,18 +50,26 @@ import subprocess
 import sys
 
 from orchestrate.core.plan.restart import progress_marker
+from orchestrate.hostside.containment import (
+    JobGroup,
+    become_subreaper,
+    descendants,
+    describe_pid,
+    reap_orphans,
+    stop_processes,
+)
+from orchestrate.hostside.gpuuse import holders, outside_use, usage
 from orchestrate.hostside.host import (
     TAG,
-    LeaseBook,
-    gpus,
-    held,
     interface_towards,
     job_pids,
-    new_lease,
     port_free,
+    proc_start,
     reap,
     suppress,
 )
+from orchestrate.hostside.leases import BookError, LeaseBook, describe, held, new_lease
+from orchestrate.hostside.watchdog import stop_job
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
 if TYPE_CHECKING:
@@ -110,14 +127,21 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     }
     if request.get("interface_to"):
         report["interface"] = interface_towards(request["interface_to"])
-    if request.get("gpus"):
-        report["gpus"] = gpus()
+    found = usage() if request.get("gpus") else None
+    if found is not None:
+        report["gpus"] = present(found)
     try:
-        book = LeaseBook()
+        book = LeaseBook(request.get("lease_dir"))
         with book.locked():
             report["leases"] = held(book.live(except_job=request["job_id"]))
-    except OSError as exc:
-        report["leases"] = {"error": str(exc), "gpus": [], "slots": 0, "ports": [], "jobs": []}
+            report["leases"]["queue"] = [describe(t) for t in
+                                         book.ahead(request.get("want") or {},
+                                                    request["job_id"])]
+    except (BookError, OSError) as exc:
+        report["leases"] = {"error": str(exc), "hint": getattr(exc, "hint", ""), "gpus": [],
+                            "slots": 0, "ports": [], "jobs": []}
+    if found is not None:
+        report["gpu_use"] = outside_use(found, set(report["leases"].get("gpus") or []))
     candidates = request.get("ports") or []
     if candidates:
         report["ports"] = {"free": [p for p in candidates if port_free(p)],
@@ -136,27 +160,80 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def present(found: dict[str, Any]) -> dict[str, Any]:
+    """Which GPUs nvidia-smi lists (the plan's must be there), in :func:`host.gpus`' shape."""
+    if not found.get("ok"):
+        return {"ok": False, "missing": bool(found.get("missing")), "detail": found["detail"]}
+    return {"ok": True, "present": [[g["index"], g["model"], g["memory_total_mib"] or 0.0]
+                                    for g in found["gpus"]]}
+
+
 class Serving:
     """State of one serve channel."""
 
     def __init__(self) -> None:
         self.job_id = ""
         self.claimed = False
+        self.joined = False  # a holder of the job's lease on this host
         self.grace_s = 5.0
+        self.lease_dir: str | None = None
+        self.group: JobGroup | None = None
+        self.code = 0  # how the rank ended
+
+    def book(self) -> LeaseBook:
+        return LeaseBook(self.lease_dir)
 
     def claim(self, request: dict[str, Any]) -> dict[str, Any]:
         self.job_id = request["job_id"]
+        self.lease_dir = request.get("lease_dir")
+        group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
         lease = new_lease(self.job_id, str(request.get("node")), request.get("gpus") or [],
-                          int(request.get("slots") or 0), request.get("port"), os.getpid())
-        answer = LeaseBook().claim(lease, slot_capacity=request.get("slot_capacity"))
-        self.claimed = bool(answer.get("ok"))
+                          int(request.get("slots") or 0), request.get("port"), [os.getpid()],
+                          group.path if group else None)
+        ticket = request.get("ticket")
+        if ticket is not None:
+            ticket = dict(ticket, holders=[[os.getpid(), lease["holder_start"]]])
+        answer = self.book().claim(lease, slot_capacity=request.get("slot_capacity"),
+                                   ticket=ticket)
+        self.claimed = self.joined = bool(answer.get("ok"))
         return answer
 
+    def queue(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Keep this waiting job's place in the host's queue (its ticket, held by this agent);
+        drop a claim it made meanwhile."""
+        self.job_id = request["job_id"]
+        self.lease_dir = request.get("lease_dir")
+        book = self.book()
+        with book.locked():
+            book.enqueue(dict(request["ticket"], holders=[[os.getpid(), proc_start(os.getpid())]]))
+            if self.claimed:
+                book.forget_lease(self.job_id)
+                self.claimed = self.joined = False
+        return {"ok": True}
+
     def unclaim(self) -> None:
-        if self.claimed:
-            with suppress(OSError):
-                LeaseBook().release(self.job_id)
-            self.claimed = False
+        """Nothing started: drop the claim (and the ticket)."""
+        if self.claimed or self.job_id:
+            with suppress(OSError, BookError):
+                self.book().release(self.job_id)
+            self.claimed = self.joined = False
+
+    def finish(self) -> list[str]:
+        """The job is over here: stop what this agent's rank left below it (orphans re-parent
+        to it), leave the lease; the survivors, named."""
+        me = os.getpid()
+        survivors = stop_processes(lambda: descendants(me), self.grace_s)
+        reap_orphans()
+        named = [describe_pid(p) for p in survivors]
+        if self.group is not None:  # first: a cgroup with this agent in it holds the lease
+            self.group.leave()
+            self.group.remove()
+        if self.joined:
+            with suppress(OSError, BookError):
+                self.book().leave(self.job_id, [me], survivors,
+                                  [f"{name} outlived the job" for name in named])
+            self.joined = False
+        return named
 
     def files(self, request: dict[str, Any]) -> dict[str, Any]:
         run_dir = request["run_dir"]
@@ -181,12 +258,26 @@ class Serving:
         with suppress(Exception):
             if self.job_id:
                 reap(self.job_id, self.grace_s)
-            self.unclaim()
+                self.finish()
+            if self.claimed and not self.joined:
+                self.unclaim()
         os._exit(128 + signum)
 
     def start(self, request: dict[str, Any]) -> int:
         self.job_id = request["job_id"]
         self.grace_s = float(request.get("grace_s", 5.0))
+        self.lease_dir = request.get("lease_dir", self.lease_dir)
+        if not self.joined:  # every agent of the job here holds its lease while it lives
+            with suppress(OSError, BookError):
+                self.book().join(self.job_id, os.getpid())
+                self.joined = True
+        lease = None
+        with suppress(OSError, BookError):
+            lease = self.book().own(self.job_id)
+        if (lease or {}).get("cgroup"):  # the claim made one: every rank here is born in it
+            self.group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
+            if self.group is not None and not self.group.join():
+                self.group = None
         # Tagged from its first instruction: the script exports the tag too, but /proc/*/environ
         # shows the environment a process was exec'd with, so kill-by-tag would otherwise miss
         # the script until it execs the rank.
@@ -212,13 +303,10 @@ class Serving:
         else:
             code = os.WEXITSTATUS(status)
             result = {"code": code}
-        # Nothing of the job left here: drop its lease (whoever holds it) and say so, so the
+        # What of the job is left here (tagged, or below this agent): none, and the
         # controller need not come back to sweep this host.
-        result["left"] = len(job_pids(self.job_id))
-        if not result["left"]:
-            with suppress(OSError):
-                LeaseBook().release(self.job_id)
-            self.claimed = False
+        reap_orphans()
+        result["left"] = len(set(job_pids(self.job_id)) | set(descendants(os.getpid())))
         with suppress(OSError):
             say("exit", result)
         return code
@@ -226,6 +314,7 @@ class Serving:
 
 def serve() -> int:
     state = Serving()
+    become_subreaper()  # what a rank starts stays below this agent, whatever it does
     signal.signal(signal.SIGHUP, state.hangup)
     if os.isatty(0):
         import termios
@@ -246,32 +335,65 @@ def serve() -> int:
                 say("preflight", preflight(request))
             elif op == "claim":
                 say("claim", state.claim(request))
+            elif op == "queue":
+                say("queue", state.queue(request))
             elif op == "files":
                 say("files", state.files(request))
             elif op == "start":
-                return state.start(request)
+                code = state.start(request)
+                # The rank ended; the job may not have. Stay, holding the lease and whatever
+                # the rank left below, until the controller says the job is over ("end") or
+                # goes away (SIGHUP).
+                state.code = code
+            elif op == "end":
+                state.grace_s = float(request.get("grace_s", state.grace_s))
+                say("ended", {"survivors": state.finish()})
+                return state.code
             else:
                 say("error", {"detail": f"unknown request {op!r}"})
         except Exception as exc:  # one bad request is reported, the channel stays usable
             say("error", {"detail": f"{op}: {type(exc).__name__}: {exc}"})
 
 
+def machine_gpus(lease_dir: str | None) -> dict[str, Any]:
+    """This host's GPUs and their holders (``orchestrate gpus``), or why they are unknown."""
+    found = usage()
+    answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": []}
+    if not found.get("ok"):
+        if not found.get("missing"):
+            answer["problems"].append(str(found["detail"]))
+        return answer
+    leases: list[dict[str, Any]] = []
+    try:
+        book = LeaseBook(lease_dir)
+        with book.locked():
+            leases = book.live()
+    except (BookError, OSError) as exc:
+        answer["problems"].append(f"lease book: {exc}")
+    answer["problems"] += [str(lease["unreadable"]) for lease in leases
+                           if lease.get("unreadable")]
+    answer["gpus"] = holders(found, leases)
+    return answer
+
+
 def main(argv: list[str], out: IO[str]) -> int:
     if argv[:1] == ["serve"]:
         return serve()
-    if argv[:1] == ["reap"] and len(argv) == 3:
-        result: dict[str, Any] = reap(argv[1], float(argv[2]))
-        try:
-            LeaseBook().release(argv[1])
-        except OSError as exc:
-            result["lease_error"] = str(exc)
+    if argv[:1] == ["reap"] and len(argv) in (3, 4):
+        result: dict[str, Any] = stop_job(argv[1], float(argv[2]),
+                                          argv[3] if len(argv) == 4 and argv[3] else None)
         out.write(MARK + "reap " + json.dumps(result) + "\n")
+        return 0
+    if argv[:1] == ["gpus"] and len(argv) in (1, 2):
+        out.write(MARK + "gpus " + json.dumps(machine_gpus(argv[1] if len(argv) == 2 else None))
+                  + "\n")
         return 0
     if argv[:1] == ["progress"] and len(argv) == 3:
         marker = progress_marker(argv[1], argv[2] or None)
         out.write(MARK + "progress " + json.dumps(marker) + "\n")
         return 0
-    out.write("usage: agent serve | agent reap JOB_ID GRACE_S | agent progress RUN_DIR CKPT\n")
+    out.write("usage: agent serve | agent reap JOB_ID GRACE_S [LEASE_DIR] | agent gpus "
+              "[LEASE_DIR] | agent progress RUN_DIR CKPT\n")
     return 2
 
 

@@ -270,6 +270,19 @@ class SSHRank:
             return Exit(code=LOST)
         return None
 
+    def finish(self, grace_s: float, timeout: float) -> list[str]:
+        """The job is over: the agent stops what the rank left below it and leaves the lease;
+        what outlived SIGKILL there, named (nothing when the agent is gone already)."""
+        if self.channel.ended.is_set():
+            return []
+        try:
+            reply = self.channel.request({"op": "end", "grace_s": grace_s}, "ended", timeout)
+        except (ChannelError, OSError, EOFError):
+            return []
+        except Exception:  # a transport that died meanwhile: the hangup sweeps there
+            return []
+        return [str(s) for s in reply.get("survivors") or []]
+
     @property
     def left_host_clean(self) -> bool:
         """Whether the agent saw no process of the job left on the host when this rank ended

@@ -56,6 +56,7 @@ class Target:
     known_hosts_file: str | None = None
     accept_unknown_host_keys: bool = False
     connect_timeout_s: float = 10.0
+    lease_dir: str | None = None  # the host's shared lease book (None: its default)
 
     @property
     def label(self) -> str:
@@ -69,11 +70,11 @@ class Target:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Target:
         """The inverse of :meth:`to_json`."""
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def target(name: str, address: str, python: str, ssh: SSHSpec | None,
-           connect_timeout_s: float) -> Target:
+           connect_timeout_s: float, lease_dir: str | None = None) -> Target:
     """How to reach one host from its ssh settings (an inventory node's, or the command line's
     for ``inventory probe HOST``): the settings' connect timeout over ``connect_timeout_s``."""
     return Target(
@@ -88,6 +89,7 @@ def target(name: str, address: str, python: str, ssh: SSHSpec | None,
         accept_unknown_host_keys=bool(ssh and ssh.accept_unknown_host_keys),
         connect_timeout_s=(ssh.connect_timeout_s if ssh and ssh.connect_timeout_s
                            else connect_timeout_s),
+        lease_dir=lease_dir,
     )
 
 
@@ -97,7 +99,8 @@ def targets_for(plan: Plan, inventory: Inventory, connect_timeout_s: float) -> d
     for node in plan.nodes:
         spec = inventory.node(node.name)
         targets[node.name] = target(node.name, node.address, node.python,
-                                    spec.ssh if spec is not None else None, connect_timeout_s)
+                                    spec.ssh if spec is not None else None, connect_timeout_s,
+                                    spec.lease_dir if spec is not None else None)
     return targets
 
 

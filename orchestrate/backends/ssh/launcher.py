@@ -51,6 +51,8 @@ STEP_TIMEOUT_S = 30.0
 MAX_ROUNDS = 5
 
 Replan = Callable[[Occupancy], "Prepared"]
+#: A waiting job's ticket for one node (None: the job does not wait).
+Tickets = Callable[[NodePlan], dict[str, Any]] | None
 
 
 class PreflightFailed(Exception):
@@ -82,8 +84,10 @@ class Launcher:
         pool: HostPool,
         stop_requested: Callable[[], str | None] = lambda: None,
         log: Callable[[str], None] = lambda text: None,
+        tickets: Tickets = None,
     ) -> None:
         self.prepared = prepared
+        self.tickets = tickets
         self.replan = replan
         self.pool = pool
         self.stop_requested = stop_requested
@@ -116,7 +120,8 @@ class Launcher:
             session = logged_in.get(node.name)
             known = self.facts.get(node.name)
             torch_ok = bool(known and known.facts and (known.facts.get("torch") or {}).get("ok"))
-            wanted = request(plan, node, node.name in self.discover, torch_ok)
+            wanted = request(plan, node, node.name in self.discover, torch_ok,
+                             lease_dir=targets[node.name].lease_dir, want=self._want(node))
             if session is None or session.asked is None or known is None \
                     or _differs(session.asked, wanted):
                 todo.append((node, wanted))
@@ -159,17 +164,25 @@ class Launcher:
         session.hostname = str(facts.get("hostname") or target.name)
         return HostAnswer(target, facts=facts)
 
+    def _want(self, node: NodePlan) -> dict[str, Any]:
+        """What the job asks of ``node``'s queue: its ticket when it waits, else what it may
+        take (a claim without a place in the queue: behind every waiting job)."""
+        from orchestrate.backends.sharing import wants
+
+        if self.tickets is not None:
+            return self.tickets(node)
+        return wants(self.prepared, node)
+
     def settle(self) -> Prepared:
         """Preflight, re-plan and claim until the plan holds; returns the plan to launch.
 
         Raises :class:`PreflightFailed` (a check failed), :class:`UserError` (no plan fits what
-        the hosts hold) or :class:`Cancelled`.
+        the hosts hold, or older waiting jobs want it) or :class:`Cancelled`.
         """
         prepared = self.prepared
-        busy: dict[str, frozenset[int]] = {}
-        slots: dict[str, int] = {}
         port: int | None = None
         interfaces: dict[str, str] = {}
+        last: dict[str, Any] | None = None
         for _ in range(MAX_ROUNDS):
             self._cancel_point()
             plan = prepared.plan
@@ -177,18 +190,20 @@ class Launcher:
             self._drop_unused(plan)
             if not verdict.ok:
                 raise PreflightFailed(verdict, self.targets(plan))
-            # CPU slots other jobs hold shrink what a node offers: the planner decides again
-            # whenever they differ from what the current plan was made with.
-            if verdict.replan or verdict.busy_slots != slots:
-                busy = dict(verdict.busy_gpus)
-                slots = dict(verdict.busy_slots)
-                port = verdict.port if verdict.port is not None else port
-                interfaces.update(verdict.interfaces)
-                self.log(f"re-plan: busy GPUs {busy or 'none'}, busy slots {slots or 'none'}, "
-                         f"port {port}, interfaces {interfaces}")
+            self._refuse_waits(verdict)
+            # What other jobs hold (GPUs, CPU slots) and GPUs in use outside orchestrate: the
+            # planner decides again whenever they differ from what the plan was made with.
+            shared = _merge(verdict.sharing)
+            port = verdict.port if verdict.port is not None else port
+            interfaces.update(verdict.interfaces)
+            found = {**shared, "port": port, "interfaces": dict(interfaces)}
+            if verdict.replan or (found != last and (last is not None or any(shared.values()))):
+                last = found
+                self.log(f"re-plan: {shared or 'nothing held'}, port {port}, "
+                         f"interfaces {interfaces}")
                 started = time.monotonic()
-                prepared = self.replan(Occupancy(busy_gpus=busy, busy_slots=slots,
-                                                 master_port=port, interfaces=interfaces))
+                prepared = self.replan(Occupancy(master_port=port, interfaces=interfaces,
+                                                 **shared))
                 self.timings["replan_s"] = round(time.monotonic() - started, 3)
                 continue
             self._cancel_point()
@@ -198,10 +213,43 @@ class Launcher:
             if claimed:
                 self.prepared = prepared
                 return prepared
+            if self.tickets is not None:  # a waiting job holds nothing while it waits
+                raise UserError.single(
+                    "another job claimed what the plan needs meanwhile",
+                    source=str(self.prepared.path), field="preflight", busy=True)
         raise UserError.single(
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
             source=str(self.prepared.path), field="preflight", hint="submit again", busy=True,
         )
+
+    def _refuse_waits(self, verdict: Judgement) -> None:
+        """Older waiting jobs want the same things, or a lease cannot be read: exit 75."""
+        waits = [f"{name}: {why}" for name, whys in verdict.waits.items() for why in whys]
+        if waits:
+            raise UserError.single(
+                "; ".join(waits), source=str(self.prepared.path), field="resources", busy=True,
+                hint="waiting jobs start first come, first served (submit --wait joins the "
+                "queue); an unreadable lease is its owner's to remove")
+
+    def enqueue(self) -> None:
+        """A waiting job: keep its place in the queue of every host it is logged into (and
+        drop any claim it made meanwhile: it holds nothing while it waits)."""
+        if self.tickets is None:
+            return
+        tickets = self.tickets
+        plan = self.prepared.plan
+        sessions = self.pool.sessions()
+        targets = self.targets(plan)
+        nodes = [n for n in plan.nodes if n.name in sessions]
+
+        def put(target: Target) -> dict[str, Any]:
+            node = next(n for n in nodes if n.name == target.name)
+            channel = sessions[node.name].channels[0]
+            return channel.request({"op": "queue", "job_id": plan.job_id,
+                                    "lease_dir": target.lease_dir, "ticket": tickets(node)},
+                                   "queue", STEP_TIMEOUT_S)
+
+        fan_out([targets[n.name] for n in nodes], put, self.fanout)
 
     def _claim(self, plan: Plan) -> bool:
         """Claim every node's GPUs and port; False (with facts updated) on a conflict."""
@@ -212,6 +260,8 @@ class Launcher:
             cpu = not node.gpu_indices
             return channel.request({
                 "op": "claim", "job_id": plan.job_id, "node": node.name,
+                "lease_dir": target.lease_dir,
+                "ticket": self.tickets(node) if self.tickets is not None else None,
                 "gpus": list(node.gpu_indices),
                 "slots": node.nproc if cpu else 0,
                 "slot_capacity": spec.capacity if cpu and spec is not None else None,
@@ -325,6 +375,15 @@ class Launcher:
         reason = self.stop_requested()
         if reason:
             raise Cancelled(reason)
+
+
+def _merge(sharing: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Every node's Occupancy fields (:func:`orchestrate.backends.sharing.occupancy`), merged."""
+    merged: dict[str, dict[str, Any]] = {}
+    for fields in sharing.values():
+        for key, by_node in fields.items():
+            merged.setdefault(key, {}).update(by_node)
+    return dict(merged)
 
 
 def _differs(asked: dict[str, Any], wanted: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate.backends.hosttable import HostRow, HostTable
+from orchestrate.backends.sharing import occupancy
 from orchestrate.backends.ssh.connections import Target
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
@@ -38,7 +39,8 @@ HINTS = {
     "port": "choose another distributed.master_port, or 'auto' to have one picked",
     "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
     "interface": "set network.interface for the node in the inventory",
-    "leases": "the lease directory (~/.local/state/orchestrate/leases) must be writable",
+    "leases": "the host's shared lease book (/var/tmp/orchestrate/leases, or the node's "
+              "lease_dir) must be usable by every user: see docs/shared-servers.md",
 }
 
 
@@ -60,6 +62,11 @@ class Judgement:
     failures: list[tuple[Target, str, str]] = field(default_factory=list)  # host, check, why
     busy_gpus: dict[str, frozenset[int]] = field(default_factory=dict)
     busy_slots: dict[str, int] = field(default_factory=dict)  # CPU slots other jobs hold
+    #: Occupancy's other fields, by node: GPUs in use outside orchestrate (why, free GB), who
+    #: holds the leased GPUs and slots.
+    sharing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Busy for a reason no re-plan avoids: older waiting jobs, unreadable leases, by host.
+    waits: dict[str, list[str]] = field(default_factory=dict)
     port: int | None = None  # a free port to re-plan with, when the planned one is busy
     interfaces: dict[str, str] = field(default_factory=dict)
     replan: bool = False  # the plan uses held GPUs or a busy port, or lacks an interface
@@ -90,9 +97,11 @@ def candidate_ports(plan: Plan) -> list[int]:
     return order
 
 
-def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) -> dict[str, Any]:
-    """The preflight request for one node of ``plan``."""
-    return {
+def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
+            **extra: Any) -> dict[str, Any]:
+    """The preflight request for one node of ``plan`` (``extra``: the host's ``lease_dir`` and
+    what the job ``want``s there, for the queue)."""
+    return {**extra,
         "op": "preflight",
         "job_id": plan.job_id,
         "workdir": plan.workdir,
@@ -129,6 +138,7 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
         _judge_runtime(facts, cells, fail)
         leases = facts.get("leases", {})
         _judge_leases(node, leases, cells, fail, verdict)
+        verdict.sharing[node.name] = occupancy(node.name, leases, facts.get("gpu_use") or {})
         _judge_gpus(node, facts, cells, fail)
         if node.name in wanted_interface:
             _judge_interface(plan, node, facts, cells, fail, verdict)
@@ -160,9 +170,16 @@ def _judge_leases(node: NodePlan, leases: dict[str, Any], cells: dict[str, str],
                   verdict: Judgement) -> None:
     """What other jobs hold on the host: GPUs and CPU slots the re-plan must avoid."""
     if leases.get("error"):
-        fail("leases", f"lease book unusable: {leases['error']}")
+        fail("leases", f"lease book unusable: {leases['error']}"
+             + (f" ({leases['hint']})" if leases.get("hint") else ""))
     else:
-        cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)"
+        queued = len(leases.get("queue") or [])
+        cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)" + (
+            f", {queued} waiting before it" if queued else "")
+    waits = [*(leases.get("unknown") or []), *(f"waiting longer: {w}" for w in
+                                              leases.get("queue") or [])]
+    if waits:
+        verdict.waits[node.name] = waits
     held = frozenset(int(g) for g in leases.get("gpus", []))
     if held:
         verdict.busy_gpus[node.name] = held

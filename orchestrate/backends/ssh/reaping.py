@@ -30,17 +30,20 @@ class Reaped:
 
     found: int
     killed: int  # needed SIGKILL
+    survivors: tuple[str, ...] = ()  # processes still alive after SIGKILL, named
 
 
 def reap_host(links: Links, target: Target, job_id: str, grace_s: float) -> Reaped:
     """Kill-by-tag on one host; raises (ConnectError, TimeoutError, ...) when it cannot."""
     link = links.get(target)
-    result = link.run(agent_command(target.python, "reap", job_id, f"{grace_s:g}"),
-                      timeout=target.connect_timeout_s + grace_s + SLACK_S)
+    result = link.run(agent_command(target.python, "reap", job_id, f"{grace_s:g}",
+                                    target.lease_dir or ""),
+                      timeout=target.connect_timeout_s + 2 * grace_s + SLACK_S)
     for line in result.output.split("\n"):  # not splitlines(): it splits at MARK's \x1e
         if line.startswith(MARK + "reap "):
             data = json.loads(line[len(MARK) + 5:])
-            return Reaped(found=int(data["found"]), killed=int(data["killed"]))
+            return Reaped(found=int(data["found"]), killed=int(data["killed"]),
+                          survivors=tuple(str(s) for s in data.get("survivors") or ()))
     tail = " | ".join(result.output.strip().split("\n")[-3:])
     raise RuntimeError(f"kill-by-tag failed (exit {result.code}): {tail}")
 
@@ -75,10 +78,16 @@ def describe_failure(exc: Exception) -> str:
 
 
 def sweep(
-    links: Links, targets: Iterable[Target], job_id: str, grace_s: float, fanout: int
+    links: Links, targets: Iterable[Target], job_id: str, grace_s: float, fanout: int,
+    survivors: dict[str, list[str]] | None = None,
 ) -> dict[str, str]:
-    """Kill-by-tag on every host at once; returns a failure reason per host that failed."""
+    """Kill-by-tag on every host at once; returns a failure reason per host that failed (and
+    adds to ``survivors`` what outlived SIGKILL, by host)."""
     results = fan_out(list(targets), lambda t: reap_host(links, t, job_id, grace_s), fanout)
+    if survivors is not None:
+        for name, r in results.items():
+            if r.value is not None and r.value.survivors:
+                survivors.setdefault(name, []).extend(r.value.survivors)
     return {
         name: describe_failure(r.error) for name, r in results.items() if r.error is not None
     }
@@ -102,6 +111,8 @@ class HostStopper:
         self.note = note or (lambda text: print(text, file=sys.stderr, flush=True))
         self._threads: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
+        #: What outlived SIGKILL, named, by host.
+        self.survivors: dict[str, list[str]] = {}
 
     def stop(self, node: str, force: bool) -> None:
         """Start kill-by-tag on ``node``'s host unless one is running (it ends in SIGKILL
@@ -119,7 +130,10 @@ class HostStopper:
     def _reap(self, node: str) -> None:
         target = self.targets[node]
         try:
-            reap_host(self.links, target, self.job_id, self.grace_s)
+            reaped = reap_host(self.links, target, self.job_id, self.grace_s)
+            if reaped.survivors:
+                with self._lock:
+                    self.survivors.setdefault(node, []).extend(reaped.survivors)
         except Exception as exc:
             self.note(f"could not stop the job's processes on {target.label}: "
                       f"{describe_failure(exc)}")
@@ -138,7 +152,7 @@ class HostStopper:
         # A host whose connection died is not tried again: it is gone (and said so once).
         lost = {t.name: self.links.get(t).lost for t in todo if self.links.get(t).lost}
         todo = [t for t in todo if t.name not in lost]
-        failed = sweep(self.links, todo, self.job_id, self.grace_s, fanout)
+        failed = sweep(self.links, todo, self.job_id, self.grace_s, fanout, self.survivors)
         failed.update({name: str(why) for name, why in lost.items()})
         for node, why in failed.items():
             self.note(f"could not stop the job's processes on {self.targets[node].label}: {why}")

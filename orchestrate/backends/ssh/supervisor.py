@@ -19,19 +19,21 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import STOP_GRACE_S, secret_values
 from orchestrate.backends.handshake import Handshake, Verdict
+from orchestrate.backends.sharing import ticket, wait_limit
 from orchestrate.backends.ssh.backend import SSHBackend, SSHHandshake
 from orchestrate.backends.supervisor import Supervisor
-from orchestrate.core.errors import Problem
+from orchestrate.core.errors import EXIT_BUSY, Problem, UserError
 from orchestrate.core.layout import SSH_HOSTS
 
 if TYPE_CHECKING:
+    from orchestrate.backends.ssh.channels import SSHRank
     from orchestrate.backends.ssh.launcher import Launcher
     from orchestrate.backends.ssh.sessions import HostPool
-    from orchestrate.core.plan.plan import Occupancy, Plan
+    from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
     from orchestrate.run.prepare import Prepared
     from orchestrate.run.supervise import Launched
 
@@ -41,6 +43,7 @@ class SSHSupervisor(Supervisor):
 
     backend = SSHBackend()
     handshake_type = SSHHandshake
+    wait_poll_s = 1.0  # a waiting job asks every host again: one request each
 
     def __init__(self, job_id: str, store_path: Path) -> None:
         super().__init__(job_id, store_path)
@@ -81,10 +84,22 @@ class SSHSupervisor(Supervisor):
         def replan(found: Occupancy) -> Prepared:
             return plan_job(loaded, self.job_id, _also(found, excluded))
 
+        tickets = None
+        if attempt == self.first and wait_limit(self.submitted) is not None:
+            submitted_at = self.handshake.submitted_at
+
+            def tickets(node: NodePlan) -> dict[str, Any]:
+                return ticket(self.submitted, node, submitted_at, 0, None)
+
         self.launcher: Launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason,
-                                           self.log)
+                                           self.log, tickets)
         self.timings = self.launcher.timings
-        return self.launcher.settle()
+        try:
+            return self.launcher.settle()
+        except UserError as exc:
+            if tickets is not None and exc.exit_status == EXIT_BUSY:
+                self.launcher.enqueue()
+            raise
 
     def ship(self, prepared: Prepared, files: dict[str, str]) -> None:
         """Each host's files into the run directory there; here, how to reach the hosts later
@@ -118,11 +133,17 @@ class SSHSupervisor(Supervisor):
         for handle in handles:
             handle.prime()
 
-        def cleanup() -> None:
-            # Hosts whose agent saw nothing of the job left when a rank ended are clean
-            # already; the others (a rank lost, a process left behind) get kill-by-tag.
+        def cleanup() -> str | None:
+            # Each agent stops what its rank left below it (orphans re-parent to it) and
+            # leaves the lease; hosts whose agent saw nothing of the job left when a rank
+            # ended are clean already; the others (a rank lost, a process left behind) get
+            # kill-by-tag.
+            left = _finish_all(handles, STOP_GRACE_S)
             stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
             pool.close(abort_all=False)
+            for node, names in stopper.survivors.items():
+                left.setdefault(node, []).extend(names)
+            return _survived(left)
 
         evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
                                   self.run_dir, attempt)
@@ -152,6 +173,32 @@ class SSHSupervisor(Supervisor):
         """Tell every agent nothing starts (each releases its claim), and log out."""
         if self.pool is not None:
             self.pool.close(abort_all=True)
+
+
+def _finish_all(handles: list[SSHRank], grace_s: float) -> dict[str, list[str]]:
+    """Tell every rank's agent the job is over, all at once; what survived, by node."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not handles:
+        return {}
+    timeout = grace_s + 15.0
+    with ThreadPoolExecutor(max_workers=min(32, len(handles))) as pool:
+        results = list(pool.map(lambda h: (h.node, h.finish(grace_s, timeout)), handles))
+    left: dict[str, list[str]] = {}
+    for node, names in results:
+        if names:
+            left.setdefault(node, []).extend(names)
+    return left
+
+
+def _survived(left: dict[str, list[str]]) -> str | None:
+    """The words a job's ending gets for processes that outlived it, host by host."""
+    if not left:
+        return None
+    count = sum(len(names) for names in left.values())
+    named = "; ".join(f"on {node}: {', '.join(names)}" for node, names in left.items())
+    return (f"{count} process(es) of the job still run after SIGKILL ({named}); the job's "
+            "lease stays held there while they live")
 
 
 def _also(more: Occupancy, excluded: tuple[str, ...]) -> Occupancy:

@@ -195,3 +195,19 @@ def node_env(launcher: str, *, nnodes: int, node_rank: int, nproc: int, first_ra
         return {}
     return {"NODE_RANK": str(node_rank), "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc),
             "ORCHESTRATE_FIRST_RANK": str(first_rank)}
+
+
+def node_command(launcher: str, start: tuple[tuple[str, ...], str, int, str], python: str,
+                 node_rank: int, nproc: int, nnodes: int) -> tuple[str, ...]:
+    """What the node runs: the plan's command, or (``launcher: torchrun``) the node's
+    torch.distributed.run line running it."""
+    command, master_addr, master_port, job_id = start
+    if launcher == TORCHRUN:
+        return torchrun_command(command, python, nnodes=nnodes, node_rank=node_rank,
+                                       nproc=nproc, master_addr=master_addr,
+                                       master_port=master_port, job_id=job_id)
+    # "python train.py" in a job means the node's interpreter (inventory 'python'), which is
+    # what people mean on servers whose PATH has no training environment.
+    if command and command[0] in ("python", "python3"):
+        return (python, *command[1:])
+    return command

@@ -36,12 +36,27 @@ ANY_GPU = "*"
 
 @dataclass(frozen=True)
 class Busy:
-    """What other running jobs hold, per node: GPUs (CUDA indices) and CPU slots."""
+    """What other running jobs hold, per node: GPUs (CUDA indices) and CPU slots; and GPUs in
+    use outside orchestrate."""
 
     gpus: Mapping[str, frozenset[int]] = field(default_factory=dict)
     slots: Mapping[str, int] = field(default_factory=dict)
     #: Nodes the job must not use (a restart avoiding the node that failed).
     excluded: frozenset[str] = frozenset()
+    #: GPUs with compute processes of no orchestrate job, per node: index -> why, e.g.
+    #: "GPU 2 in use by pid 4242 (ben, python3, 30.0 GB)". Busy unless the job shares.
+    in_use: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    #: Free memory (GB) of those GPUs: what a sharing job's memory checks compare against.
+    free_gb: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    #: Who holds the GPUs other jobs lease, per node: index -> "job J (user, since ...)".
+    holders: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    #: Who holds the CPU slots other jobs lease, per node.
+    slot_holders: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def anything(self) -> bool:
+        """Whether anything at all is held or in use (else a refusal is for good)."""
+        return bool(self.gpus or self.slots or self.in_use)
 
 
 @dataclass(frozen=True)
@@ -119,7 +134,7 @@ def place(
             return Placement(tuple(picked), notes)
         reasons[model or "cpu"] = why
     refusal = _refusal(job, nodes, memory, reasons, source)
-    if (busy.gpus or busy.slots) and _fits_when_free(job, inventory, memory, busy, source):
+    if busy.anything and _fits_when_free(job, inventory, memory, busy, source):
         raise UserError(replace(
             p, busy=True, hint="other jobs hold what it needs now: try again when they end "
             "(`orchestrate list` shows them); the exit status is 75, not 2")
@@ -237,31 +252,82 @@ def _fit(
         want = free_slots if res.gpus_per_node == "all" else res.gpus_per_node
         if want == 0 or want > free_slots:
             extra = f" ({held_slots} held by other jobs)" if held_slots else ""
-            return None, f"{free_slots} free slots{extra}, {want or 1} requested"
+            whom = busy.slot_holders.get(node.name)
+            return None, (f"{free_slots} free slots{extra}, {want or 1} requested"
+                          + (f"; held by {whom}" if held_slots and whom else ""))
         return Choice(node, (), want), ""
     if model is None:
         return None, "has GPUs (the job runs on CPU-only nodes)"
     gpus = [g for g in node.gpus if model == ANY_GPU or g.model.lower() == model.lower()]
     if not gpus:
         return None, f"no {model} GPU"
+    gpus, why = _sized(job, gpus, memory)
+    if not gpus:
+        return None, why
+    taken = busy.gpus.get(node.name, frozenset())
+    in_use = busy.in_use.get(node.name, {})
+    free_gb = busy.free_gb.get(node.name, {})
+    held = [g for g in gpus if g.index in taken]
+    used = [g for g in gpus if g.index not in taken and g.index in in_use]
+    shared: list[Gpu] = []
+    if res.share_gpus and used:  # sized again by the memory those processes leave free
+        fitting, _ = _sized(job, [replace(g, memory_gb=free_gb.get(g.index, g.memory_gb))
+                                  for g in used], memory)
+        shared = [g for g in used if g.index in {f.index for f in fitting}]
+    free = [g for g in gpus if g.index not in taken and (g.index not in in_use or g in shared)]
+    want = len(free) if res.gpus_per_node == "all" else res.gpus_per_node
+    if want == 0 or len(free) < want:
+        extra = f" ({len(held)} held by other jobs)" if held else ""
+        reason = f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
+        return None, reason + _whom(node.name, held, used, shared, busy, res.share_gpus)
+    return Choice(node, tuple(free[:want]), want), ""
+
+
+def _sized(job: JobSpec, gpus: list[Gpu], memory: MemoryEstimate | None
+           ) -> tuple[list[Gpu], str]:
+    """The GPUs big enough for the job (its memory floor, the model estimate), or why none."""
+    res = job.resources
     if res.min_gpu_memory_gb is not None:
         gpus = [g for g in gpus if g.memory_gb >= res.min_gpu_memory_gb]
         if not gpus:
-            return None, f"no GPU with at least {res.min_gpu_memory_gb:g} GB"
+            return [], f"no GPU with at least {res.min_gpu_memory_gb:g} GB"
     if memory is not None:
         fits = [g for g in gpus if g.memory_gb * GB >= memory.total]
         if not fits:
             small = max(gpus, key=lambda g: g.memory_gb)
-            return None, f"model does not fit ({small.model} has {small.memory_gb:g} GB)"
+            return [], f"model does not fit ({small.model} has {small.memory_gb:g} GB)"
         gpus = fits
-    taken = busy.gpus.get(node.name, frozenset())
-    free = [g for g in gpus if g.index not in taken]
-    want = len(free) if res.gpus_per_node == "all" else res.gpus_per_node
-    if want == 0 or len(free) < want:
-        held = len(gpus) - len(free)
-        extra = f" ({held} held by other jobs)" if held else ""
-        return None, f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
-    return Choice(node, tuple(free[:want]), want), ""
+    return gpus, ""
+
+
+def _whom(node: str, held: list[Gpu], used: list[Gpu], shared: list[Gpu], busy: Busy,
+          share: bool) -> str:
+    """Who holds the GPUs a node refused: other jobs, and processes outside orchestrate."""
+    who = busy.holders.get(node, {})
+    parts = sorted({who[g.index] for g in held if g.index in who})
+    lines = [f"held by {', '.join(parts)}"] if parts else []
+    in_use = busy.in_use.get(node, {})
+    free_gb = busy.free_gb.get(node, {})
+    for gpu in used:
+        if gpu in shared:
+            continue
+        text = in_use[gpu.index]
+        if share:
+            text += f": {free_gb.get(gpu.index, 0.0):g} GB free, too little for the job"
+        lines.append(text)
+    if used and not share:
+        lines.append("set resources.share_gpus: true to use GPUs that others' processes use")
+    return "".join(f"; {line}" for line in lines)
+
+
+def wanted_gpus(job: JobSpec, node: Node, memory: MemoryEstimate | None) -> tuple[int, ...]:
+    """The GPUs of ``node`` the job could be given were nothing held: what a waiting job's
+    ticket names, so that younger jobs leave them alone (every model it may be placed on)."""
+    res = job.resources
+    gpus = [g for g in node.gpus
+            if res.gpu_model is None or g.model.lower() == res.gpu_model.lower()]
+    fitting, _ = _sized(job, gpus, memory)
+    return tuple(sorted(g.index for g in fitting))
 
 
 def _refusal(

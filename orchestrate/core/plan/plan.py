@@ -104,10 +104,17 @@ class Occupancy:
     interfaces: Mapping[str, str] = field(default_factory=dict)
     excluded: frozenset[str] = frozenset()
     runtimes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: GPUs in use outside orchestrate, why, and their free memory; who holds the leased GPUs
+    #: and slots (placement's Busy says more).
+    in_use: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    free_gb: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    holders: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    slot_holders: Mapping[str, str] = field(default_factory=dict)
 
     def busy(self) -> Busy:
         """What placement must avoid."""
-        return Busy(self.busy_gpus, self.busy_slots, self.excluded)
+        return Busy(self.busy_gpus, self.busy_slots, self.excluded, self.in_use, self.free_gb,
+                    self.holders, self.slot_holders)
 
 
 @dataclass(frozen=True)
@@ -419,9 +426,9 @@ def _node_plans(job: JobSpec, numbered_nodes: tuple[NodeRanks, ...], common: dic
             env=env,
             python=node_python,
             # In a container "python" is the image's interpreter (container.python).
-            command=_node_command(job.launcher, start,
-                                  job.container.python if job.container else node_python,
-                                  numbered.node_rank, choice.nproc, len(numbered_nodes)),
+            command=launch.node_command(job.launcher, start,
+                                        job.container.python if job.container else node_python,
+                                        numbered.node_rank, choice.nproc, len(numbered_nodes)),
             partition=job.slurm.partition or choice.node.partition,
             gres_type=job.slurm.gres_type or choice.node.gres_type,
             ranks=numbered.ranks,
@@ -480,19 +487,3 @@ def _command(job: JobSpec, run_dir: str) -> tuple[str, ...]:
         return ("python", "-m", "orchestrate.train", "--config", f"{run_dir}/train.json")
     assert job.command is not None  # the job model guarantees one of the two
     return tuple(job.command)
-
-
-def _node_command(launcher: str, start: tuple[tuple[str, ...], str, int, str], python: str,
-                  node_rank: int, nproc: int, nnodes: int) -> tuple[str, ...]:
-    """What the node runs: the plan's command, or (``launcher: torchrun``) the node's
-    torch.distributed.run line running it."""
-    command, master_addr, master_port, job_id = start
-    if launcher == launch.TORCHRUN:
-        return launch.torchrun_command(command, python, nnodes=nnodes, node_rank=node_rank,
-                                       nproc=nproc, master_addr=master_addr,
-                                       master_port=master_port, job_id=job_id)
-    # "python train.py" in a job means the node's interpreter (inventory 'python'), which is
-    # what people mean on servers whose PATH has no training environment.
-    if command and command[0] in ("python", "python3"):
-        return (python, *command[1:])
-    return command

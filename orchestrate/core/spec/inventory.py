@@ -108,6 +108,17 @@ class SlurmNodeSpec(Spec):
         return None if value is None else single_line(value)
 
 
+#: The inventory's word on where a host's lease book is (docs/shared-servers.md).
+LEASE_DIR_HELP = ("the machine's shared lease book, an absolute path (default: "
+                  "$ORCHESTRATE_LEASES there, else /var/tmp/orchestrate/leases)")
+
+
+def _absolute(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/"):
+        raise ValueError("an absolute path, the same for every user of the host")
+    return value
+
+
 class NodeDefaults(Spec):
     """Settings every node inherits unless it says otherwise."""
 
@@ -119,6 +130,12 @@ class NodeDefaults(Spec):
     cpus: MaybeInt = Field(default=None, ge=1)
     containers: list[ContainerRuntime] | None = None
     host_memory_gb: MaybeFloat = Field(default=None, gt=0)
+    lease_dir: str | None = Field(default=None, description=LEASE_DIR_HELP)
+
+    @field_validator("lease_dir")
+    @classmethod
+    def _lease_dir(cls, value: str | None) -> str | None:
+        return _absolute(value)
 
 
 #: What a node's ``containers`` says (``inventory probe`` records what it finds; [] is "none").
@@ -145,6 +162,12 @@ class NodeSpec(Spec):
     host_memory_gb: MaybeFloat = Field(
         default=None, gt=0, description="the node's RAM: the planner checks that the ranks can "
         "load the model (and CPU ranks train it) in it")
+    lease_dir: str | None = Field(default=None, description=LEASE_DIR_HELP)
+
+    @field_validator("lease_dir")
+    @classmethod
+    def _lease_dir(cls, value: str | None) -> str | None:
+        return _absolute(value)
 
     @field_validator("address")
     @classmethod
@@ -208,6 +231,7 @@ class Node:
     cpus: int | None = None
     containers: tuple[str, ...] | None = None  # container runtimes there; None: unknown
     host_memory_gb: float | None = None
+    lease_dir: str | None = None  # the host's shared lease book (None: its default)
 
     @property
     def is_gpu(self) -> bool:
@@ -305,6 +329,7 @@ def resolve_inventory(
                     cpus=ns.cpus or d.cpus,
                     containers=_containers(ns.containers, d.containers),
                     host_memory_gb=ns.host_memory_gb or d.host_memory_gb,
+                    lease_dir=ns.lease_dir or d.lease_dir,
                 )
             )
     if problems:

@@ -7,6 +7,7 @@ validates into :class:`JobSpec`. Paths inside the file are relative to the file.
 from __future__ import annotations
 
 import re
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -81,6 +82,12 @@ def time_limit_seconds(limit: str) -> int:
     return int(first) * 60
 
 
+def wait_seconds(wait: bool | str) -> float | None:
+    """``resources.wait`` as seconds: None (do not wait), ``inf`` (no bound) or the bound."""
+    return None if wait is False else (
+        float("inf") if wait is True else float(time_limit_seconds(wait)))
+
+
 def plain_text(value: str) -> str:
     """Text that can reach a script, an environment or a command line: UTF-8, no NUL byte."""
     if "\0" in value:
@@ -109,6 +116,24 @@ class Resources(Spec):
     )
     cpus_per_task: MaybeInt = Field(default=None, ge=1)
     mem_gb: MaybeFloat = Field(default=None, gt=0, description="memory per node")
+    share_gpus: Bool = Field(
+        default=False,
+        description="local and SSH: may use GPUs that processes outside orchestrate use, "
+        "counting their free memory (default: such GPUs are busy)",
+    )
+    wait: Annotated[bool | str, Field(
+        description="local and SSH: when what the job needs is held by others, wait for it "
+        "(PENDING, first come first served) instead of exiting 75: true, or for at most a "
+        "time (Slurm's formats, e.g. '30' or '02:00:00')")] = False
+
+    @field_validator("wait", mode="before")
+    @classmethod
+    def _wait(cls, value: object) -> object:
+        with suppress(ValueError):
+            if isinstance(value, bool) or (isinstance(value, str) and time_limit_seconds(value)):
+                return value
+        raise ValueError("a boolean (true: no bound), or how long to wait as a string: "
+                         "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'")
 
     @field_validator("gpus_per_node")
     @classmethod

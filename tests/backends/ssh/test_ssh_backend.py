@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from orchestrate.core.plan.ports import derive_port
+from tests.backends.local.conftest import fake_nvidia_smi
 from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
@@ -454,26 +455,31 @@ GPU_INVENTORY_NODE = {
 
 def _gpu_python(cli: SshCli) -> str:
     """The inventory's python for h1: a wrapper that puts a stand-in nvidia-smi on PATH (GPUs
-    cannot exist here), the way site wrappers (module load, conda activate) set PATH."""
-    bin_dir = cli.work / "fakebin"
-    bin_dir.mkdir()
-    rows = "\\n".join([f"{i}, NVIDIA A100-SXM4-80GB, 81920" for i in (0, 1)]
-                      + [f"{i}, NVIDIA RTX A6000, 49140" for i in range(2, 8)])
-    smi = bin_dir / "nvidia-smi"
-    # nvidia-smi's CSV header unless asked noheader, as the real one (the probe reads it).
-    header = "index, name, memory.total [MiB]"
-    smi.write_text(f"#!/bin/sh\ncase \"$*\" in *noheader*) ;; *) echo '{header}' ;; esac\n"
-                   f"printf '{rows}\\n'\n")
-    smi.chmod(0o755)
+    cannot exist here), the way site wrappers (module load, conda activate) set PATH. The
+    stand-in answers in nvidia-smi's CSV format (tests/probe/fake_nvidia_smi.py)."""
+    bin_dir = fake_nvidia_smi(cli.work / "fakebin", [
+        *[(i, "NVIDIA A100-SXM4-80GB", 81920) for i in (0, 1)],
+        *[(i, "NVIDIA RTX A6000", 49140) for i in range(2, 8)]])
     wrapper = bin_dir / "python"
     wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
 
+def _gpu_node(cli: SshCli) -> dict[str, Any]:
+    """h1 with its GPUs and a lease book of this test's own (``lease_dir``; the default is the
+    machine's /var/tmp/orchestrate/leases, which every test session on this box would share)."""
+    return {**GPU_INVENTORY_NODE, "lease_dir": str(_book(cli).parent)}
+
+
+def _book(cli: SshCli) -> Path:
+    """h1's folder of the test's lease book."""
+    return cli.work / "book" / "h1"
+
+
 @pytest.mark.timeout(150)
 def test_two_jobs_share_a_host_on_disjoint_gpus_and_ports(ssh_cli: SshCli) -> None:
-    ssh_cli.inventory([GPU_INVENTORY_NODE], python=_gpu_python(ssh_cli))
+    ssh_cli.inventory([_gpu_node(ssh_cli)], python=_gpu_python(ssh_cli))
     template = """
         name: half
         backend: ssh
@@ -498,13 +504,18 @@ def test_two_jobs_share_a_host_on_disjoint_gpus_and_ports(ssh_cli: SshCli) -> No
     assert gpus[0].isdisjoint(gpus[1])
     assert gpus[0] | gpus[1] == {"2", "3", "4", "5", "6", "7"}
     assert plans[0]["master_port"] == taken != plans[1]["master_port"]
-    leases = Path.home() / ".local/state/orchestrate/leases/h1"
-    held = {p.stem: json.loads(p.read_text()) for p in leases.glob("half-*.json")}
+    leases = _book(ssh_cli)
+    held = {p.stem.split("@")[0]: json.loads(p.read_text()) for p in leases.glob("half-*.json")}
     assert set(held) == {"half-a", "half-b"}
     assert sorted(held["half-b"]["gpus"]) == sorted(int(g) for g in gpus[1])
     ssh_cli.run("cancel", "half-a", "half-b", check=True)
     _assert_nothing_left(ssh_cli, "half-a")
     _assert_nothing_left(ssh_cli, "half-b")
+    # Released: nothing holds the GPUs as h1's agent sees it (a lease whose holders are gone
+    # is stale, and h1's book drops it on that read).
+    seen = json.loads(ssh_cli.run("gpus", "--json", "--inventory", str(ssh_cli.work / "inv.yaml"),
+                                  check=True).stdout)
+    assert not [h for g in seen[0]["gpus"] for h in g["holders"]], seen
     assert not list(leases.glob("half-*.json"))  # released
     again = ssh_cli.run("submit", str(job_b), "--detach", "--job-id", "half-d")
     assert again.returncode == 0, again.stderr
@@ -600,7 +611,7 @@ def test_dry_run_shows_every_host_and_each_failed_check(ssh_cli: SshCli) -> None
 def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
     """A lease is live while its holder process lives (same pid *and* start time) or while any
     process on the host carries its job's tag; anything else is stale and removed."""
-    ssh_cli.inventory([GPU_INVENTORY_NODE], python=_gpu_python(ssh_cli))
+    ssh_cli.inventory([_gpu_node(ssh_cli)], python=_gpu_python(ssh_cli))
     job = ssh_cli.write("grab.yaml", """
         name: grab
         backend: ssh
@@ -609,7 +620,7 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
         distributed: {backend: gloo}
         command: [bash, -c, 'echo "gpus=$CUDA_VISIBLE_DEVICES"']
         """)
-    leases = Path.home() / ".local/state/orchestrate/leases/h1"
+    leases = _book(ssh_cli)
     leases.mkdir(parents=True, exist_ok=True)
     # Lease holders are pids on h1, which has its own PID space: a pid that h1 used and freed.
     shell = ssh_cli.hosts.run("h1", "echo $$")
@@ -617,7 +628,7 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
     gone = int(shell.stdout)
 
     def plant(job_id: str, holder_pid: int, holder_start: int) -> Path:
-        path = leases / f"{job_id}.json"
+        path = leases / f"{job_id}@{os.geteuid()}.json"
         path.write_text(json.dumps({
             "job_id": job_id, "node": "h1", "hostname": "h1", "gpus": [2, 3, 4, 5, 6, 7],
             "port": None, "holder_pid": holder_pid, "holder_start": holder_start,
@@ -658,13 +669,14 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
     local job run on h1 (its CLI started there) holds GPUs that an SSH job to h1 then cannot
     have; the SSH job is placed on the others, and refused when it needs the held ones."""
     wrapper = _gpu_python(ssh_cli)
-    ssh_cli.inventory([GPU_INVENTORY_NODE], python=wrapper)
+    ssh_cli.inventory([_gpu_node(ssh_cli)], python=wrapper)
     local_inv = ssh_cli.write("local-inv.yaml", f"""
         name: h1-itself
         defaults: {{python: {wrapper}}}
         nodes:
           - name: h1
             address: 127.0.0.1
+            lease_dir: {_book(ssh_cli).parent}
             gpus:
               - {{model: A100-80GB, memory_gb: 80, indices: [0, 1]}}
               - {{model: RTX-A6000, memory_gb: 48, indices: [2, 3, 4, 5, 6, 7]}}
@@ -689,12 +701,12 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
         f"--job-id {local_id}", timeout=90)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        leases = Path.home() / ".local/state/orchestrate/leases/h1"
+        leases = _book(ssh_cli)
         deadline = time.monotonic() + 30
-        while not (leases / f"{local_id}.json").exists():
+        while not (leases / f"{local_id}@{os.geteuid()}.json").exists():
             assert time.monotonic() < deadline, "the local job never leased its GPUs"
             time.sleep(0.2)
-        held = json.loads((leases / f"{local_id}.json").read_text())["gpus"]
+        held = json.loads((leases / f"{local_id}@{os.geteuid()}.json").read_text())["gpus"]
         assert len(held) == 4 and set(held) <= {2, 3, 4, 5, 6, 7}
 
         # An SSH job for 2 A6000s gets the 2 the local job left free.

@@ -1,0 +1,106 @@
+"""A machine's users in one lease book: what the local and SSH backends share about it.
+
+The book itself (files, permissions, locking, liveness, the queue) is
+:mod:`orchestrate.hostside.leases`, which runs on every host; GPUs in use outside orchestrate are
+read by :mod:`orchestrate.hostside.gpuuse`. This module turns what they found into what the pure
+planner takes (:class:`~orchestrate.core.plan.plan.Occupancy`'s fields), says what a waiting
+job's ticket asks for, and turns the book's own failures into user errors.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.core.errors import UserError
+from orchestrate.core.plan.placement import wanted_gpus
+from orchestrate.core.plan.strategy import model_facts, placement_need
+from orchestrate.core.spec.job import wait_seconds
+from orchestrate.hostside.containment import user_name
+from orchestrate.hostside.leases import BookError
+
+if TYPE_CHECKING:
+    from orchestrate.core.plan.plan import NodePlan
+    from orchestrate.run.prepare import Prepared
+
+
+def book_error(exc: BookError, source: str, host: str = "") -> UserError:
+    """The book cannot be used: a user error with the fix (exit 2: waiting will not help)."""
+    where = f"{host}: " if host else ""
+    return UserError.single(f"{where}{exc}", source=source, field="leases",
+                            hint=exc.hint or "see docs/shared-servers.md")
+
+
+def lease_dir(prepared: Prepared, node: str) -> str | None:
+    """The inventory's ``lease_dir`` for ``node`` (None: the host's default book)."""
+    spec = prepared.inventory.node(node)
+    return spec.lease_dir if spec is not None else None
+
+
+def wait_limit(prepared: Prepared) -> float | None:
+    """How long the job waits for what others hold (``resources.wait``): None = it does not."""
+    return wait_seconds(prepared.job.resources.wait)
+
+
+def wants(prepared: Prepared, node: NodePlan) -> dict[str, Any]:
+    """What the job may take on ``node`` were nothing held: its candidate GPUs (every model it
+    may be placed on), its CPU slots, its fixed port."""
+    plan = prepared.plan
+    spec = prepared.inventory.node(node.name)
+    loaded = prepared.loaded
+    need = placement_need(prepared.job, model_facts(prepared.job, loaded.model,
+                                                    loaded.param_count, str(prepared.path)))
+    gpus = list(wanted_gpus(prepared.job, spec, need)) if spec is not None else []
+    return {"gpus": gpus, "slots": 0 if node.gpu_indices else node.nproc,
+            "port": plan.master_port if plan.port_fixed and node.node_rank == 0 else None}
+
+
+def ticket(prepared: Prepared, node: NodePlan, submitted_at: float, holder: int,
+           start: int | None) -> dict[str, Any]:
+    """A waiting job's place in ``node``'s queue (the host fills in who holds it there)."""
+    uid = os.geteuid()
+    return {"job_id": prepared.plan.job_id, "user": user_name(uid), "uid": uid,
+            "hostname": socket.gethostname(), "submitted_at": submitted_at,
+            "holders": [[holder, start]], "since": time.time(), **wants(prepared, node)}
+
+
+def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[str, Any]]
+              ) -> dict[str, Any]:
+    """``Occupancy`` fields for one node from the book's ``held`` and the GPUs in use outside
+    orchestrate (:func:`orchestrate.hostside.gpuuse.outside_use`); empty ones left out."""
+    fields: dict[str, Any] = {}
+    gpus = frozenset(int(g) for g in held.get("gpus") or [])
+    if gpus:
+        fields["busy_gpus"] = {node: gpus}
+        fields["holders"] = {node: {int(k): str(v) for k, v in (held.get("who") or {}).items()}}
+    slots = int(held.get("slots") or 0)
+    if slots:
+        fields["busy_slots"] = {node: slots}
+        fields["slot_holders"] = {node: str(held.get("slot_who") or "")}
+    if outside:
+        fields["in_use"] = {node: {int(k): str(v["why"]) for k, v in outside.items()}}
+        fields["free_gb"] = {node: {int(k): float(v["free_gb"] or 0.0)
+                                    for k, v in outside.items()}}
+    return fields
+
+
+def blocked(held: Mapping[str, Any], queue: list[str], source: str) -> UserError | None:
+    """A refusal (exit 75) for what no re-plan avoids: a lease that cannot be read (honoured as
+    holding everything) or older waiting jobs that want the same things."""
+    if held.get("unknown"):
+        return UserError.single("; ".join(held["unknown"]), source=source, field="leases",
+                                hint="its owner (or root) can remove the file", busy=True)
+    if queue:
+        return UserError.single(
+            f"{len(queue)} job(s) waiting longer want the same GPUs or slots: "
+            + ", ".join(queue), source=source, field="resources", busy=True,
+            hint="waiting jobs start first come, first served (submit --wait joins the queue)")
+    return None
+
+
+def waiting_reason(exc: UserError) -> str:
+    """What a waiting job waits for, from the refusal that made it wait."""
+    return "waiting: " + "; ".join(p.message for p in exc.problems)

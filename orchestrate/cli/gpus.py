@@ -1,0 +1,134 @@
+"""``orchestrate gpus``: every GPU of this machine (or of an inventory's SSH nodes) and who holds
+it -- orchestrate jobs of every user, by lease, and compute processes outside orchestrate.
+
+What a person on a shared server would otherwise piece together from ``nvidia-smi``, ``ps`` and
+the lease book. Locally it reads them in this process; for ``--inventory`` each node's agent
+answers over SSH (``agent gpus``), in parallel, each host bounded like any SSH step. Read-only:
+it claims nothing and waits for nobody's lock longer than the book allows.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrate.cli.tables import console
+from orchestrate.core.errors import UserError
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--inventory", "inventory_file", type=click.Path(path_type=Path), default=None,
+              help="the SSH nodes of this inventory instead of this machine")
+def gpus(as_json: bool, inventory_file: Path | None) -> None:
+    """Every GPU of this machine (or of an inventory's SSH nodes) with its model, memory
+    used/total, utilization and holders: orchestrate jobs (user, job id, since) and processes
+    outside orchestrate (pid, user, name, memory)."""
+    hosts = [this_machine()] if inventory_file is None else over_ssh(inventory_file)
+    if as_json:
+        click.echo(json.dumps(hosts[0] if inventory_file is None else hosts, indent=2))
+        return
+    for answer in hosts:
+        show(answer)
+
+
+def this_machine() -> dict[str, Any]:
+    """This machine's GPUs and holders (what the SSH agent answers on a host)."""
+    from orchestrate.hostside import gpuuse
+    from orchestrate.hostside.leases import BookError, LeaseBook
+
+    found = gpuuse.usage()
+    answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": []}
+    if not found["ok"]:
+        if not found.get("missing"):
+            answer["problems"].append(str(found["detail"]))
+        return answer
+    leases: list[dict[str, Any]] = []
+    try:
+        book = LeaseBook()
+        with book.locked():
+            leases = book.live()
+    except (BookError, OSError) as exc:
+        answer["problems"].append(f"lease book: {exc}")
+    answer["problems"] += [str(lease["unreadable"]) for lease in leases
+                           if lease.get("unreadable")]
+    answer["gpus"] = gpuuse.holders(found, leases)
+    return answer
+
+
+def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:
+    """Each SSH node of the inventory, asked through the agent, in inventory order."""
+    from orchestrate.backends.ssh.agent import MARK
+    from orchestrate.backends.ssh.channels import agent_command
+    from orchestrate.backends.ssh.connections import Links, fan_out, target
+    from orchestrate.backends.ssh.reaping import SLACK_S, describe_failure
+    from orchestrate.core.spec.inventory import load_inventory
+
+    if not inventory_file.exists():
+        raise UserError.single("inventory file not found", source=str(inventory_file),
+                               field="--inventory")
+    inventory = load_inventory(inventory_file)
+    targets = [target(n.name, n.address, n.python or "python3", n.ssh, 10.0, n.lease_dir)
+               for n in inventory.nodes]
+    links = Links()
+
+    def ask(t: Any) -> dict[str, Any]:
+        result = links.get(t).run(agent_command(t.python, "gpus", t.lease_dir or ""),
+                                  timeout=t.connect_timeout_s + SLACK_S)
+        for line in result.output.split("\n"):
+            if line.startswith(MARK + "gpus "):
+                data: dict[str, Any] = json.loads(line[len(MARK) + 5:])
+                return data
+        tail = " | ".join(result.output.strip().split("\n")[-3:])
+        raise RuntimeError(f"the agent did not answer (exit {result.code}): {tail}")
+
+    try:
+        answers = fan_out(targets, ask, 32)
+    finally:
+        links.close()
+    hosts = []
+    for t in targets:
+        got = answers[t.name]
+        if got.value is not None:
+            hosts.append({**got.value, "node": t.name})
+        else:
+            error = got.error if isinstance(got.error, Exception) else RuntimeError(got.error)
+            hosts.append({"host": t.label, "node": t.name, "gpus": [],
+                          "problems": [describe_failure(error)]})
+    return hosts
+
+
+def _holder(h: dict[str, Any]) -> str:
+    if h["kind"] == "job":
+        since = time.strftime(" since %H:%M:%S", time.localtime(h["since"])) if h["since"] \
+            else ""
+        return f"job {h['job_id']} ({h['user']}{since})"
+    job = f", job {h['job_id']}" if h.get("job_id") else ""
+    return f"pid {h['pid']} ({h['user']}, {h['name']}, {h['memory_gb']:.1f} GB{job})"
+
+
+def show(answer: dict[str, Any]) -> None:
+    """One host's GPUs as a table, then what could not be read."""
+    from rich.table import Table
+
+    out = console()
+    table = Table(title=f"GPUs of {answer['host']}")
+    for column in ("gpu", "model", "memory used/total", "util", "held by"):
+        table.add_column(column)
+    for gpu in answer["gpus"]:
+        used = "?" if gpu["memory_used_gb"] is None else f"{gpu['memory_used_gb']:.1f}"
+        util = "?" if gpu["utilization_pct"] is None else f"{gpu['utilization_pct']:.0f}%"
+        holders = "\n".join(_holder(h) for h in gpu["holders"]) or "free"
+        table.add_row(str(gpu["index"]), str(gpu["model"]),
+                      f"{used} / {gpu['memory_total_gb']:.1f} GB", util, holders)
+    if answer["gpus"]:
+        out.print(table)
+    else:
+        out.print(f"{answer['host']}: no GPUs", markup=False)
+    for problem in answer.get("problems") or []:
+        out.print(f"{answer['host']}: {problem}", markup=False, soft_wrap=True)

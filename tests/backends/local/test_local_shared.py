@@ -1,0 +1,232 @@
+"""A shared lab server on the local backend (issue #20, #25 item 5), one user: GPUs in use
+outside orchestrate, waiting jobs (``submit --wait``), ``orchestrate gpus``, a hung
+``nvidia-smi``, and a rank's double-forked daemon that drops the job tag.
+
+The machine is the lab server of the issue (2x A100 + 6x A6000), replayed by the stand-in
+``nvidia-smi`` (conftest.fake_nvidia_smi); the "foreign" compute processes it lists are real
+processes started here, so their pid, owner and name are what ``ps`` says. Two real Unix users
+are in test_local_users.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrate.hostside import host
+from tests.backends.local.conftest import Cli, fake_nvidia_smi, set_compute_apps
+
+pytestmark = pytest.mark.process
+
+LAB = [(0, "A100-80GB", 81920), (1, "A100-80GB", 81920),
+       *[(i, "RTX-A6000", 49140) for i in range(2, 8)]]
+
+
+@pytest.fixture
+def lab(cli: Cli) -> Iterator[Cli]:
+    """``cli`` on the lab server: the stand-in nvidia-smi on PATH (no inventory: the local
+    backend reads this machine's GPUs from it)."""
+    bin_dir = fake_nvidia_smi(cli.work / "bin", LAB)
+    cli.env["PATH"] = f"{bin_dir}:{cli.env['PATH']}"
+    yield cli
+
+
+@pytest.fixture
+def notebook() -> Iterator[subprocess.Popen[bytes]]:
+    """A process outside orchestrate (another user's notebook, as far as nvidia-smi says)."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _job(cli: Cli, name: str, extra: str = "", seconds: float = 60) -> Path:
+    return cli.write(f"{name}.yaml", f"""
+        name: {name}
+        resources: {{nodes: 1, gpus_per_node: 1, gpu_model: A100-80GB}}
+        {extra}
+        command: [bash, -c, 'echo "gpus=$CUDA_VISIBLE_DEVICES"; sleep {seconds}']
+        """)
+
+
+def _until(cli: Cli, job: str, state: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if cli.run("status", job).returncode == 0:
+            status = cli.status(job)
+            if status["state"] == state and (state != "RUNNING" or all(
+                    r["pid"] for r in status["ranks"])):
+                return status
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} never {state}: {status}")
+
+
+def _gpus_of(status: dict[str, Any]) -> str:
+    plan = json.loads((Path(str(status["run_dir"])) / "plan.json").read_text())
+    return str(plan["nodes"][0]["cuda_visible_devices"])
+
+
+@pytest.mark.timeout(120)
+def test_a_gpu_that_a_foreign_process_uses_is_avoided_and_shared_only_when_asked(
+        lab: Cli, notebook: subprocess.Popen[bytes]) -> None:
+    set_compute_apps(lab.work / "bin", [(notebook.pid, "python3", 0, 30720)])
+    first = lab.id("fa")
+    lab.run("submit", str(_job(lab, "fa")), "--detach", "--job-id", first, check=True)
+    assert _gpus_of(_until(lab, first, "RUNNING")) == "1"  # not GPU 0: the notebook's
+    # Both A100s taken now (one by a job, one by the notebook): busy, named, exit 75.
+    refused = lab.run("submit", str(_job(lab, "fb")), "--detach", "--job-id", lab.id("fb"))
+    assert refused.returncode == 75, refused.stderr
+    assert f"GPU 0 in use by pid {notebook.pid} (" in refused.stderr
+    assert "python3, 30.0 GB)" in refused.stderr and f"job {first} (" in refused.stderr
+    # Sharing: the notebook's GPU, with 50 GB free, takes a job that needs 40 GB of it ...
+    shared = lab.id("fs")
+    lab.run("submit", str(_job(lab, "fs")), "--detach", "--job-id", shared,
+            "--set", "resources.share_gpus=true", "--set", "resources.min_gpu_memory_gb=40",
+            check=True)
+    assert _gpus_of(_until(lab, shared, "RUNNING")) == "0"
+    lab.run("cancel", shared, first, check=True)
+    # ... but not when its processes leave too little free memory for the job's need.
+    set_compute_apps(lab.work / "bin", [(notebook.pid, "python3", 0, 30720),
+                                        (notebook.pid, "python3", 1, 30720)])
+    tight = lab.run("submit", str(_job(lab, "ft")), "--detach", "--job-id", lab.id("ft"),
+                    "--set", "resources.share_gpus=true",
+                    "--set", "resources.min_gpu_memory_gb=60")
+    assert tight.returncode == 75, tight.stderr
+    assert "50 GB free, too little for the job" in " ".join(tight.stderr.split())
+
+
+@pytest.mark.timeout(150)
+def test_waiting_jobs_start_in_submission_order_as_the_gpus_free(lab: Cli) -> None:
+    holder, second, third = lab.id("wa"), lab.id("wb"), lab.id("wc")
+    lab.run("submit", str(_job(lab, "wa", seconds=600)), "--detach", "--job-id", holder,
+            "--set", "resources.gpus_per_node=2", check=True)
+    _until(lab, holder, "RUNNING")
+    for job in (second, third):
+        sub = lab.run("submit", str(_job(lab, "wb", seconds=600)), "--detach", "--job-id", job,
+                      "--wait", "--set", "resources.gpus_per_node=2")
+        assert sub.returncode == 0, sub.stderr
+        assert f"job {job} is waiting" in sub.stderr
+    pending = _until(lab, second, "PENDING")
+    assert f"held by job {holder} (" in str(pending["reason"])
+    listed = lab.run("list", check=True).stdout
+    assert f"{third} is waiting" in " ".join(listed.split())
+    # The holder ends: the older waiting job starts within seconds, the younger still waits.
+    lab.run("cancel", holder, check=True)
+    freed = time.monotonic()
+    _until(lab, second, "RUNNING", timeout=10)
+    assert time.monotonic() - freed < 5
+    assert _until(lab, third, "PENDING")["started_at"] is None
+    lab.run("cancel", second, check=True)
+    _until(lab, third, "RUNNING", timeout=10)
+    # Cancelling a waiting job withdraws it: it never starts.
+    fourth = lab.id("wd")
+    lab.run("submit", str(_job(lab, "wd")), "--detach", "--job-id", fourth, "--wait",
+            "--set", "resources.gpus_per_node=2", check=True)
+    _until(lab, fourth, "PENDING")
+    lab.run("cancel", fourth, check=True)
+    lab.run("cancel", third, check=True)
+    gone = lab.status(fourth)
+    assert gone["state"] == "CANCELLED" and gone["started_at"] is None
+    assert not host.job_pids(fourth)
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_job_that_can_never_fit_is_refused_at_once(lab: Cli) -> None:
+    start = time.monotonic()
+    never = lab.run("submit", str(_job(lab, "wn")), "--detach", "--job-id", lab.id("wn"),
+                    "--wait", "--set", "resources.gpus_per_node=3")
+    assert never.returncode == 2, never.stderr
+    assert time.monotonic() - start < 10
+    assert lab.run("status", lab.id("wn")).returncode != 0 or \
+        lab.status(lab.id("wn"))["state"] != "PENDING"
+
+
+@pytest.mark.timeout(90)
+def test_gpus_names_every_holder(lab: Cli, notebook: subprocess.Popen[bytes]) -> None:
+    set_compute_apps(lab.work / "bin", [(notebook.pid, "python3", 0, 30720)])
+    job = lab.id("gh")
+    lab.run("submit", str(_job(lab, "gh")), "--detach", "--job-id", job, check=True)
+    _until(lab, job, "RUNNING")
+    answer = json.loads(lab.run("gpus", "--json", check=True).stdout)
+    gpus = {g["index"]: g for g in answer["gpus"]}
+    assert sorted(gpus) == list(range(8))
+    assert gpus[0]["model"] == "A100-80GB" and gpus[0]["memory_total_gb"] == 80.0
+    assert gpus[0]["memory_used_gb"] == 30.0
+    [process] = gpus[0]["holders"]
+    assert process["kind"] == "process" and process["pid"] == notebook.pid
+    assert process["user"] == "root" and process["memory_gb"] == 30.0
+    [lease] = gpus[1]["holders"]
+    assert lease["kind"] == "job" and lease["job_id"] == job and lease["user"] == "root"
+    assert all(not gpus[i]["holders"] for i in range(2, 8))
+    table = " ".join(lab.run("gpus", check=True).stdout.split())
+    assert f"pid {notebook.pid} (root, python3, 30.0 GB)" in table
+    assert f"job {job} (root since" in table
+    lab.run("cancel", job, check=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_nvidia_smi_is_bounded_and_named(lab: Cli) -> None:
+    lab.env["FAKE_NVSMI_SLEEP"] = "30"
+    lab.env["ORCHESTRATE_NVIDIA_SMI_TIMEOUT_S"] = "1"
+    start = time.monotonic()
+    answer = lab.run("gpus", check=True)
+    assert time.monotonic() - start < 10
+    assert "nvidia-smi did not answer within 1s" in " ".join(answer.stdout.split())
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["ends", "cancelled"])
+def test_a_daemon_that_drops_the_job_tag_does_not_outlive_the_job(cli: Cli, how: str) -> None:
+    """#25 item 5: a rank's double-forked daemon with a clean environment (no job tag) is
+    found by ancestry (the supervisor is a subreaper: the orphan re-parents to it) and
+    stopped; nothing of the job runs afterwards and its lease is gone."""
+    marker = f"daemon-{cli.uid}-{how}"
+    wait = "sleep 2" if how == "ends" else "sleep 600"
+    job = cli.write("d.yaml", f"""
+        name: d
+        resources: {{nodes: 1, gpus_per_node: 1}}
+        command: [bash, -c, '(setsid env -i bash -c "exec -a {marker} sleep 1000" &); {wait}']
+        """)
+    job_id = cli.id(f"d{how[0]}")
+    cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True)
+    deadline = time.monotonic() + 20
+    while not _named(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _named(marker), "the daemon never started"
+    if how == "cancelled":
+        cli.run("cancel", job_id, check=True)
+        final = cli.status(job_id)
+    else:
+        final = _until(cli, job_id, "COMPLETED")
+    assert final["state"] in ("COMPLETED", "CANCELLED")
+    deadline = time.monotonic() + 10
+    while _named(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _named(marker), f"the daemon {marker} outlived job {job_id}"
+    leases = Path(cli.env["ORCHESTRATE_LEASES"])
+    deadline = time.monotonic() + 10  # left by the supervisor, or its watchdog after it
+    while list(leases.glob(f"*/{job_id}@*.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(leases.glob(f"*/{job_id}@*.json"))
+    log = " ".join((Path(str(final["run_dir"])) / "supervisor.log").read_text().split())
+    assert "stopping what the ranks left without the job tag (by ancestry or cgroup): pid " \
+        in log and ", sleep)" in log
+
+
+def _named(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().split(b"\0")[0] == marker.encode():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
