@@ -39,7 +39,7 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.diagnosis.diagfiles", "orchestrate.diagnosis.stallrule",
                 "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
                 "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.hangwatch",
-                "orchestrate.backends.slurm.monitor"),
+                "orchestrate.hostside.outputlog", "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host",),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).

@@ -15,7 +15,7 @@ from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import (
     LOG_DIR,
-    MERGED_LOG,
+    MERGED_INDEX,
     SBATCH_SCRIPT,
     SLURM_BATCH_LOG,
     SLURM_EVENTS,
@@ -23,6 +23,7 @@ from orchestrate.core.layout import (
     SLURM_HOSTFILE,
     SLURM_MERGE_OFFSETS,
     SLURM_MONITOR,
+    SLURM_SECRETS,
     SLURM_STATE,
 )
 from orchestrate.core.plan.plan import Plan
@@ -59,7 +60,7 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
         "slurm": slurm_layout(plan),
         "files": {
             "script": SBATCH_SCRIPT,
-            "merged": MERGED_LOG,
+            "merged": MERGED_INDEX,
             "log_dir": LOG_DIR,
             "state": SLURM_STATE,
             "events": SLURM_EVENTS,
@@ -68,5 +69,6 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
             "merge_offsets": SLURM_MERGE_OFFSETS,
             "batch_log": SLURM_BATCH_LOG,
             "monitor": SLURM_MONITOR,
+            "secrets": SLURM_SECRETS,
         },
     }

@@ -154,6 +154,7 @@ class Plan:
     stall_s: float = 120.0  # distributed.stall_s: 0 = no stall watch
     on_stall: str = "report"  # distributed.on_stall: report | kill
     sidecar: bool = True  # distributed.sidecar
+    log_cap_bytes: int | None = None  # logs.max_mb_per_rank, in bytes: None = no cap
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -222,6 +223,7 @@ class Plan:
             "stall_s": self.stall_s,
             "on_stall": self.on_stall,
             "sidecar": self.sidecar,
+            "log_cap_bytes": self.log_cap_bytes,
         }
 
     @classmethod
@@ -278,6 +280,7 @@ class Plan:
             stall_s=float(data.get("stall_s", 120.0)),
             on_stall=str(data.get("on_stall", "report")),
             sidecar=bool(data.get("sidecar", True)),
+            log_cap_bytes=data.get("log_cap_bytes"),
         )
 
 
@@ -363,6 +366,7 @@ def make_plan(
         stall_s=job.distributed.stall_s,
         on_stall=job.distributed.on_stall,
         sidecar=job.distributed.sidecar,
+        log_cap_bytes=job.logs.cap_bytes,
     )
 
 

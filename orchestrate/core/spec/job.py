@@ -284,6 +284,20 @@ class RestartPolicy(Spec):
         return value
 
 
+class Logs(Spec):
+    """What the job's output may take on disk."""
+
+    max_mb_per_rank: MaybeFloat = Field(
+        default=None, gt=0, le=10**7,
+        description="what one rank may print per attempt, in MB (2**20 bytes); past it the "
+        "rest is dropped, and the log says so; default: no cap")
+
+    @property
+    def cap_bytes(self) -> int | None:
+        """The cap in bytes (None: none)."""
+        return None if self.max_mb_per_rank is None else int(self.max_mb_per_rank * (1 << 20))
+
+
 class SSHJob(Spec):
     """SSH fan-out settings of the job."""
 
@@ -317,6 +331,7 @@ class JobSpec(Spec):
     slurm: SlurmJob = Field(default_factory=SlurmJob)
     ssh: SSHJob = Field(default_factory=SSHJob)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    logs: Logs = Field(default_factory=Logs)
     workdir: str | None = Field(default=None, description="where ranks run; default: this file's")
     templates_dir: str | None = None
     run_root: str | None = Field(default=None, description="where run directories go")

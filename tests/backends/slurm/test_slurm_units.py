@@ -27,6 +27,7 @@ from orchestrate.backends.slurm.script import monitor_program
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.run.prepare import prepare
+from tests.support.output import merged_text
 
 pytestmark = pytest.mark.unit
 
@@ -230,7 +231,7 @@ def _start_merger(tmp_path: Path, hosts: list[str]) -> subprocess.Popen[bytes]:
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "hosts").write_text("".join(h + "\n" for h in hosts))
     return subprocess.Popen([sys.executable, "-S", str(_monitor(tmp_path)), "merge",
-                             str(tmp_path / "output.log"),
+                             str(tmp_path / "output.idx"),
                              str(tmp_path / "logs"), str(tmp_path / "hosts"),
                              str(tmp_path / "offsets.json")])
 
@@ -254,7 +255,7 @@ def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path
             time.sleep(0.4)
     finally:
         _stop(merger)
-    lines = (tmp_path / "output.log").read_text().splitlines()
+    lines = merged_text(tmp_path).splitlines()
     assert sorted(lines) == sorted([
         "[n1:0] first half of a line and its end", "[n2:1] one", "[n2:1] two",
         "[n2:1] " + "x" * 5000, "[n2:1] ünïcode", "[n2:1] no newline at the end",
@@ -268,7 +269,7 @@ def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path
     merger = _start_merger(tmp_path, ["n3", "n2"])
     time.sleep(0.4)
     _stop(merger)
-    assert (tmp_path / "output.log").read_text().splitlines()[len(lines):] == [
+    assert merged_text(tmp_path).splitlines()[len(lines):] == [
         "[n3:0] after the requeue"]
 
 
@@ -285,7 +286,7 @@ POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_f
 
 def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[str, int]:
     done = subprocess.run(
-        [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.log"),
+        [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.idx"),
          str(tmp_path / "exits"), str(restart), json.dumps({**POLICY, "max": max_restarts}),
          str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
         capture_output=True, text=True, check=True)
@@ -300,7 +301,7 @@ def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path
         _record(tmp_path / "exits", rank, 1, 1_000_000, f"n{rank}")
     _record(tmp_path / "exits", 0, 0, 900_000, "n0")
     assert _decide(tmp_path) == ("FAILED", 1)
-    assert "rank 2 on n2 failed with exit code 1" in (tmp_path / "output.log").read_text()
+    assert "rank 2 on n2 failed with exit code 1" in merged_text(tmp_path)
 
 
 @pytest.mark.process
@@ -309,10 +310,10 @@ def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_pa
         _record(tmp_path / "exits", rank, 75, 1_000_000 + rank, "n1")
     assert _decide(tmp_path, restart=0) == ("REQUEUE", 75)
     assert _decide(tmp_path, restart=3) == ("FAILED", 75)
-    log = (tmp_path / "output.log").read_text()
+    log = merged_text(tmp_path)
     assert "requeuing, restart 1 of at most 3" in log
     assert "the restart budget is spent (3 of restart.max = 3)" in log
     # A rank that died (SIGKILL: 137) among those asking to resume: no requeue, it failed.
     _record(tmp_path / "exits", 1, 137, 999_999, "n2")
     assert _decide(tmp_path) == ("FAILED", 137)
-    assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in (tmp_path / "output.log").read_text()
+    assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in merged_text(tmp_path)
