@@ -319,7 +319,8 @@ class JobSpec(Spec):
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
     secret_env: list[str] = Field(
         default_factory=list,
-        description="names taken from the submitting environment; never written to a file",
+        description="names taken from the submitting environment; never on a command line or "
+        "in the job's record (docs/slurm.md: how Slurm jobs get them)",
     )
     distributed: Distributed = Field(default_factory=Distributed)
     framework: Framework = Field(
