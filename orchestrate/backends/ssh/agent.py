@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 MARK = "\x1eorchestrate:"
 TORCH_TIMEOUT_S = 240.0
+TORCH_VERSION = "orchestrate-torch-version "
 
 
 def say(kind: str, payload: Any) -> None:
@@ -95,7 +96,8 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     """Every check of this host; facts, the controller judges them against the plan."""
     torch: subprocess.Popen[str] | None = None
     if request.get("torch"):
-        probe = "import torch; print(torch.__version__)"
+        # The version on a line of its own: an import may print warnings first.
+        probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__)"
         if request.get("orchestrate"):
             probe += "; import orchestrate.train"
         torch = subprocess.Popen(
@@ -126,8 +128,11 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
         try:
             out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)
             lines = out.strip().splitlines()
-            report["torch"] = {"ok": torch.returncode == 0,
-                               "detail": lines[0] if torch.returncode == 0 and lines
+            version = next((line[len(TORCH_VERSION):] for line in lines
+                            if line.startswith(TORCH_VERSION)), None)
+            ok = torch.returncode == 0 and version is not None
+            report["torch"] = {"ok": ok, "version": version,
+                               "detail": version if ok
                                else (lines[-1] if lines else f"exit {torch.returncode}")}
         except subprocess.TimeoutExpired:
             torch.kill()

@@ -7,12 +7,15 @@ own port space, not the controller's), which interface carries traffic to MASTER
 GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
 
 Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
+Across hosts, every host that imports torch must import the same version (a mix hangs or
+fails in the first collective, with no clear error).
 A failed check is named per host (:func:`host_table`); a busy derived port or GPUs held by other
 jobs are not failures but inputs to the re-plan.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +36,8 @@ HINTS = {
     "host key": "",
     "login": "check ssh.user and ssh.identity_file in the inventory, or your ssh-agent",
     "python": "set the node's python in the inventory (an absolute path to an interpreter)",
-    "torch": "install torch for that interpreter, or point the inventory's python at one with it",
+    "torch": "install torch for that interpreter (the same version on every host), or point the "
+             "inventory's python at one with it",
     "workdir": "create it on the host (SSH jobs do not copy your code), or set the job's workdir",
     "port": "choose another distributed.master_port, or 'auto' to have one picked",
     "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
@@ -136,7 +140,33 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
             cells["interface"] = node.env["GLOO_SOCKET_IFNAME"] + " (inventory)"
         if node.node_rank == 0:
             _judge_port(plan, node, facts, leases, cells, fail, verdict)
+    _judge_torch_versions(plan, hosts, verdict)
     return verdict
+
+
+def _judge_torch_versions(plan: Plan, hosts: Mapping[str, HostAnswer], verdict: Judgement
+                          ) -> None:
+    """Every host that imported torch runs the same torch (``torch.__version__``, build tag
+    included): mixed versions hang or fail in the first collective, with no clear error. The
+    odd hosts fail, each naming its version and a host with the others' (the most common one;
+    on a tie, the master node's)."""
+    versions: dict[str, str] = {}
+    for node in plan.nodes:
+        torch = (hosts[node.name].facts or {}).get("torch") or {}
+        if torch.get("ok"):
+            versions[node.name] = str(torch.get("version") or torch.get("detail"))
+    if len(set(versions.values())) < 2:
+        return
+    counts = Counter(versions.values())
+    most = max(counts.values())
+    common = next(v for v in versions.values() if counts[v] == most)  # the master's on a tie
+    where = next(name for name, v in versions.items() if v == common)
+    for name, version in versions.items():
+        if version != common:
+            detail = (f"torch {version} here, {common} on {where}: every host must run the "
+                      "same torch")
+            verdict.cells[name]["torch"] = detail
+            verdict.failures.append((hosts[name].target, "torch", detail))
 
 
 def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> None:
