@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -98,8 +99,10 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("torch"):
         # The version on a line of its own: an import may print warnings first.
         probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__)"
-        if request.get("orchestrate"):
-            probe += "; import orchestrate.train"
+        module = request.get("orchestrate")
+        if module:  # the module the command runs (True: an older controller's train job)
+            probe += "; import " + (module if isinstance(module, str) and
+                                    re.match(r"^[\w.]+$", module) else "orchestrate.train")
         torch = subprocess.Popen(
             [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, universal_newlines=True,

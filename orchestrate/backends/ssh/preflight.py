@@ -15,6 +15,7 @@ jobs are not failures but inputs to the re-plan.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,19 @@ def uses_python(node: NodePlan) -> bool:
     return bool(node.command) and node.command[0] == node.python
 
 
+def orchestrate_module(plan: Plan, node: NodePlan) -> str | None:
+    """The orchestrate module the node's python must import, if its command runs one: the
+    training entrypoint (``train:`` jobs), or ``python -m orchestrate.X`` (the doctor's checkup).
+    A host that cannot is the one named, not every host after the job fails."""
+    if plan.train_config is not None:
+        return "orchestrate.train"
+    argv = node.command
+    if uses_python(node) and len(argv) > 2 and argv[1] == "-m" and \
+            _MODULE.fullmatch(argv[2]) and argv[2].split(".")[0] == "orchestrate":
+        return argv[2]
+    return None
+
+
 def candidate_ports(plan: Plan) -> list[int]:
     """The planned port, then (for a derived one) the next ports :func:`pick_port` would try."""
     if plan.port_fixed:
@@ -101,12 +115,14 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) ->
         "job_id": plan.job_id,
         "workdir": plan.workdir,
         "torch": uses_python(node) and not torch_known_ok,
-        "orchestrate": plan.train_config is not None,
+        "orchestrate": orchestrate_module(plan, node),
         "interface_to": plan.master_addr if discover else None,
         "gpus": bool(node.gpu_indices),
         "ports": candidate_ports(plan) if node.node_rank == 0 else [],
     }
 
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: Records a failed check: ``fail(check, detail)``.
 Fail = Callable[[str, str], None]
@@ -178,7 +194,9 @@ def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> 
         if torch.get("ok"):
             cells["torch"] = "ok " + str(torch.get("detail", ""))
         else:
-            fail("torch", f"import torch failed: {torch.get('detail')}")
+            # torch imported (its version came) but the command's orchestrate module did not
+            what = "torch" if torch.get("version") is None else "orchestrate"
+            fail("torch", f"import {what} failed: {torch.get('detail')}")
     workdir = facts["workdir"]
     if workdir.get("ok"):
         cells["workdir"] = "ok"
