@@ -70,10 +70,8 @@ class RankHandle(Protocol):
     lost: str | None
 
     def start(self, emit: Callable[[bytes], None]) -> int | None:
-        """Start the rank; ``emit`` gets its output as it comes, piece by piece: a line with
-        its newline, or at most :data:`~orchestrate.hostside.outputlog.LINE_MAX` bytes of a
-        longer one (never more: a line without an end must not fill the supervisor's memory).
-        Returns its pid if known."""
+        """Start the rank; ``emit`` gets its output as it comes: a line with its newline, or
+        LINE_MAX bytes of a longer one (hostside/outputlog.py). Returns its pid if known."""
 
     def poll(self) -> Exit | None:
         """The exit, once the rank has ended."""
