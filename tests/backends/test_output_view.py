@@ -112,6 +112,27 @@ def test_the_slurm_merger_cuts_parts_at_line_ends_and_line_max(tmp_path: Path) -
     assert cut(str(path), 0, path.stat().st_size) == LINE_MAX + 1
 
 
+def test_the_slurm_merger_waits_for_a_rank_that_has_not_written_yet(tmp_path: Path) -> None:
+    """srun creates a rank's file when the rank first writes: until then the merger indexes the
+    others (it died on the missing file, and the view lost every rank's output)."""
+    from orchestrate.backends.slurm.monitor import _RankFiles
+
+    (tmp_path / "logs").mkdir()
+    paths = [str(tmp_path / "logs" / f"rank-{r}.log") for r in (0, 1)]
+    files = _RankFiles(paths, [0, 0], 0)
+    index = Index(str(tmp_path / MERGED_INDEX))
+    index.declare(0, "logs/rank-0.log", "n1")
+    index.declare(1, "logs/rank-1.log", "n2")
+    assert cut(paths[1], 0, 0) == 0  # nothing to cut: the file is not read
+    Path(paths[0]).write_bytes(b"ok-0\n")
+    assert files.index_new(index, last=False)
+    Path(paths[1]).write_bytes(b"ok-1\nbegun")
+    assert files.index_new(index, last=False)
+    assert files.index_new(index, last=True)
+    index.close()
+    assert merged_text(tmp_path).splitlines() == ["[n1:0] ok-0", "[n2:1] ok-1", "[n2:1] begun"]
+
+
 def test_an_index_from_another_writer_is_read_the_same(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     rank0 = tmp_path / "logs" / "rank-0.log"

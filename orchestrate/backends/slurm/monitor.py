@@ -139,7 +139,9 @@ class _RankFiles:
             size = _size(path)
             if size < self.offsets[r]:  # truncated by someone: start again
                 self.offsets[r] = self.started[r] = 0
-            end = size if last else cut(path, self.offsets[r], size)
+            # Nothing new (a rank that has not written yet has no file): nothing to cut.
+            end = self.offsets[r] if size == self.offsets[r] else \
+                size if last else cut(path, self.offsets[r], size)
             if end > self.offsets[r]:
                 out.part(r, self.offsets[r], end - self.offsets[r])
                 self.offsets[r] = end
