@@ -97,15 +97,23 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     """Every check of this host; facts, the controller judges them against the plan."""
     torch: subprocess.Popen[str] | None = None
     if request.get("torch"):
-        # The version on a line of its own: an import may print warnings first.
-        probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__)"
+        # The version on a line of its own (an import may print warnings first), flushed
+        # before a later import's traceback reaches the shared pipe.
+        probe = ("import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, "
+                 "flush=True)")
         module = request.get("orchestrate")
         if module:  # the module the command runs (True: an older controller's train job)
             probe += "; import " + (module if isinstance(module, str) and
                                     re.match(r"^[\w.]+$", module) else "orchestrate.train")
+        # As the ranks will import: the job's PYTHONPATH, in its working directory.
+        env = dict(os.environ)
+        if request.get("pythonpath") is not None:
+            env["PYTHONPATH"] = str(request["pythonpath"])
+        workdir = request["workdir"]
         torch = subprocess.Popen(
             [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, universal_newlines=True,
+            stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+            cwd=workdir if os.path.isdir(workdir) else None,
         )
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
@@ -134,9 +142,11 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
             version = next((line[len(TORCH_VERSION):] for line in lines
                             if line.startswith(TORCH_VERSION)), None)
             ok = torch.returncode == 0 and version is not None
+            said = [line for line in lines if line.strip() and
+                    not line.startswith(TORCH_VERSION)]
             report["torch"] = {"ok": ok, "version": version,
                                "detail": version if ok
-                               else (lines[-1] if lines else f"exit {torch.returncode}")}
+                               else (said[-1] if said else f"exit {torch.returncode}")}
         except subprocess.TimeoutExpired:
             torch.kill()
             report["torch"] = {"ok": False,
