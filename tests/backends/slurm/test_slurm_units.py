@@ -201,7 +201,8 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
         "uneven-gpus": ("resources: {nodes: 3}\ncommand: [python, x.py]\n", GPU_INVENTORY),
         "secrets-fixed": ("resources: {nodes: 2, gpus_per_node: 1}\ncommand: [python, x.py]\n"
                           "secret_env: [TOKEN]\ndistributed: {master_port: 29500}\n"
-                          "env: {MASTER_ADDR: n2, QUOTE: \"it's $HOME\"}\n", CPU_INVENTORY),
+                          "env: {MASTER_ADDR: n2, QUOTE: \"it's $HOME\"}\n"
+                          "logs: {max_mb_per_rank: 1}\n", CPU_INVENTORY),
     }
     body, inventory = bodies[name]
     files = rendered(prepare(_job(tmp_path, "s", body, inventory), (), job_id="s-1"))
@@ -215,6 +216,8 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
     if name == "secrets-fixed":
         assert "MASTER_PORT=29500" in text and "MASTER_ADDR=n2" in text
         assert "export QUOTE='it'\"'\"'s $HOME'" in text
+        assert "head -c 1048576" in text  # logs.max_mb_per_rank, in each rank's shell
+        assert 'export TOKEN="${SECRET_VALUES[0]}"' in text  # from the 0600 file, for srun
 
 
 # ---- the log merger ---------------------------------------------------------------------
