@@ -93,28 +93,37 @@ class Requests:
         return request
 
 
-def preflight(request: dict[str, Any]) -> dict[str, Any]:
-    """Every check of this host; facts, the controller judges them against the plan."""
-    torch: subprocess.Popen[str] | None = None
-    if request.get("torch"):
-        # The version on a line of its own (an import may print warnings first), flushed
-        # before a later import's traceback reaches the shared pipe.
-        probe = ("import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, "
-                 "flush=True)")
-        module = request.get("orchestrate")
-        if module:  # the module the command runs (True: an older controller's train job)
-            probe += "; import " + (module if isinstance(module, str) and
-                                    re.match(r"^[\w.]+$", module) else "orchestrate.train")
-        # As the ranks will import: the job's PYTHONPATH, in its working directory.
-        env = dict(os.environ)
-        if request.get("pythonpath") is not None:
-            env["PYTHONPATH"] = str(request["pythonpath"])
-        workdir = request["workdir"]
-        torch = subprocess.Popen(
-            [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+def _torch_probe(request: dict[str, Any]) -> tuple[subprocess.Popen[str] | None, str | None]:
+    """Start importing torch (and the command's orchestrate module) as the ranks will: the
+    node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
+    directory. The probe running, or why it could not start."""
+    if not request.get("torch"):
+        return None, None
+    # The version on a line of its own (an import may print warnings first), flushed before a
+    # later import's traceback reaches the shared pipe.
+    probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
+    module = request.get("orchestrate")
+    if module:  # the module the command runs (True: an older controller's train job)
+        probe += "; import " + (module if isinstance(module, str) and
+                                re.match(r"^[\w.]+$", module) else "orchestrate.train")
+    python = str(request.get("python") or sys.executable)
+    env = dict(os.environ)
+    if request.get("pythonpath") is not None:
+        env["PYTHONPATH"] = str(request["pythonpath"])
+    workdir = request["workdir"]
+    try:
+        return subprocess.Popen(
+            [python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, universal_newlines=True, env=env,
             cwd=workdir if os.path.isdir(workdir) else None,
-        )
+        ), None
+    except OSError as exc:
+        return None, f"cannot run {python}: {exc.strerror or exc}"
+
+
+def preflight(request: dict[str, Any]) -> dict[str, Any]:
+    """Every check of this host; facts, the controller judges them against the plan."""
+    torch, failed = _torch_probe(request)
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable + " " + sys.version.split()[0],
@@ -135,6 +144,8 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     if candidates:
         report["ports"] = {"free": [p for p in candidates if port_free(p)],
                            "tried": len(candidates)}
+    if failed is not None:
+        report["torch"] = {"ok": False, "version": None, "detail": failed}
     if torch is not None:
         try:
             out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)

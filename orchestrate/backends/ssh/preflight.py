@@ -117,6 +117,7 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool) ->
         "torch": uses_python(node) and not torch_known_ok,
         "orchestrate": orchestrate_module(plan, node),
         "pythonpath": {**plan.env, **node.env}.get("PYTHONPATH"),
+        "python": node.python,
         "interface_to": plan.master_addr if discover else None,
         "gpus": bool(node.gpu_indices),
         "ports": candidate_ports(plan) if node.node_rank == 0 else [],

@@ -107,13 +107,16 @@ time.sleep(1)
 """
 
 SMALL = "print('small')\n"
+#: The same, running long enough for its supervisor's memory to be read (the baseline).
+IDLE = "import time\nprint('small')\ntime.sleep(2)\n"
 
 
 @pytest.mark.timeout(180)
 def test_a_line_without_a_newline_is_cut_and_never_held_whole(cli: Cli) -> None:
     small = cli.id("small")
-    cli.run("submit", str(_job(cli, "small", SMALL)), "--detach", "--job-id", small, check=True)
+    cli.run("submit", str(_job(cli, "small", IDLE)), "--detach", "--job-id", small, check=True)
     baseline, _ = _peak_rss_until_done(cli, small, 60)
+    assert baseline > 0, "the baseline supervisor's memory was never read"
     endless = cli.id("endless")
     cli.run("submit", str(_job(cli, "endless", ENDLESS_LINE)), "--detach", "--job-id", endless,
             check=True)
