@@ -186,8 +186,9 @@ def reloaded(job: JobRecord) -> Loaded:
 def secret_values(names: tuple[str, ...], source: str) -> list[str]:
     """The secret env values from this environment, refusing missing or multi-line ones.
 
-    Secrets reach ranks on standard input (local, SSH) or through sbatch's inherited environment
-    (Slurm); they are never written to a file or a command line.
+    Secrets reach ranks on standard input (local, SSH), or on Slurm through a 0600 file in the
+    run directory that the batch script reads and removes before srun starts (never sbatch's
+    environment: slurmctld keeps that on its disk); never a command line or the job's record.
     """
     values = []
     for name in names:
@@ -195,7 +196,8 @@ def secret_values(names: tuple[str, ...], source: str) -> list[str]:
         if value is None:
             raise UserError.single(
                 f"{name} is not set in your environment", source=source, field="secret_env",
-                hint=f"export {name}=... before submitting; its value is never written to a file",
+                hint=f"export {name}=... before submitting; its value never goes on a command "
+                "line or into the job's record",
             )
         if "\n" in value:
             raise UserError.single(f"{name} holds a line break", source=source,

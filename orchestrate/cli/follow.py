@@ -1,9 +1,14 @@
-"""Following a job: its merged output as it is written, and a progress line from its metrics.
+"""Reading a job's output, and following it: the merged view (or one rank's file) as it is
+written, and a progress line from its metrics.
 
-Works for every backend: it tails the run directory's ``output.log`` (or one rank's log) and
-``metrics.jsonl`` every 50 ms, and asks the backend for the job's state at the backend's own
-pace (:attr:`~orchestrate.backends.base.Backend.poll_interval_s`: a Slurm controller is asked
-every 2 s, not 20 times a second), until the job ends.
+Works for every backend: it reads the run directory's merged view (``output.idx`` over the
+rank files, :mod:`orchestrate.hostside.outputlog`; a run directory of an older orchestrate has
+``output.log`` instead) or one rank's log, a block at a time, so memory stays bounded however
+large the logs, and ``metrics.jsonl`` every 50 ms, and asks the backend for the job's state at
+the backend's own pace (:attr:`~orchestrate.backends.base.Backend.poll_interval_s`: a Slurm
+controller is asked every 2 s, not 20 times a second), until the job ends. On a terminal the
+lines are shown through :mod:`orchestrate.cli.terminal` (no control sequence of a rank's
+reaches it); elsewhere they are the bytes as written.
 """
 
 from __future__ import annotations
@@ -12,37 +17,52 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Protocol
 
-from orchestrate.core.layout import MERGED_LOG, METRICS
+from orchestrate.cli.terminal import LineWriter, visible
+from orchestrate.core.layout import MERGED_INDEX, METRICS, OLD_MERGED_LOG
 from orchestrate.core.metricrecord import MetricRecord
+from orchestrate.hostside.outputlog import Tail, View
 from orchestrate.run.store import JobRecord
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 POLL_S = 0.05
 
 
-class Tail:
-    """Reads whole lines appended to a file since the last call."""
+class Reader(Protocol):
+    """Lines of output written since the last call (``final``: the writer is done)."""
 
+    def lines(self, final: bool = False) -> Iterator[bytes]: ...
+
+
+class _MergedView:
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
+        self.view = View(str(path))
 
-    def lines(self) -> list[str]:
-        """New complete lines."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        *complete, self.partial = data.split(b"\n")
-        return [line.decode("utf-8", errors="replace") for line in complete]
+    def lines(self, final: bool = False) -> Iterator[bytes]:
+        return self.view.lines()  # its parts are whole: nothing waits for an end
+
+
+def reader(run_dir: Path, path: Path | None = None) -> Reader:
+    """The job's merged view, or the file at ``path`` (one rank's log)."""
+    if path is not None:
+        return Tail(str(path))
+    index = run_dir / MERGED_INDEX
+    if not index.exists() and (run_dir / OLD_MERGED_LOG).exists():
+        return Tail(str(run_dir / OLD_MERGED_LOG))
+    return _MergedView(index)
+
+
+def dump(source: Reader, out: IO[bytes] | None = None) -> None:
+    """Everything written so far, to ``out`` (standard output): what ``logs`` prints."""
+    writer = LineWriter(out or sys.stdout.buffer)
+    for line in source.lines(final=True):
+        writer.write(line)
+    writer.flush()
 
 
 def progress_text(metrics: MetricRecord) -> str:
@@ -57,7 +77,7 @@ def progress_text(metrics: MetricRecord) -> str:
     return " | ".join(parts)
 
 
-def _updated(latest: MetricRecord | None, lines: list[str]) -> MetricRecord | None:
+def _updated(latest: MetricRecord | None, lines: Iterator[bytes]) -> MetricRecord | None:
     """``latest`` updated by the records of new metrics.jsonl ``lines`` (later records update
     what earlier ones said; a line that is not a record is skipped)."""
     for line in lines:
@@ -68,43 +88,51 @@ def _updated(latest: MetricRecord | None, lines: list[str]) -> MetricRecord | No
     return latest
 
 
+def _show(lines: Iterator[bytes], writer: LineWriter, status: Status | None) -> None:
+    """New output lines: above the progress line when there is one (a terminal: escaped), else
+    through ``writer``."""
+    for line in lines:
+        if status is not None:
+            status.console.print(visible(line).rstrip("\n"), markup=False, highlight=False,
+                                 soft_wrap=True)
+        else:
+            writer.write(line)
+    writer.flush()
+
+
 def follow(
     job: JobRecord,
     refresh: Callable[[], JobRecord],
-    out: IO[str] | None = None,
+    out: IO[bytes] | None = None,
     live: bool = False,
     from_start: bool = True,
     refresh_every_s: float = 0.2,
     path: Path | None = None,
 ) -> JobRecord:
-    """Print the job's merged output (or the file at ``path``) until it ends; returns the final
-    record. ``refresh`` is called at most every ``refresh_every_s``."""
-    stream = out or sys.stdout
+    """Print the job's merged view (or the file at ``path``) until it ends; returns the final
+    record. ``refresh`` is called at most every ``refresh_every_s``. ``live``: a progress line
+    on standard error (a terminal), the output printed above it."""
+    writer = LineWriter(out or sys.stdout.buffer)
     run_dir = Path(job.run_dir)
-    log = Tail(path or run_dir / MERGED_LOG)
-    metrics = Tail(run_dir / METRICS)
+    log = reader(run_dir, path)
+    metrics = Tail(str(run_dir / METRICS))
     if not from_start:
-        log.lines()
-    status = None
+        for _ in log.lines():
+            pass
+    status: Status | None = None
     latest: MetricRecord | None = None
     if live:
         from rich.console import Console
-        from rich.status import Status
+        from rich.status import Status as LiveStatus
 
-        status = Status("starting...", console=Console(file=sys.stderr))
+        status = LiveStatus("starting...", console=Console(file=sys.stderr))
         status.start()
     try:
         last_refresh = 0.0
         while True:
-            for line in log.lines():
-                if status is not None:
-                    status.console.print(line, markup=False, highlight=False, soft_wrap=True)
-                else:
-                    stream.write(line + "\n")
-            stream.flush()
-            lines = metrics.lines()
-            if lines and status is not None:
-                latest = _updated(latest, lines)
+            _show(log.lines(), writer, status)
+            if status is not None:
+                latest = _updated(latest, metrics.lines())
                 if latest is not None:
                     status.update(progress_text(latest))
             now = time.monotonic()
@@ -113,9 +141,9 @@ def follow(
                 job = refresh()
                 if job.terminal:
                     time.sleep(POLL_S)
-                    for line in log.lines():
-                        stream.write(line + "\n")
-                    stream.flush()
+                    for line in log.lines(final=True):
+                        writer.write(line)
+                    writer.flush()
                     return job
             time.sleep(POLL_S)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import click
 from orchestrate.backends import get_backend
 from orchestrate.cli.tables import console
 from orchestrate.core.errors import EXIT_BUSY, UserError
-from orchestrate.core.layout import DOCTOR_FILE, MERGED_LOG, rank_log
+from orchestrate.core.layout import DOCTOR_FILE, rank_log
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -276,25 +277,28 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
 @click.option("--rank", type=int, default=None, help="only this rank's log")
 @click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing until the job ends")
 def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
-    """A job's merged output with [node:rank] prefixes, or one rank's."""
+    """A job's merged output with [node:rank] prefixes, or one rank's.
+
+    On a terminal, control characters (escape sequences, carriage returns) are shown as \\xNN;
+    piped or redirected, the bytes are the ranks' own."""
+    from orchestrate.cli.follow import dump, reader
+
     store = _store()
     job = store.resolve(job_ref)
     run_dir = Path(job.run_dir)
+    path = None
     if rank is not None:
         if not any(r.rank == rank for r in job.ranks):
             raise UserError.single(f"job {job.id} has no rank {rank}", field="--rank",
                                    hint=f"ranks are 0-{len(job.ranks) - 1}")
         path = rank_log(run_dir, rank)
+    try:
         if follow_:
             _follow(store, job, path)
         else:
-            click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
-        return
-    if follow_:
-        _follow(store, job)
-        return
-    path = run_dir / MERGED_LOG
-    click.echo(path.read_text(errors="replace") if path.exists() else "", nl=False)
+            dump(reader(run_dir, path))
+    except BrokenPipeError:  # `orchestrate logs JOB | head`: the reader has had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
 
 
 @click.command()

@@ -21,7 +21,11 @@ SIDECAR_DIR = "sidecar"
 #: SSH jobs: the program each host runs to read its ranks' heartbeats and dumps (stdlib only).
 EVIDENCE_PROGRAM = "evidence.py"
 SBATCH_SCRIPT = "job.sbatch"
-MERGED_LOG = "output.log"
+#: The merged view's index: the order of every rank's output, and orchestrate's own notes
+#: (format: orchestrate/hostside/outputlog.py). The bytes are in each rank's file only.
+MERGED_INDEX = "output.idx"
+#: What runs before this layout had the merged log in (read by ``logs`` for old run dirs).
+OLD_MERGED_LOG = "output.log"
 LOG_DIR = "logs"
 METRICS = "metrics.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
@@ -30,6 +34,9 @@ SUPERVISOR_LOG = "supervisor.log"
 SLURM_STATE = "slurm"
 SLURM_EVENTS = "events.jsonl"
 SLURM_EXITS = "exits"
+#: The values of the job's ``secret_env``, one a line (0600): ``submit`` writes them for the
+#: batch script, which reads them (never sbatch's environment: slurmctld keeps that on disk).
+SLURM_SECRETS = "secrets"
 #: ``hostfile-<restart>``: each rank's host, one a line (the step's SLURM_HOSTFILE).
 SLURM_HOSTFILE = "hostfile-"
 #: How far the log merger got in each rank's log (a requeued job's next run goes on from there).
@@ -82,9 +89,14 @@ def node_script_name(node: str) -> str:
     return f"launch-{node}.sh"
 
 
+def rank_log_name(rank: int) -> str:
+    """The file holding one rank's output, relative to the run directory."""
+    return f"{LOG_DIR}/rank-{rank}.log"
+
+
 def rank_log(run_dir: Path, rank: int) -> Path:
     """The file holding one rank's output."""
-    return run_dir / LOG_DIR / f"rank-{rank}.log"
+    return run_dir / rank_log_name(rank)
 
 
 def checkup_rank_result(rank: int) -> str:
@@ -96,6 +108,11 @@ def slurm_exit_dir(run_dir: Path, restart: int) -> Path:
     """Where the ranks of one run of a Slurm job (0, then 1 after a requeue, ...) record their
     exit status."""
     return run_dir / SLURM_STATE / SLURM_EXITS / str(restart)
+
+
+def slurm_secrets(run_dir: Path) -> Path:
+    """Where a Slurm job's secrets wait for its batch script."""
+    return run_dir / SLURM_STATE / SLURM_SECRETS
 
 
 def slurm_hostfile(run_dir: Path, restart: int) -> Path:

@@ -183,10 +183,28 @@ def report_bandwidth(section: Mapping[str, Any]) -> dict[str, Any]:
 # -- static ---------------------------------------------------------------------------------------
 
 
+def _stopped_by_another(shape: JobShape, end: JobEnd, name: str) -> Check | None:
+    """A node that did not report because the job stopped when *another* node's rank failed
+    first (e.g. that host's python cannot import orchestrate): a warning naming the cause, not
+    a failure of this node; the failed node's own rows name it."""
+    culprit = end.failed_node
+    if end.state != "FAILED" or culprit is None or culprit == name or culprit not in shape.names:
+        return None
+    return Check("static", "facts", (name,), "warn",
+                 f"not checked: the doctor's job stopped when rank {end.failed_rank} on "
+                 f"{culprit} failed first",
+                 hint=f"fix {culprit} first (its rows say what failed), then run the doctor again")
+
+
 def _static(shape: JobShape, nodes: Mapping[str, Mapping[str, Any]], end: JobEnd) -> list[Check]:
     facts: dict[str, NodeFacts] = {}
+    victims: list[Check] = []
     for node in shape.nodes:
         report = nodes.get(node.name)
+        victim = _stopped_by_another(shape, end, node.name) if report is None else None
+        if victim is not None:
+            victims.append(victim)
+            continue
         if report is None:
             facts[node.name] = NodeFacts(versions={}, error=f"its leader printed no report "
                                          f"({end.why})")
@@ -207,7 +225,9 @@ def _static(shape: JobShape, nodes: Mapping[str, Mapping[str, Any]], end: JobEnd
             master_addr=str(report.get("master_addr") or shape.master_addr),
             clock_offset_s=offset,
         )
-    return judge_static(shape, facts)
+    if victims:  # the rest are graded among themselves
+        shape = replace(shape, nodes=tuple(n for n in shape.nodes if n.name in facts))
+    return victims + judge_static(shape, facts)
 
 
 # -- connect --------------------------------------------------------------------------------------
@@ -253,7 +273,7 @@ def _connect(shape: JobShape, nodes: Mapping[str, Mapping[str, Any]], end: JobEn
             hint="make the master port reachable first (see the master port row)",
         ))
     for node in shape.nodes:
-        if node.name not in nodes:
+        if node.name not in nodes and _stopped_by_another(shape, end, node.name) is None:
             rows.append(Check(
                 "connect", "node report", (node.name,), "fail",
                 f"{node.name} did not report: {end.why}",

@@ -118,7 +118,7 @@ def doctor_job_id(base: str) -> str:
 def derive(loaded: Loaded, plan: Plan, settings: Settings) -> Loaded:
     """The doctor's job: ``loaded``'s job running the checkup on the plan's nodes, once, within
     a time limit (which every backend enforces, so the job ends even if the doctor does not)."""
-    from orchestrate.core.spec.job import RestartPolicy
+    from orchestrate.core.spec.restartspec import RestartPolicy
 
     job = loaded.job
     limit = bound_s(plan, settings)

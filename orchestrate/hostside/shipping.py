@@ -45,7 +45,8 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.diagnosis.stallrule",
                 "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
                 "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",
-                "orchestrate.diagnosis.hangwatch", "orchestrate.backends.slurm.monitor"),
+                "orchestrate.diagnosis.hangwatch", "orchestrate.hostside.outputlog",
+                "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
                  "orchestrate.hostside.bookdir", "orchestrate.hostside.leases",

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrate.core.layout import MERGED_LOG, METRICS, rank_log
+from orchestrate.core.layout import MERGED_INDEX, METRICS, rank_log
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
 from orchestrate.core.plan.plan import Plan
@@ -48,6 +48,7 @@ from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import Evidence
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
+from orchestrate.hostside.outputlog import append_note
 from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
@@ -73,8 +74,9 @@ class RankHandle(Protocol):
     #: Set when the rank's host was lost (no word from it within its deadline): why, and when.
     lost: str | None
 
-    def start(self, emit: Callable[[str], None]) -> int | None:
-        """Start the rank; ``emit`` gets each output line. Returns its pid if known."""
+    def start(self, emit: Callable[[bytes], None]) -> int | None:
+        """Start the rank; ``emit`` gets its output as it comes: a line with its newline, or
+        LINE_MAX bytes of a longer one (hostside/outputlog.py). Returns its pid if known."""
 
     def poll(self) -> Exit | None:
         """The exit, once the rank has ended."""
@@ -302,7 +304,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
     the job's end: :func:`run_with_restarts` decides whether it ends). ``sink`` is the job's log
     (made here unless the caller made it to write notes of its own); it is closed at the end.
     ``evidence`` is where the stall watch reads the ranks' heartbeats (None: no watch)."""
-    sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles})
+    sink = sink or LogSink(run_dir, {h.rank: h.node for h in handles}, plan.log_cap_bytes)
     run = _Run(job_id, run_dir, store, plan, handles, sink, grace_s)
     metrics = run_dir / METRICS
     current = store.get(job_id)
@@ -330,6 +332,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
                     _stalled(run, plan, diagnosis)
             if not first_step_seen and metrics.exists():
                 first_step_seen = _record_first_step(store, job_id, metrics)
+            sink.flush()
             time.sleep(POLL_S)
     finally:
         if watcher is not None:
@@ -450,9 +453,9 @@ def final_report(store: Store, job_id: str) -> None:
 
 
 def _note(run_dir: Path, text: str) -> None:
-    """A line from orchestrate in the merged log, between attempts (no sink is open then)."""
-    with contextlib.suppress(OSError), open(run_dir / MERGED_LOG, "a", encoding="utf-8") as log:
-        log.write(f"[orchestrate] {text}\n")
+    """A line from orchestrate in the merged view, between attempts (no sink is open then)."""
+    with contextlib.suppress(OSError):
+        append_note(str(run_dir / MERGED_INDEX), text)
 
 
 def _resumed_from(run_dir: Path) -> int | None:

@@ -69,7 +69,7 @@ def test_progress_is_a_newer_checkpoint_or_a_later_logged_step(tmp_path: Path) -
     assert progressed(before, before, False) is None
 
 
-# ---- the policy a job file writes (orchestrate.core.spec.job.RestartPolicy) ----------------
+# ---- the policy a job file writes (orchestrate.core.spec.restartspec.RestartPolicy) --------------
 
 
 def _policy(restart: dict[str, object] | None) -> Policy:

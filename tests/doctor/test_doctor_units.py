@@ -416,3 +416,23 @@ def test_the_page_draws_busbw_against_its_band_and_the_matrix() -> None:
     assert 'id="pairs"' in page and 'data-row="b&lt;"' in page
     assert "slow &lt;link&gt;" in page and "slow link(s): a &lt;-&gt; b&lt;" in page
     assert 'class="verdict fail"' in page
+
+
+def test_nodes_stopped_by_another_nodes_failure_are_not_blamed() -> None:
+    """One host's python cannot import orchestrate: its rank fails at once, the job is stopped
+    before the others report. Only that host fails; the others are 'not checked', naming it."""
+    shape = _shape(["a", "b", "c"])
+    end = findings.JobEnd("FAILED", reason="rank 2 on c exited 1", failed_rank=2,
+                          failed_node="c",
+                          last_lines=("ModuleNotFoundError: No module named 'orchestrate'",))
+    checks, _ = findings.assess(shape, ("static", "connect"), [], end)
+    failed = [(c.tier, c.name, c.nodes) for c in checks if c.status == "fail"]
+    assert failed == [("static", "facts", ("c",)), ("connect", "node report", ("c",))]
+    assert "No module named 'orchestrate'" in checks[-1].detail
+    warned = {c.nodes: c.detail for c in checks if c.status == "warn"}
+    assert warned == {(n,): "not checked: the doctor's job stopped when rank 2 on c failed first"
+                      for n in ("a", "b")}
+    # A node that did report is graded as ever.
+    checks, _ = findings.assess(shape, ("static",), [_node_report("a", 0)], end)
+    assert {c.nodes for c in checks if c.status == "fail"} == {("c",)}
+    assert any(c.nodes == ("a",) and c.status == "pass" for c in checks)

@@ -50,6 +50,7 @@ from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
 from orchestrate.hostside import containment, gpuuse, host, leases
+from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class LocalRank:
         self.reader: threading.Thread | None = None
         self.exited_at: float | None = None
 
-    def start(self, emit: Callable[[str], None]) -> int | None:
+    def start(self, emit: Callable[[bytes], None]) -> int | None:
         """Run ``bash launch-<node>.sh [LOCAL_RANK]``; secrets go in on stdin."""
         argument = [] if self.local_rank is None else [str(self.local_rank)]
         self.proc = subprocess.Popen(
@@ -116,9 +117,10 @@ class LocalRank:
                 os.killpg(self.proc.pid, sig)
 
 
-def _pump(stream: IO[bytes], emit: Callable[[str], None]) -> None:
-    for raw in iter(stream.readline, b""):
-        emit(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+def _pump(stream: IO[bytes], emit: Callable[[bytes], None]) -> None:
+    """The rank's output as it comes, a line (or LINE_MAX bytes of a longer one) at a time."""
+    for raw in iter(lambda: stream.readline(LINE_MAX), b""):
+        emit(raw)
     stream.close()
 
 

@@ -12,6 +12,8 @@ There is no supervisor: Slurm is the one watching the ranks.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
 import time
@@ -34,7 +36,7 @@ from orchestrate.backends.slurm.view import (
     view_of,
 )
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import SBATCH_SCRIPT
+from orchestrate.core.layout import SBATCH_SCRIPT, slurm_secrets
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.run.store import JobRecord, Store
 
@@ -77,13 +79,16 @@ class SlurmBackend:
         return rank_files(plan, batch_files(plan, templates_dir))
 
     def submit(self, prepared: Prepared, store: Store) -> JobRecord:
-        """Write the run directory, sbatch its job.sbatch, record the Slurm job id."""
-        _check_secrets(prepared)
+        """Write the run directory and the secrets' file, sbatch its job.sbatch (without the
+        secrets in its environment), record the Slurm job id."""
+        secrets = _secrets(prepared)
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
+        _write_secrets(run_dir, secrets, prepared)
         submitted_at = time.time()
         try:
-            done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir)
+            done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir,
+                                      unset=prepared.plan.secret_env)
         except SlurmTimeout as exc:
             # The controller may queue it anyway once it answers again: record the job, so
             # that refresh finds it (by name and batch script) instead of leaving it untracked.
@@ -112,9 +117,10 @@ class SlurmBackend:
     def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
         """The next attempt as a new Slurm job in the same run directory; its runs go on
         counting from the last one (ORCHESTRATE_ATTEMPT_BASE), so no record is overwritten."""
-        _check_secrets(prepared)
+        secrets = _secrets(prepared)
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
+        _write_secrets(run_dir, secrets, prepared)
         runs = read_runs(run_dir)
         base = runs[-1].restart + 1 if runs else job.attempt
         store.reopen(job.id, Attempt(job.attempt + 1, time.time()))
@@ -122,7 +128,7 @@ class SlurmBackend:
         try:
             done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable",
                                       f"--export=ALL,ORCHESTRATE_ATTEMPT_BASE={base}",
-                                      cwd=run_dir)
+                                      cwd=run_dir, unset=prepared.plan.secret_env)
         except SlurmTimeout as exc:
             reason = (f"{exc}; the job may still be queued: status looks it up once the "
                       "controller answers")
@@ -154,7 +160,8 @@ class SlurmBackend:
             return
         text = self.files(prepared.plan, prepared.templates_dir)[SBATCH_SCRIPT]
         try:
-            done = self.client.sbatch(None, "--test-only", text=text)
+            done = self.client.sbatch(None, "--test-only", text=text,
+                                      unset=prepared.plan.secret_env)
         except SlurmError as exc:
             _say(f"not checked with sbatch --test-only: {exc}")
             return
@@ -186,7 +193,10 @@ class SlurmBackend:
         runs = read_runs(run_dir)
         view = forgotten_view(job, runs, self.client) if info is None else \
             view_of(job, info, runs, self.client)
-        return record_view(job, store, view, runs)
+        record = record_view(job, store, view, runs)
+        if record.terminal:
+            forget_secrets(run_dir)
+        return record
 
     def _find_submitted(self, job: JobRecord, store: Store) -> JobRecord:
         """A job whose sbatch timed out: find it by its name and batch script once the
@@ -218,6 +228,7 @@ class SlurmBackend:
             if job.state == SUBMITTING:
                 store.finish(job.id, "CANCELLED", "cancelled while its sbatch had not answered; "
                              f"if Slurm queues it later: scancel -n {job.plan.job_name}")
+                forget_secrets(Path(job.run_dir))
                 return store.get(job.id) or job
         if job.terminal or job.external_id is None:
             return job
@@ -236,18 +247,46 @@ class SlurmBackend:
             state = info.get("JobState", "?") if info else "?"
             store.finish(job.id, "CANCELLED", f"scancel sent; Slurm still listed the job as "
                          f"{state} after {CANCEL_WAIT_S:.0f}s")
+            forget_secrets(Path(job.run_dir))
             return store.get(job.id) or job
         refreshed = self.refresh(store.get(job.id) or job, store)
         if not refreshed.terminal:  # forgotten at once: it was cancelled all the same
             store.finish(job.id, "CANCELLED", "cancelled")
+        forget_secrets(Path(job.run_dir))
         return store.get(job.id) or refreshed
 
 
-def _check_secrets(prepared: Prepared) -> None:
+def _secrets(prepared: Prepared) -> list[str]:
     from orchestrate.backends.base import secret_values
 
-    # sbatch hands the submitting environment to the job; the values never go into a file.
-    secret_values(prepared.plan.secret_env, str(prepared.path))
+    return secret_values(prepared.plan.secret_env, str(prepared.path))
+
+
+def _write_secrets(run_dir: Path, values: list[str], prepared: Prepared) -> None:
+    """The secrets for the batch script, one a line, in a file only its owner can read (the
+    run directory is 0700 too): never in sbatch's environment, which slurmctld keeps on its
+    disk. The batch script removes the file (job.sbatch says when); so does :func:`forget_secrets`
+    once the job has ended, whichever way."""
+    if not values:
+        return
+    path = slurm_secrets(run_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write("".join(v + "\n" for v in values))
+    except OSError as exc:
+        _remove_run_dir(run_dir)
+        raise UserError.single(f"cannot write the job's secrets: {exc.strerror}",
+                               source=str(prepared.path), field="run_root",
+                               got=str(path)) from None
+
+
+def forget_secrets(run_dir: Path) -> None:
+    """The job has ended for good: nothing may run again that needs its secrets."""
+    with contextlib.suppress(OSError):
+        slurm_secrets(run_dir).unlink()
 
 
 def _remove_run_dir(run_dir: Path) -> None:

@@ -9,9 +9,10 @@ Job state comes from ``scontrol show job`` (which keeps finished jobs for ``MinJ
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -148,11 +149,17 @@ class SlurmClient:
         timeout: float = COMMAND_TIMEOUT_S,
         cwd: Path | None = None,
         stdin: str | None = None,
+        unset: Collection[str] = (),
     ) -> Completed:
-        """Run one client; a timeout or a missing program is a :class:`SlurmError`."""
+        """Run one client, without the variables named in ``unset``; a timeout or a missing
+        program is a :class:`SlurmError`."""
+        env = self.env
+        if unset:
+            env = {k: v for k, v in (os.environ if env is None else env).items()
+                   if k not in unset}
         try:
             proc = subprocess.run(
-                argv, env=self.env, cwd=cwd, input=stdin, capture_output=True, text=True,
+                argv, env=env, cwd=cwd, input=stdin, capture_output=True, text=True,
                 timeout=timeout, check=False,
                 stdin=None if stdin is not None else subprocess.DEVNULL,
             )
@@ -173,12 +180,14 @@ class SlurmClient:
         return done.returncode == 0 and "is UP" in done.stdout
 
     def sbatch(self, script: Path | None, *options: str, cwd: Path | None = None,
-               text: str | None = None) -> Completed:
-        """``sbatch OPTIONS SCRIPT`` (or the script's text on stdin)."""
+               text: str | None = None, unset: Collection[str] = ()) -> Completed:
+        """``sbatch OPTIONS SCRIPT`` (or the script's text on stdin), without the variables
+        named in ``unset``: sbatch hands its environment to the job, and slurmctld keeps that
+        on its disk (``StateSaveLocation/hash.N/job.ID/environment``), so secrets stay out."""
         argv = ["sbatch", *options]
         if script is not None:
             argv.append(str(script))
-        return self.run(*argv, cwd=cwd, stdin=text)
+        return self.run(*argv, cwd=cwd, stdin=text, unset=unset)
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """The job's record (the first component of a heterogeneous job); None when the

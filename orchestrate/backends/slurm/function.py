@@ -169,7 +169,7 @@ def wait_for_results(
         f"Slurm job {job.job_id} ended {state} without a result from rank(s) {missing}"
         + (f": {final.reason}" if final.reason else "")
         + (f"\nlast lines of rank {rank}:\n{tail}" if tail else "")
-        + f"\nrun dir: {where} (rank output: logs/rank-R.log, merged: output.log)"
+        + f"\nrun dir: {where} (rank output: logs/rank-R.log; merged: orchestrate logs)"
     )
 
 

@@ -4,23 +4,30 @@
 modules it uses, :mod:`orchestrate.hostside.shipping`), and job.sbatch runs it with the first node's
 python, so nothing of orchestrate need be installed on the batch host. Its modes:
 
-``merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]``
-    Merge the per-rank log files into one log with ``[host:rank]`` prefixes while the ranks run.
-    srun writes each rank's output straight to ``logs/rank-R.log``; this single writer appends
-    every complete line to ``output.log``, so a line is never split or interleaved with another
-    rank's, even on NFS, where appends from several hosts are not atomic. A line without its
-    newline waits for the rest. SIGTERM means: one last pass, then exit. How far each rank file
-    has been merged is kept in OFFSETS (after every write): a requeued job appends to the same
-    rank files, and its next run goes on from there, so no line is merged twice and none is
-    lost. READY is created once SIGTERM is handled, so the batch script never stops the merger
-    before it can do its last pass.
+``merge INDEX LOG_DIR HOSTFILE OFFSETS [READY [CAP_BYTES [RANKS]]]``
+    Index the per-rank log files into the merged view while the ranks run
+    (:mod:`orchestrate.hostside.outputlog`: the bytes stay in the rank files only). srun writes
+    each rank's output straight to ``logs/rank-R.log``; this single writer of the parts appends
+    one record per rank and pass to INDEX (``output.idx``) naming the whole lines (or
+    LINE_MAX pieces of a longer one) that the file gained, so a line is never split or
+    interleaved with another rank's, even on NFS, where appends from several hosts are not
+    atomic; a line without its newline waits for the rest, and memory stays a block per file
+    whatever the ranks print. Each run first declares each rank's host (the ``[host:rank]``
+    prefix). SIGTERM means: one last pass, then exit. How far each rank file is indexed is kept
+    in OFFSETS (after every pass): a requeued job appends to the same rank files, and its next
+    run goes on from there, so no line is shown twice and none is lost. READY is created once
+    SIGTERM is handled, so the batch script never stops the merger before its last pass.
+    CAP_BYTES (``logs.max_mb_per_rank``; 0: none): the ranks' shells stop writing a rank's
+    output past it; the merger says so in the view when a rank's file reaches it. RANKS
+    (``0,3``: a per-node launcher's tasks, one per HOSTFILE line) names the rank file each
+    task writes.
 
 ``mark RUN_DIR CHECKPOINT_DIR MARKER``
     Before the step: record how far training got
     (:func:`orchestrate.core.plan.restart.progress_marker`), so that ``decide`` can tell whether
     this run moved it on.
 
-``watch RUN_DIR HOSTFILE STALLED MERGED SETTINGS``
+``watch RUN_DIR HOSTFILE STALLED INDEX SETTINGS``
     While the step runs: the stall watch (:mod:`orchestrate.diagnosis.hangwatch`) over the run
     directory, which every node shares, with the ranks named by their hosts (HOSTFILE, one line per
     rank, or per node with ``rank_nodes``), and the world check (:mod:`orchestrate.diagnosis.world`:
@@ -28,15 +35,16 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     kill``, and ends the run as ``wrong world: ...``, never a stall that a restart retries).
     SETTINGS is JSON: ``stall_s``, ``busy_s``, ``heartbeat_s``, ``on_stall``, ``interface``,
     ``world_size``, ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
-    MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged log and kept in
+    MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged view and kept in
     ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with ``on_stall:
     kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
     JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide`` ends the run as
     a stall. SIGTERM ends the watch.
 
-``decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
+
+``decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
-    microseconds, host, written by each rank's shell), name the first failure in the merged log
+    microseconds, host, written by each rank's shell), name the first failure in the merged view
     with the same rule every backend uses (:func:`orchestrate.core.plan.outcome.first_failure`),
     apply the job's restart policy (POLICY, JSON; :func:`orchestrate.core.plan.restart.decide`, the
     same
@@ -45,7 +53,7 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     print the verdict for the batch script, one line: ``COMPLETED``, ``REQUEUE``, ``FAILED`` or
     ``NONE`` (no rank recorded anything), the exit status the batch script should end with, the
     seconds to wait before the next run, and the nodes to exclude (``-`` for none); the reason
-    goes into the merged log and into ``REASON`` beside EXIT_DIR.
+    goes into the merged view and into ``REASON`` beside EXIT_DIR.
 """
 
 from __future__ import annotations
@@ -66,14 +74,13 @@ from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_ma
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
+from orchestrate.hostside.outputlog import Index, append_note, cut
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-LONGEST = 1 << 16  # a "line" this long without a newline is written as it is
-
-
+MB = 1 << 20  # the cap's unit (logs.max_mb_per_rank), as orchestrate.run.logsink counts it
 # ------------------------------------------------------------------------------ merge
 
 
@@ -81,21 +88,21 @@ class _Wake(Exception):
     pass
 
 
-def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
-          ready: str | None = None) -> int:
-    """Merge rank logs into ``merged`` until SIGTERM (see the module docstring)."""
+def merge(index: str, log_dir: str, hostfile: str, offsets_file: str,
+          ready: str | None = None, cap_bytes: int = 0, labels: list[int] | None = None) -> int:
+    """Index the rank logs into the merged view until SIGTERM (see the module docstring).
+    ``labels`` are the ranks whose files the tasks write, one per HOSTFILE line (a per-node
+    launcher's task writes its node's first rank's file); by default 0, 1, ... per line."""
     with open(hostfile, encoding="utf-8") as listing:
         hosts = [line.strip() for line in listing if line.strip()]
-    ranks = _RankFiles(
-        [os.path.join(log_dir, f"rank-{r}.log") for r in range(len(hosts))],
-        [f"[{host}:{r}] ".encode() for r, host in enumerate(hosts)],
-        _load_offsets(offsets_file, len(hosts)),
-    )
+    names = labels if labels else list(range(len(hosts)))
+    ranks = _RankFiles([os.path.join(log_dir, f"rank-{r}.log") for r in names],
+                       _load_offsets(offsets_file, len(hosts)), cap_bytes, names)
     state = {"stop": False, "sleeping": False}
 
     def on_signal(*_: Any) -> None:
         state["stop"] = True
-        if state["sleeping"]:  # cut the sleep short: the job is over, write the rest now
+        if state["sleeping"]:  # cut the sleep short: the job is over, index the rest now
             raise _Wake
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -103,15 +110,15 @@ def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
     if ready:
         with open(ready, "w"):
             pass
-    out = open(merged, "ab")  # noqa: SIM115 - held for the whole run, closed on the last pass
+    out = Index(index)
+    folder = os.path.dirname(os.path.abspath(index))
+    for i, host in enumerate(hosts):  # this run's hosts: a requeued job may run elsewhere
+        out.declare(names[i], os.path.relpath(os.path.abspath(ranks.paths[i]), folder), host)
     idle = 0.05
     while True:
         last = state["stop"]
-        lines = ranks.new_lines(last)
-        if lines:
-            out.write(b"".join(lines))
-            out.flush()
-            _save_offsets(offsets_file, ranks.merged(last))
+        if ranks.index_new(out, last):
+            _save_offsets(offsets_file, ranks.offsets)
             idle = 0.05
         else:
             idle = min(idle * 1.5, 0.5)
@@ -129,48 +136,40 @@ def merge(merged: str, log_dir: str, hostfile: str, offsets_file: str,
 
 
 class _RankFiles:
-    """The rank log files being merged: how far each has been read, and the line each one has
-    begun but not ended yet."""
+    """The rank log files being indexed: how far each is in the merged view."""
 
-    def __init__(self, paths: list[str], prefixes: list[bytes], offsets: list[int]) -> None:
+    def __init__(self, paths: list[str], offsets: list[int], cap_bytes: int,
+                 labels: list[int] | None = None) -> None:
         self.paths = paths
-        self.prefixes = prefixes
+        # The rank each file is declared as in the view.
+        self.labels = labels if labels is not None else list(range(len(paths)))
         self.offsets = offsets
-        self.partial = [b""] * len(paths)
+        self.started = list(offsets)  # where this run's output begins in each file
+        self.cap_bytes = cap_bytes
+        self.capped: set[int] = set()
 
-    def new_lines(self, last: bool) -> list[bytes]:
-        """Every complete line written since the last call, prefixed; on the ``last`` pass the
-        begun lines too."""
-        lines: list[bytes] = []
-        for r in range(len(self.paths)):
-            lines.extend(self.prefixes[r] + piece + b"\n" for piece in self._read(r))
-        if last:
-            lines.extend(self.prefixes[r] + rest + b"\n"
-                         for r, rest in enumerate(self.partial) if rest)
-        return lines
-
-    def _read(self, r: int) -> list[bytes]:
-        path, size = self.paths[r], _size(self.paths[r])
-        if size < self.offsets[r]:  # truncated by someone: start again
-            self.offsets[r] = 0
-        if size == self.offsets[r]:
-            return []
-        with open(path, "rb") as f:
-            f.seek(self.offsets[r])
-            data = f.read(size - self.offsets[r])
-        self.offsets[r] += len(data)
-        pieces = (self.partial[r] + data).split(b"\n")
-        self.partial[r] = pieces.pop()
-        if len(self.partial[r]) > LONGEST:
-            pieces.append(self.partial[r])
-            self.partial[r] = b""
-        return pieces
-
-    def merged(self, last: bool) -> list[int]:
-        """How far each file is merged into the log (a begun line is not, until the last pass
-        writes it)."""
-        return [self.offsets[r] - (0 if last else len(self.partial[r]))
-                for r in range(len(self.paths))]
+    def index_new(self, out: Index, last: bool) -> bool:
+        """Record what each file gained: whole lines (or LINE_MAX pieces of a longer one); on
+        the ``last`` pass every byte. Whether anything was recorded."""
+        wrote = False
+        for r, path in enumerate(self.paths):
+            size = _size(path)
+            if size < self.offsets[r]:  # truncated by someone: start again
+                self.offsets[r] = self.started[r] = 0
+            # Nothing new (a rank that has not written yet has no file): nothing to cut.
+            end = self.offsets[r] if size == self.offsets[r] else \
+                size if last else cut(path, self.offsets[r], size)
+            if end > self.offsets[r]:
+                out.part(self.labels[r], self.offsets[r], end - self.offsets[r])
+                self.offsets[r] = end
+                wrote = True
+            if self.cap_bytes and r not in self.capped and \
+                    self.offsets[r] - self.started[r] >= self.cap_bytes:
+                self.capped.add(r)
+                out.note(f"rank {self.labels[r]} reached logs.max_mb_per_rank "
+                         f"({self.cap_bytes / MB:g} MB): the rest of its output in this run is "
+                         "dropped")
+        return wrote
 
 
 def _load_offsets(path: str, count: int) -> list[int]:
@@ -372,9 +371,8 @@ def _cancel_step() -> None:
         pass
 
 
-def _note(merged: str, text: str) -> None:
-    with open(merged, "a", encoding="utf-8") as f:
-        f.write(f"[orchestrate] {text}\n")
+def _note(index: str, text: str) -> None:
+    append_note(index, text)
 
 
 def _write(path: str, text: str) -> None:
@@ -386,8 +384,11 @@ def _write(path: str, text: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["merge"] and len(argv) in (5, 6):
-        return merge(*argv[1:])
+    if argv[:1] == ["merge"] and len(argv) in (5, 6, 7, 8):
+        ready = argv[5] if len(argv) > 5 else None
+        cap = int(argv[6]) if len(argv) > 6 else 0
+        labels = [int(r) for r in argv[7].split(",")] if len(argv) > 7 else None
+        return merge(argv[1], argv[2], argv[3], argv[4], ready, cap, labels)
     if argv[:1] == ["mark"] and len(argv) == 4:
         mark(argv[1], argv[2], argv[3])
         return 0
@@ -399,11 +400,11 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["watch"] and len(argv) == 6:
         return watch(argv[1], argv[2], argv[3], argv[4], json.loads(argv[5]))
-    print("usage: monitor.py merge MERGED LOG_DIR HOSTFILE OFFSETS [READY]\n"
+    print("usage: monitor.py merge INDEX LOG_DIR HOSTFILE OFFSETS [READY [CAP_BYTES]]\n"
           "       monitor.py mark RUN_DIR CHECKPOINT_DIR MARKER\n"
-          "       monitor.py decide MERGED EXIT_DIR REQUEUES POLICY RUN_DIR MARKER "
+          "       monitor.py decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER "
           "CHECKPOINT_DIR EXPECTS [STALLED]\n"
-          "       monitor.py watch RUN_DIR HOSTFILE STALLED MERGED SETTINGS", file=sys.stderr)
+          "       monitor.py watch RUN_DIR HOSTFILE STALLED INDEX SETTINGS", file=sys.stderr)
     return 2
 
 

@@ -15,7 +15,7 @@ from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import (
     LOG_DIR,
-    MERGED_LOG,
+    MERGED_INDEX,
     SBATCH_SCRIPT,
     SLURM_BATCH_LOG,
     SLURM_EVENTS,
@@ -23,6 +23,7 @@ from orchestrate.core.layout import (
     SLURM_HOSTFILE,
     SLURM_MERGE_OFFSETS,
     SLURM_MONITOR,
+    SLURM_SECRETS,
     SLURM_STATE,
 )
 from orchestrate.core.plan.plan import Plan
@@ -62,7 +63,7 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
         "container": plan.nodes[0].container,
         "files": {
             "script": SBATCH_SCRIPT,
-            "merged": MERGED_LOG,
+            "merged": MERGED_INDEX,
             "log_dir": LOG_DIR,
             "state": SLURM_STATE,
             "events": SLURM_EVENTS,
@@ -71,5 +72,6 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
             "merge_offsets": SLURM_MERGE_OFFSETS,
             "batch_log": SLURM_BATCH_LOG,
             "monitor": SLURM_MONITOR,
+            "secrets": SLURM_SECRETS,
         },
     }

@@ -144,7 +144,7 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
     if end is not None and end.get("outcome") == "FAILED":
         return (f"srun failed with exit code {end.get('srun_exit')} before any rank reported "
                 "(see the slurm-*.out file in the run directory)")
-    return "the batch script failed before starting the ranks (see output.log)"
+    return "the batch script failed before starting the ranks (see orchestrate logs JOB)"
 
 
 def _decided(run_dir: Path, last: Run | None) -> str:

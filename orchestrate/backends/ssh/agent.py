@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
 
 MARK = "\x1eorchestrate:"
 TORCH_TIMEOUT_S = 240.0
+TORCH_VERSION = "orchestrate-torch-version "
 
 
 def say(kind: str, payload: Any) -> None:
@@ -108,17 +110,37 @@ class Requests:
         return request
 
 
+def _torch_probe(request: dict[str, Any]) -> tuple[subprocess.Popen[str] | None, str | None]:
+    """Start importing torch (and the command's orchestrate module) as the ranks will: the
+    node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
+    directory. The probe running, or why it could not start."""
+    if not request.get("torch"):
+        return None, None
+    # The version on a line of its own (an import may print warnings first), flushed before a
+    # later import's traceback reaches the shared pipe.
+    probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
+    module = request.get("orchestrate")
+    if module:  # the module the command runs (True: an older controller's train job)
+        probe += "; import " + (module if isinstance(module, str) and
+                                re.match(r"^[\w.]+$", module) else "orchestrate.train")
+    python = str(request.get("python") or sys.executable)
+    env = dict(os.environ)
+    if request.get("pythonpath") is not None:
+        env["PYTHONPATH"] = str(request["pythonpath"])
+    workdir = request["workdir"]
+    try:
+        return subprocess.Popen(
+            [python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+            cwd=workdir if os.path.isdir(workdir) else None,
+        ), None
+    except OSError as exc:
+        return None, f"cannot run {python}: {exc.strerror or exc}"
+
+
 def preflight(request: dict[str, Any]) -> dict[str, Any]:
     """Every check of this host; facts, the controller judges them against the plan."""
-    torch: subprocess.Popen[str] | None = None
-    if request.get("torch"):
-        probe = "import torch; print(torch.__version__)"
-        if request.get("orchestrate"):
-            probe += "; import orchestrate.train"
-        torch = subprocess.Popen(
-            [sys.executable, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, universal_newlines=True,
-        )
+    torch, failed = _torch_probe(request)
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable + " " + sys.version.split()[0],
@@ -146,13 +168,20 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     if candidates:
         report["ports"] = {"free": [p for p in candidates if port_free(p)],
                            "tried": len(candidates)}
+    if failed is not None:
+        report["torch"] = {"ok": False, "version": None, "detail": failed}
     if torch is not None:
         try:
             out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)
             lines = out.strip().splitlines()
-            report["torch"] = {"ok": torch.returncode == 0,
-                               "detail": lines[0] if torch.returncode == 0 and lines
-                               else (lines[-1] if lines else f"exit {torch.returncode}")}
+            version = next((line[len(TORCH_VERSION):] for line in lines
+                            if line.startswith(TORCH_VERSION)), None)
+            ok = torch.returncode == 0 and version is not None
+            said = [line for line in lines if line.strip() and
+                    not line.startswith(TORCH_VERSION)]
+            report["torch"] = {"ok": ok, "version": version,
+                               "detail": version if ok
+                               else (said[-1] if said else f"exit {torch.returncode}")}
         except subprocess.TimeoutExpired:
             torch.kill()
             report["torch"] = {"ok": False,

@@ -6,10 +6,12 @@ told ``start`` and its agent runs ``bash <run_dir>/launch-<node>.sh LOCAL_RANK``
 Why a pty: when the channel closes (the controller died or stopped the job) the remote session
 gets SIGHUP, and the agent then stops the job's processes on that host by tag.
 
-Output arrives in chunks, not lines: a reader thread per channel keeps the partial line,
-drops the pty's ``\\r``, tells protocol lines (``<RS>orchestrate:<kind> <json>``) from rank
-output, and hands whole output lines to the log sink. Secrets go to the rank's stdin right after
-its pid is known; the agent set the pty to raw mode, so they are not echoed.
+Output arrives in chunks, not lines: a reader thread per channel keeps the partial line (at
+most :data:`~orchestrate.hostside.outputlog.LINE_MAX` bytes: a longer one goes on in pieces of
+that size), tells protocol lines (``<RS>orchestrate:<kind> <json>``) from rank output, and hands
+the rank's output to the log sink as it came, byte for byte (the agent set the pty raw: no
+``\\r`` is added, nothing is echoed). Secrets go to the rank's stdin right after its pid is
+known.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
 from orchestrate.core.exits import EXIT_LOST
 from orchestrate.core.plan.outcome import Exit
+from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.hostside.shipping import shipped
 
 #: A rank whose channel ends without the agent saying how it ended (connection lost, agent
 #: killed) is reported with ssh's own status for that.
 LOST = EXIT_LOST
+_MARK = MARK.encode()
 
 
 
@@ -65,8 +69,8 @@ class AgentChannel:
         self.secrets = secrets or []
         self._replies: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self._lock = threading.Lock()
-        self._emit: Callable[[str], None] | None = None
-        self._pending: list[str] = []
+        self._emit: Callable[[bytes], None] | None = None
+        self._pending: list[bytes] = []
         self.preamble: deque[str] = deque(maxlen=20)  # login noise, errors before the agent
         self.started = False
         self.is_ready = False
@@ -92,11 +96,19 @@ class AgentChannel:
             if not data:
                 break
             buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                self._line(raw.decode("utf-8", errors="replace"))
+            start = 0
+            while (nl := buffer.find(b"\n", start)) >= 0:
+                self._line(buffer[start:nl + 1])
+                start = nl + 1
+            while len(buffer) - start > LINE_MAX:  # a long line goes on in pieces
+                end = start + LINE_MAX
+                mark = buffer.rfind(_MARK[:1], end - len(_MARK), end)
+                end = mark if mark > start else end  # never cut a protocol line in two
+                self._output(buffer[start:end])
+                start = end
+            buffer = buffer[start:]
         if buffer:
-            self._line(buffer.decode("utf-8", errors="replace"))
+            self._line(buffer)
         if self.exit is None:
             self.exit = Exit(code=self._channel_status())
         self.ended.set()
@@ -112,21 +124,20 @@ class AgentChannel:
                 return status
         return LOST
 
-    def _line(self, text: str) -> None:
-        text = text.rstrip("\r")
-        if "\r" in text:  # a progress bar redrawing its line: keep what a terminal shows
-            text = text.rsplit("\r", 1)[-1]
-        at = text.find(MARK)
+    def _line(self, raw: bytes) -> None:
+        """One line (with its newline, unless the channel ended first): protocol or output."""
+        at = raw.find(_MARK)
         if at < 0:
-            self._output(text)
+            self._output(raw)
             return
         if at > 0:
-            self._output(text[:at])
-        kind, _, payload = text[at + len(MARK):].partition(" ")
+            self._output(raw[:at])
+        text = raw[at + len(_MARK):].decode("utf-8", errors="replace").rstrip("\r\n")
+        kind, _, payload = text.partition(" ")
         try:
             data: dict[str, Any] = json.loads(payload) if payload else {}
         except ValueError:
-            self._output(text)
+            self._output(raw[at:])
             return
         if kind == "pid":
             self.pid = int(data["pid"])
@@ -139,16 +150,16 @@ class AgentChannel:
             self.exit = Exit(code=data.get("code"), signal=data.get("signal"))
         self._replies.put((kind, data))
 
-    def _output(self, text: str) -> None:
+    def _output(self, raw: bytes) -> None:
         with self._lock:
             if not self.started:
-                self.preamble.append(text)
+                self.preamble.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
             elif self._emit is None:
-                self._pending.append(text)
+                self._pending.append(raw)
             else:
-                self._emit(text)
+                self._emit(raw)
 
-    def attach(self, emit: Callable[[str], None]) -> None:
+    def attach(self, emit: Callable[[bytes], None]) -> None:
         """Send rank output to ``emit`` from now on (lines that came earlier first)."""
         with self._lock:
             for text in self._pending:
@@ -242,14 +253,14 @@ class SSHRank:
             with contextlib.suppress(Exception):  # a dead channel: poll() reports its end
                 self.channel.start(self.start_request)
 
-    def start(self, emit: Callable[[str], None]) -> int | None:
+    def start(self, emit: Callable[[bytes], None]) -> int | None:
         """Attach the log, start the rank if not yet, and return its remote pid."""
         self.channel.attach(emit)
         self.prime()
         try:
             self.channel.reply("pid", self.start_timeout_s)
         except ChannelError as exc:
-            emit(f"orchestrate: rank did not start on {self.node}: {exc}")
+            emit(f"orchestrate: rank did not start on {self.node}: {exc}\n".encode())
             self.channel.close()
             return None
         return self.channel.pid

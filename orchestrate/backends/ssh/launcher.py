@@ -135,6 +135,7 @@ class Launcher:
             )
             for name, answer in answers.items():
                 if answer.value is not None:
+                    _keep_torch(answer.value, self.facts.get(name))
                     self.facts[name] = answer.value
                 else:
                     self.facts[name] = HostAnswer(targets[name], failed="ssh",
@@ -384,6 +385,14 @@ def _merge(sharing: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         for key, by_node in fields.items():
             merged.setdefault(key, {}).update(by_node)
     return dict(merged)
+
+
+def _keep_torch(answer: HostAnswer, known: HostAnswer | None) -> None:
+    """A host asked again without ``import torch`` (it worked before) keeps what it said
+    then: its version is compared with the other hosts'."""
+    torch = (known.facts or {}).get("torch") if known is not None else None
+    if answer.facts is not None and "torch" not in answer.facts and torch is not None:
+        answer.facts["torch"] = torch
 
 
 def _differs(asked: dict[str, Any], wanted: dict[str, Any]) -> bool:

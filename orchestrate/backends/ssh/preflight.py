@@ -7,12 +7,16 @@ own port space, not the controller's), which interface carries traffic to MASTER
 GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
 
 Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
+Across hosts, every host that imports torch must import the same version (a mix hangs or
+fails in the first collective, with no clear error).
 A failed check is named per host (:func:`host_table`); a busy derived port or GPUs held by other
 jobs are not failures but inputs to the re-plan.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +38,8 @@ HINTS = {
     "host key": "",
     "login": "check ssh.user and ssh.identity_file in the inventory, or your ssh-agent",
     "python": "set the node's python in the inventory (an absolute path to an interpreter)",
-    "torch": "install torch for that interpreter, or point the inventory's python at one with it",
+    "torch": "install torch for that interpreter (the same version on every host), or point the "
+             "inventory's python at one with it",
     "workdir": "create it on the host (SSH jobs do not copy your code), or set the job's workdir",
     "port": "choose another distributed.master_port, or 'auto' to have one picked",
     "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
@@ -83,6 +88,19 @@ def uses_python(node: NodePlan) -> bool:
     return bool(node.command) and node.command[0] == node.python
 
 
+def orchestrate_module(plan: Plan, node: NodePlan) -> str | None:
+    """The orchestrate module the node's python must import, if its command runs one: the
+    training entrypoint (``train:`` jobs), or ``python -m orchestrate.X`` (the doctor's checkup).
+    A host that cannot is the one named, not every host after the job fails."""
+    if plan.train_config is not None:
+        return "orchestrate.train"
+    argv = node.command
+    if uses_python(node) and len(argv) > 2 and argv[1] == "-m" and \
+            _MODULE.fullmatch(argv[2]) and argv[2].split(".")[0] == "orchestrate":
+        return argv[2]
+    return None
+
+
 def candidate_ports(plan: Plan) -> list[int]:
     """The planned port, then (for a derived one) the next ports :func:`pick_port` would try."""
     if plan.port_fixed:
@@ -106,12 +124,16 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
         "job_id": plan.job_id,
         "workdir": plan.workdir,
         "torch": uses_python(node) and not torch_known_ok,
-        "orchestrate": plan.train_config is not None,
+        "orchestrate": orchestrate_module(plan, node),
+        "pythonpath": {**plan.env, **node.env}.get("PYTHONPATH"),
+        "python": node.python,
         "interface_to": plan.master_addr if discover else None,
         "gpus": bool(node.gpu_indices),
         "ports": candidate_ports(plan) if node.node_rank == 0 else [],
     }
 
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: Records a failed check: ``fail(check, detail)``.
 Fail = Callable[[str, str], None]
@@ -146,7 +168,33 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
             cells["interface"] = node.env["GLOO_SOCKET_IFNAME"] + " (inventory)"
         if node.node_rank == 0:
             _judge_port(plan, node, facts, leases, cells, fail, verdict)
+    _judge_torch_versions(plan, hosts, verdict)
     return verdict
+
+
+def _judge_torch_versions(plan: Plan, hosts: Mapping[str, HostAnswer], verdict: Judgement
+                          ) -> None:
+    """Every host that imported torch runs the same torch (``torch.__version__``, build tag
+    included): mixed versions hang or fail in the first collective, with no clear error. The
+    odd hosts fail, each naming its version and a host with the others' (the most common one;
+    on a tie, the master node's)."""
+    versions: dict[str, str] = {}
+    for node in plan.nodes:
+        torch = (hosts[node.name].facts or {}).get("torch") or {}
+        if torch.get("ok"):
+            versions[node.name] = str(torch.get("version") or torch.get("detail"))
+    if len(set(versions.values())) < 2:
+        return
+    counts = Counter(versions.values())
+    most = max(counts.values())
+    common = next(v for v in versions.values() if counts[v] == most)  # the master's on a tie
+    where = next(name for name, v in versions.items() if v == common)
+    for name, version in versions.items():
+        if version != common:
+            detail = (f"torch {version} here, {common} on {where}: every host must run the "
+                      "same torch")
+            verdict.cells[name]["torch"] = detail
+            verdict.failures.append((hosts[name].target, "torch", detail))
 
 
 def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> None:
@@ -158,7 +206,9 @@ def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> 
         if torch.get("ok"):
             cells["torch"] = "ok " + str(torch.get("detail", ""))
         else:
-            fail("torch", f"import torch failed: {torch.get('detail')}")
+            # torch imported (its version came) but the command's orchestrate module did not
+            what = "torch" if torch.get("version") is None else "orchestrate"
+            fail("torch", f"import {what} failed: {torch.get('detail')}")
     workdir = facts["workdir"]
     if workdir.get("ok"):
         cells["workdir"] = "ok"

@@ -121,7 +121,7 @@ class SSHSupervisor(Supervisor):
         from orchestrate.run.supervise import Launched
 
         plan, launcher, pool = prepared.plan, self.launcher, self.launcher.pool
-        sink = LogSink(self.run_dir, {r.rank: r.node for r in plan.ranks})
+        sink = LogSink(self.run_dir, {r.rank: r.node for r in plan.ranks}, plan.log_cap_bytes)
 
         def note(text: str) -> None:
             self.log(text)

@@ -162,6 +162,7 @@ class Plan:
     def processes(self, node: NodePlan) -> int:
         """How many processes orchestrate itself starts on ``node``."""
         return 1 if self.per_node else node.nproc
+    log_cap_bytes: int | None = None  # logs.max_mb_per_rank, in bytes: None = no cap
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -235,6 +236,7 @@ class Plan:
             "sidecar": self.sidecar,
             "launcher": self.launcher,
             "on_wrong_world": self.on_wrong_world,
+            "log_cap_bytes": self.log_cap_bytes,
         }
 
     @classmethod
@@ -297,6 +299,7 @@ class Plan:
             sidecar=bool(data.get("sidecar", True)),
             launcher=str(data.get("launcher", launch.RANKS)),
             on_wrong_world=str(data.get("on_wrong_world", "kill")),
+            log_cap_bytes=data.get("log_cap_bytes"),
         )
 
 
@@ -367,8 +370,7 @@ def make_plan(
         world_size=world_size,
         master_addr=master_addr,
         master_port=port,
-        port_fixed=port_fixed,
-        master_addr_fixed=addr_fixed,
+        port_fixed=port_fixed, master_addr_fixed=addr_fixed,
         nodes=nodes,
         env=common,
         command=command,
@@ -390,6 +392,7 @@ def make_plan(
         on_stall=job.distributed.on_stall,
         sidecar=job.distributed.sidecar,
         launcher=job.launcher, on_wrong_world=job.distributed.on_wrong_world,
+        log_cap_bytes=job.logs.cap_bytes,
     )
 
 

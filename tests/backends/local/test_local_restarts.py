@@ -20,6 +20,7 @@ import pytest
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli
 from tests.support.checkpoints import differing_parameters, latest_state
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -88,7 +89,7 @@ def test_a_killed_rank_restarts_once_and_ends_where_an_uninterrupted_run_ends(cl
     assert "rank 1 on localhost failed with signal 9 (SIGKILL)" in attempts[0]["reason"]
     assert "restart 1 of at most 2" in attempts[0]["reason"]
     assert attempts[1]["resumed_from_step"] and attempts[1]["resumed_from_step"] > 0
-    log = (run_dir / "output.log").read_text()
+    log = merged_text(run_dir)
     assert "attempt 1 ended FAILED" in log and "resuming from" in log
 
     a, b = latest_state(cli.work / "runs" / straight), latest_state(run_dir)

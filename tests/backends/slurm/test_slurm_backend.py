@@ -21,6 +21,7 @@ import pytest
 from orchestrate.run.store import Store
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
+from tests.support.output import merged_text
 
 if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
     from conftest import OrchestrateCli
@@ -161,7 +162,7 @@ def test_ddp_job_on_two_nodes_gets_the_plans_ranks(ocli: OrchestrateCli) -> None
     assert status["state"] == "COMPLETED"
     assert status["external_id"]
     run_dir = Path(status["run_dir"])
-    seen = seen_lines((run_dir / "output.log").read_text())
+    seen = seen_lines(merged_text(run_dir))
     hosts = {n["name"]: seen[n["first_rank"]]["hostname"] for n in plan["nodes"]}
     assert len(set(hosts.values())) == 2
     assert_matches_plan(seen, plan, hosts)
@@ -214,7 +215,7 @@ def test_uneven_layouts_three_plus_two(ocli: OrchestrateCli) -> None:
     jobs = {"pinned": ocli.submit(pinned), "free": ocli.submit(free)}
     for name, job_id in jobs.items():
         status = ocli.wait(job_id, {"COMPLETED", "FAILED"}, timeout=120)
-        log = (Path(status["run_dir"]) / "output.log").read_text()
+        log = merged_text(Path(status["run_dir"]))
         assert status["state"] == "COMPLETED", log
         seen = seen_lines(log)
         plan = plans[name]
@@ -413,10 +414,10 @@ def test_stop_signal_checkpoints_requeues_and_resumes_to_the_same_parameters(
     straight_id = ocli.submit(straight)
     stopped_id = ocli.submit(stopped)
     status = ocli.wait(stopped_id, {"RUNNING"}, timeout=60)
-    log = Path(status["run_dir"]) / "output.log"
+    run = Path(status["run_dir"])
     deadline = time.monotonic() + 90
-    while "epoch 1/6" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+    while "epoch 1/6" not in merged_text(run):
+        assert time.monotonic() < deadline, merged_text(run) or "no log"
         time.sleep(0.1)
     # What Slurm does signal_seconds_before the time limit: the stop signal to every rank.
     ocli.cluster.run("scancel", "--signal=USR2", status["external_id"])
@@ -425,7 +426,7 @@ def test_stop_signal_checkpoints_requeues_and_resumes_to_the_same_parameters(
     assert "checkpointed on the stop signal" in requeued["reason"]
 
     done = ocli.wait(stopped_id, {"COMPLETED", "FAILED"}, timeout=180)
-    text = log.read_text()
+    text = merged_text(run)
     assert done["state"] == "COMPLETED", text[-3000:]
     assert "after 1 requeue" in done["reason"]
     assert "exiting 75 to be requeued" in text
@@ -433,7 +434,7 @@ def test_stop_signal_checkpoints_requeues_and_resumes_to_the_same_parameters(
     assert "resuming from" in text
     reference = ocli.wait(straight_id, {"COMPLETED", "FAILED"}, timeout=180)
     assert reference["state"] == "COMPLETED"
-    assert "resuming" not in (Path(reference["run_dir"]) / "output.log").read_text()
+    assert "resuming" not in merged_text(Path(reference["run_dir"]))
 
     a = latest_state(Path(reference["run_dir"]))
     b = latest_state(Path(done["run_dir"]))
@@ -469,7 +470,7 @@ def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli)
         """)
     job_id = ocli.submit(job)
     done = ocli.wait(job_id, {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
-    log = (Path(done["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(done["run_dir"]))
     assert done["state"] == "COMPLETED", log
     assert "got the stop signal" in log and "resumed" in log
     assert ocli.cluster.job(done["external_id"])["Restarts"] == "1"
@@ -517,10 +518,10 @@ def test_node_failure_requeues_or_fails_as_configured(ocli: OrchestrateCli) -> N
     for job_id in (a, b):
         ocli.wait(job_id, {"RUNNING"}, timeout=30)
         status = ocli.status(job_id)
-        log = Path(status["run_dir"]) / "output.log"
+        run = Path(status["run_dir"])
         deadline = time.monotonic() + 30
-        while log.read_text().count(": up on ") < len(status["ranks"]):
-            assert time.monotonic() < deadline, log.read_text()
+        while merged_text(run).count(": up on ") < len(status["ranks"]):
+            assert time.monotonic() < deadline, merged_text(run)
             time.sleep(0.2)
     try:
         slurm_sh("kill-node", "n3")  # a power cut: slurmd, slurmstepds and ranks at once
@@ -533,7 +534,7 @@ def test_node_failure_requeues_or_fails_as_configured(ocli: OrchestrateCli) -> N
     finally:
         slurm_sh("start-node", "n3")
     done = ocli.wait(a, {"COMPLETED", "FAILED"}, timeout=90)
-    log = (Path(done["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(done["run_dir"]))
     assert done["state"] == "COMPLETED", log
     assert log.count(": run 2 on ") == 3
     assert "stopped by SIGTERM" in log  # the first run's batch script saw the node go
@@ -680,7 +681,7 @@ def test_a_submit_while_the_controller_is_frozen_is_tracked_not_lost(
     done = ocli.wait(job_id, {"COMPLETED", "FAILED"}, timeout=90)
     assert done["state"] == "COMPLETED", done
     assert done["external_id"] is not None
-    log = (Path(done["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(done["run_dir"]))
     assert log.count("ran once") == 1
     named = ocli.cluster.run("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout
     assert named.split() == [done["external_id"]]

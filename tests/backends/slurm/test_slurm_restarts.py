@@ -16,6 +16,7 @@ from tests.backends.slurm.conftest import OrchestrateCli
 from tests.backends.slurm.test_slurm_backend import REPO, TRAIN_JOB
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -52,15 +53,15 @@ def test_a_killed_rank_is_requeued_and_ends_where_an_uninterrupted_run_ends(
     killed_id = ocli.submit(ocli.write("killed.yaml",
                                        RESTARTING.format(name="killed", workdir=digits)))
     status = ocli.wait(killed_id, {"RUNNING"}, timeout=60)
-    log = Path(status["run_dir"]) / "output.log"
+    run = Path(status["run_dir"])
     deadline = time.monotonic() + 90
-    while "epoch 1/6" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+    while "epoch 1/6" not in merged_text(run):
+        assert time.monotonic() < deadline, merged_text(run) or "no log"
         time.sleep(0.1)
     os.kill(_rank_pid(killed_id, 1), signal.SIGKILL)
 
     done = ocli.wait(killed_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
-    text = log.read_text()
+    text = merged_text(run)
     assert done["state"] == "COMPLETED", text[-3000:]
     attempts = done["attempts"]
     assert [a["n"] for a in attempts] == [1, 2], attempts

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends.slurm.conftest import OrchestrateCli
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -62,7 +63,7 @@ def test_a_laggard_is_named_with_its_node_and_the_step_stopped(ocli: Orchestrate
     assert "stalled: rank 1" in status["reason"], status["reason"]
     run_dir = Path(status["run_dir"])
     assert json.loads((run_dir / "diag" / "diagnosis.json").read_text())["kind"] == "laggard"
-    merged = (run_dir / "output.log").read_text()
+    merged = merged_text(run_dir)
     assert "stalled: rank 1" in merged and "distributed.on_stall: kill" in merged
     _gone(ocli, str(status["external_id"]))
 

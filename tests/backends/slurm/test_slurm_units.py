@@ -27,6 +27,7 @@ from orchestrate.backends.slurm.script import monitor_program
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.run.prepare import prepare
+from tests.support.output import merged_text
 
 pytestmark = pytest.mark.unit
 
@@ -207,7 +208,8 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
         "secrets-fixed": ("resources: {nodes: 2, gpus_per_node: 1}\ncommand: [python, x.py]\n"
                           "secret_env: [TOKEN]\n"
                           "distributed: {master_port: 29500, master_addr: n2}\n"
-                          "env: {QUOTE: \"it's $HOME\"}\n", CPU_INVENTORY),
+                          "env: {QUOTE: \"it's $HOME\"}\n"
+                          "logs: {max_mb_per_rank: 1}\n", CPU_INVENTORY),
     }
     body, inventory = bodies[name]
     files = rendered(prepare(_job(tmp_path, "s", body, inventory), (), job_id="s-1"))
@@ -221,6 +223,8 @@ def test_rendered_script_passes_shellcheck(tmp_path: Path, name: str) -> None:
     if name == "secrets-fixed":
         assert "MASTER_PORT=29500" in text and "MASTER_ADDR=n2" in text
         assert "export QUOTE='it'\"'\"'s $HOME'" in text
+        assert "head -c 1048576" in text  # logs.max_mb_per_rank, in each rank's shell
+        assert 'export TOKEN="${SECRET_VALUES[0]}"' in text  # from the 0600 file, for srun
     if name == "torchrun-fixed":  # fixed by the job: the words themselves, not the shell's
         assert "--master-addr=n2 --master-port=29500 " in text
 
@@ -239,7 +243,7 @@ def _start_merger(tmp_path: Path, hosts: list[str]) -> subprocess.Popen[bytes]:
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "hosts").write_text("".join(h + "\n" for h in hosts))
     return subprocess.Popen([sys.executable, "-S", str(_monitor(tmp_path)), "merge",
-                             str(tmp_path / "output.log"),
+                             str(tmp_path / "output.idx"),
                              str(tmp_path / "logs"), str(tmp_path / "hosts"),
                              str(tmp_path / "offsets.json")])
 
@@ -263,7 +267,7 @@ def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path
             time.sleep(0.4)
     finally:
         _stop(merger)
-    lines = (tmp_path / "output.log").read_text().splitlines()
+    lines = merged_text(tmp_path).splitlines()
     assert sorted(lines) == sorted([
         "[n1:0] first half of a line and its end", "[n2:1] one", "[n2:1] two",
         "[n2:1] " + "x" * 5000, "[n2:1] ünïcode", "[n2:1] no newline at the end",
@@ -277,7 +281,7 @@ def test_merger_writes_whole_prefixed_lines_and_resumes_after_a_requeue(tmp_path
     merger = _start_merger(tmp_path, ["n3", "n2"])
     time.sleep(0.4)
     _stop(merger)
-    assert (tmp_path / "output.log").read_text().splitlines()[len(lines):] == [
+    assert merged_text(tmp_path).splitlines()[len(lines):] == [
         "[n3:0] after the requeue"]
 
 
@@ -294,7 +298,7 @@ POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_f
 
 def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[str, int]:
     done = subprocess.run(
-        [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.log"),
+        [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.idx"),
          str(tmp_path / "exits"), str(restart), json.dumps({**POLICY, "max": max_restarts}),
          str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
         capture_output=True, text=True, check=True)
@@ -309,7 +313,7 @@ def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path
         _record(tmp_path / "exits", rank, 1, 1_000_000, f"n{rank}")
     _record(tmp_path / "exits", 0, 0, 900_000, "n0")
     assert _decide(tmp_path) == ("FAILED", 1)
-    assert "rank 2 on n2 failed with exit code 1" in (tmp_path / "output.log").read_text()
+    assert "rank 2 on n2 failed with exit code 1" in merged_text(tmp_path)
 
 
 @pytest.mark.process
@@ -318,10 +322,10 @@ def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_pa
         _record(tmp_path / "exits", rank, 75, 1_000_000 + rank, "n1")
     assert _decide(tmp_path, restart=0) == ("REQUEUE", 75)
     assert _decide(tmp_path, restart=3) == ("FAILED", 75)
-    log = (tmp_path / "output.log").read_text()
+    log = merged_text(tmp_path)
     assert "requeuing, restart 1 of at most 3" in log
     assert "the restart budget is spent (3 of restart.max = 3)" in log
     # A rank that died (SIGKILL: 137) among those asking to resume: no requeue, it failed.
     _record(tmp_path / "exits", 1, 137, 999_999, "n2")
     assert _decide(tmp_path) == ("FAILED", 137)
-    assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in (tmp_path / "output.log").read_text()
+    assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in merged_text(tmp_path)

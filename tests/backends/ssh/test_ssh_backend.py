@@ -22,6 +22,7 @@ import pytest
 from orchestrate.core.plan.ports import derive_port
 from tests.backends.local.conftest import fake_nvidia_smi
 from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
+from tests.support.output import merged_text
 
 pytestmark = pytest.mark.ssh
 #: This checkout (what the tests test, wherever orchestrate is installed).
@@ -141,9 +142,9 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> N
     job = _ddp_job(ssh_cli, "victim", nodes=2, hold_s=120)
     ssh_cli.run("submit", str(job), "--detach", "--job-id", "victim-1", check=True)
     status = ssh_cli.wait_running("victim-1")
-    log = Path(status["run_dir"]) / "output.log"
+    run = Path(status["run_dir"])
     deadline = time.monotonic() + 60
-    while log.read_text().count('"sum"') < 4 and time.monotonic() < deadline:
+    while merged_text(run).count('"sum"') < 4 and time.monotonic() < deadline:
         time.sleep(0.2)  # every rank is past its all-reduce, waiting in the barrier
     victim = status["ranks"][3]
     assert (victim["node"], victim["host"]) == ("h2", "h2")

@@ -13,6 +13,7 @@ import pytest
 
 from tests.backends.ssh.conftest import SshCli, tagged_on
 from tests.support.checkpoints import differing_parameters, latest_state
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -113,5 +114,5 @@ def test_a_failed_host_is_left_out_and_the_restart_lands_on_a_spare(ssh_cli: Ssh
     assert "rank 1 on h2 failed with exit code 3" in attempts[0]["reason"], attempts
     assert "without h2" in attempts[0]["reason"], attempts
     assert sorted(r["host"] for r in done["ranks"]) == ["h1", "h3"], done["ranks"]
-    log = (Path(done["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(done["run_dir"]))
     assert "ran on h1" in log and "ran on h3" in log
