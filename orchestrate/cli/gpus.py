@@ -10,7 +10,6 @@ it claims nothing and waits for nobody's lock longer than the book allows.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -39,26 +38,9 @@ def gpus(as_json: bool, inventory_file: Path | None) -> None:
 
 def this_machine() -> dict[str, Any]:
     """This machine's GPUs and holders (what the SSH agent answers on a host)."""
-    from orchestrate.hostside import gpuuse
-    from orchestrate.hostside.leases import BookError, LeaseBook
+    from orchestrate.hostside.leases import machine_gpus
 
-    found = gpuuse.usage()
-    answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": []}
-    if not found["ok"]:
-        if not found.get("missing"):
-            answer["problems"].append(str(found["detail"]))
-        return answer
-    leases: list[dict[str, Any]] = []
-    try:
-        book = LeaseBook()
-        with book.locked():
-            leases = book.live()
-    except (BookError, OSError) as exc:
-        answer["problems"].append(f"lease book: {exc}")
-    answer["problems"] += [str(lease["unreadable"]) for lease in leases
-                           if lease.get("unreadable")]
-    answer["gpus"] = gpuuse.holders(found, leases)
-    return answer
+    return machine_gpus(None)
 
 
 def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ from orchestrate.hostside.bookdir import (
     shared_dir,
 )
 from orchestrate.hostside.containment import alive_cgroup, owner_uid, started_before, user_name
+from orchestrate.hostside.gpuuse import holders, usage
 from orchestrate.hostside.host import alive, port_free, proc_start, suppress, tagged
 
 TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts once per rank
@@ -394,3 +395,25 @@ __all__ = [
     "DEFAULT_ROOT", "ROOT_VAR", "BookError", "LeaseBook", "book_root", "check_dir",
     "conflicts", "describe", "held", "holders_of", "new_lease", "queue_key", "shared_dir",
 ]
+
+
+def machine_gpus(lease_dir: str | None) -> dict[str, Any]:
+    """This host's GPUs and their holders (``orchestrate gpus``; the SSH agent's answer on a
+    host), or why they are unknown. ``lease_dir``: the book's folder (None: its default)."""
+    found = usage()
+    answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": []}
+    if not found.get("ok"):
+        if not found.get("missing"):
+            answer["problems"].append(str(found["detail"]))
+        return answer
+    leases: list[dict[str, Any]] = []
+    try:
+        book = LeaseBook(lease_dir)
+        with book.locked():
+            leases = book.live()
+    except (BookError, OSError) as exc:
+        answer["problems"].append(f"lease book: {exc}")
+    answer["problems"] += [str(lease["unreadable"]) for lease in leases
+                           if lease.get("unreadable")]
+    answer["gpus"] = holders(found, leases)
+    return answer

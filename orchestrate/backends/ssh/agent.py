@@ -59,7 +59,7 @@ from orchestrate.hostside.containment import (
     reap_orphans,
     stop_processes,
 )
-from orchestrate.hostside.gpuuse import holders, outside_use, usage
+from orchestrate.hostside.gpuuse import outside_use, usage
 from orchestrate.hostside.host import (
     TAG,
     interface_towards,
@@ -69,7 +69,14 @@ from orchestrate.hostside.host import (
     reap,
     suppress,
 )
-from orchestrate.hostside.leases import BookError, LeaseBook, describe, held, new_lease
+from orchestrate.hostside.leases import (
+    BookError,
+    LeaseBook,
+    describe,
+    held,
+    machine_gpus,
+    new_lease,
+)
 from orchestrate.hostside.watchdog import stop_job
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
@@ -383,26 +390,6 @@ def serve() -> int:
         except Exception as exc:  # one bad request is reported, the channel stays usable
             say("error", {"detail": f"{op}: {type(exc).__name__}: {exc}"})
 
-
-def machine_gpus(lease_dir: str | None) -> dict[str, Any]:
-    """This host's GPUs and their holders (``orchestrate gpus``), or why they are unknown."""
-    found = usage()
-    answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": []}
-    if not found.get("ok"):
-        if not found.get("missing"):
-            answer["problems"].append(str(found["detail"]))
-        return answer
-    leases: list[dict[str, Any]] = []
-    try:
-        book = LeaseBook(lease_dir)
-        with book.locked():
-            leases = book.live()
-    except (BookError, OSError) as exc:
-        answer["problems"].append(f"lease book: {exc}")
-    answer["problems"] += [str(lease["unreadable"]) for lease in leases
-                           if lease.get("unreadable")]
-    answer["gpus"] = holders(found, leases)
-    return answer
 
 
 def main(argv: list[str], out: IO[str]) -> int:
