@@ -49,9 +49,11 @@ import time
 
 from orchestrate.hostside.bookdir import (
     DEFAULT_ROOT,
+    LEASE,
     LOCK_FILE,
     LOCK_WAIT_S,
     ROOT_VAR,
+    TICKET,
     BookError,
     Locked,
     book_root,
@@ -67,8 +69,6 @@ from orchestrate.hostside.host import alive, port_free, proc_start, suppress, ta
 TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts once per rank
 if TYPE_CHECKING:
     from typing import Any
-
-LEASE, TICKET = ".json", ".ticket"
 
 
 def holders_of(record: dict[str, Any]) -> list[tuple[int, int | None]]:

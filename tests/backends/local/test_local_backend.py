@@ -267,15 +267,14 @@ def test_a_busy_derived_port_is_replaced_and_recorded(cli: Cli) -> None:
 def test_a_stale_lease_from_a_dead_supervisor_does_not_block(cli: Cli) -> None:
     """A lease whose holder is gone (and whose job left nothing running) holds nothing: a job
     that needs every CPU slot it claimed still runs, and the stale file is removed."""
-    import os
-    import socket
+    from orchestrate.hostside.leases import LeaseBook, new_lease
 
-    leases = cli.home / "leases" / socket.gethostname()
-    leases.mkdir(parents=True)
-    ghost = {"job_id": "ghost-1", "node": "localhost", "hostname": socket.gethostname(),
-             "gpus": [], "slots": os.cpu_count(), "port": None, "holder_pid": 2**22 - 1,
-             "holder_start": 1, "created": 0.0}
-    (leases / "ghost-1.json").write_text(json.dumps(ghost))
+    book = LeaseBook(cli.env.get("ORCHESTRATE_LEASES"))  # this test's book (tests/conftest.py)
+    ghost = new_lease("ghost-1", "localhost", [], os.cpu_count() or 1, None, [2**22 - 1])
+    with book.locked():
+        book.record(ghost)
+    stale = Path(book.directory) / f"ghost-1@{os.geteuid()}.json"
+    assert stale.exists()
     job = cli.write("after-ghost.yaml", """
         name: after-ghost
         resources: {nodes: 1, gpus_per_node: all}
@@ -284,7 +283,7 @@ def test_a_stale_lease_from_a_dead_supervisor_does_not_block(cli: Cli) -> None:
     proc = cli.run("submit", str(job), "--follow", "--job-id", cli.id("after-ghost-1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ran" in proc.stdout
-    assert not (leases / "ghost-1.json").exists()
+    assert not stale.exists()
 
 
 @pytest.mark.timeout(60)
