@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.backends.local.conftest import Cli
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -222,8 +223,8 @@ def _slow_train_job(cli: Cli, name: str, slow: str, restart: str) -> Path:
 
 
 def _supervisor_notes(status: dict[str, Any]) -> list[str]:
-    merged = Path(status["run_dir"]) / "output.log"
-    return [line for line in merged.read_text().splitlines()
+    merged = merged_text(Path(status["run_dir"]))
+    return [line for line in merged.splitlines()
             if line.startswith("[orchestrate] no progress for")]
 
 

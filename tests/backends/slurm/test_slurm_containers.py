@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.support.containers import container_section, containers_of
+from tests.support.output import merged_text
 
 if TYPE_CHECKING:
     from conftest import OrchestrateCli
@@ -55,7 +56,7 @@ def test_ranks_start_in_podman_under_srun(ocli: OrchestrateCli) -> None:
     job_id = proc.stderr.split()[1]
     status = ocli.status(job_id)
     assert status["state"] == "COMPLETED"
-    log = (Path(status["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(status["run_dir"]))
     seen = [json.loads(line.split(" seen ", 1)[1]) for line in log.splitlines()
             if " seen " in line]
     assert sorted(s["rank"] for s in seen) == ["0", "1", "2", "3"], log

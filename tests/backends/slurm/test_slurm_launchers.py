@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.backends.slurm.conftest import OrchestrateCli
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -67,6 +68,6 @@ def test_the_notes_program_unchanged_in_a_ranks_job_is_stopped(ocli: Orchestrate
     assert diagnosis is not None and diagnosis["kind"] == "wrong_world", status
     assert "joined a world of 1, the plan has 2" in diagnosis["summary"], diagnosis
     assert "wrong world: rank" in status["reason"], status["reason"]
-    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    merged = merged_text(Path(status["run_dir"]))
     assert "distributed.on_wrong_world: kill" in merged, merged
     assert _worlds(out) == {}

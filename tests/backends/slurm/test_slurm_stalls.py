@@ -104,7 +104,7 @@ def test_a_rank_computing_alone_is_not_a_stall(ocli: OrchestrateCli) -> None:
     assert status["state"] == "COMPLETED" and status["diagnosis"] is None, status
     assert (ocli.work / "marks-solo" / "trigger").exists()
     host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
-    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    merged = merged_text(Path(status["run_dir"]))
     notes = [line for line in merged.splitlines()
              if line.startswith("[orchestrate] no progress for")]
     assert len(notes) == 1, merged

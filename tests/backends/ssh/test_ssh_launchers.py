@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.backends.ssh.conftest import SshCli
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -132,7 +133,7 @@ def test_commands_resolve_in_the_inventorys_python_environment(ssh_cli: SshCli,
         """)
     status = _submit_and_wait(ssh_cli, missing, f"missing-{os.getpid()}")
     assert status["state"] == "FAILED", status
-    log = (Path(status["run_dir"]) / "output.log").read_text()
+    log = merged_text(Path(status["run_dir"]))
     assert f"orchestrate: no-such-envtool: not in {env_bin} or on PATH on h" in log, log
 
 

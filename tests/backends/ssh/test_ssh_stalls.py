@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.backends.ssh.conftest import SshCli
+from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -139,7 +140,7 @@ def test_a_rank_computing_alone_on_another_host_is_not_a_stall(ssh_cli: SshCli) 
     _mark(ssh_cli, "solo", "trigger")
     status = _until(ssh_cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 180)
     assert status["state"] == "COMPLETED" and status["diagnosis"] is None, status
-    merged = (Path(status["run_dir"]) / "output.log").read_text()
+    merged = merged_text(Path(status["run_dir"]))
     notes = [line for line in merged.splitlines()
              if line.startswith("[orchestrate] no progress for")]
     assert len(notes) == 1, merged
