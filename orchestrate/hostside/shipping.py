@@ -49,7 +49,8 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-                 "orchestrate.hostside.bookdir", "orchestrate.hostside.leases",
+                 "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
+                 "orchestrate.hostside.leases",
                  "orchestrate.hostside.watchdog"),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
     "gatherer": ("orchestrate.hostside.hostfacts",),

@@ -58,6 +58,34 @@ def _module_level_imports(source: str) -> list[str]:
     return found
 
 
+def _orchestrate_imports(source: str) -> set[str]:
+    """The orchestrate modules a module imports when it loads (module level, as above)."""
+    found: set[str] = set()
+    pending: list[ast.AST] = list(ast.parse(source).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("orchestrate."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.startswith("orchestrate."):
+            found.add(node.module)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_program_carries_what_its_modules_import(name: str) -> None:
+    """A shipped program runs with ``-S`` where orchestrate is not installed: a module it
+    carries that imports one it does not carry fails there at start (the watchdog did, when
+    the lease book came to import gpuuse)."""
+    carried = set(SHIPPED[name])
+    for module in SHIPPED[name]:
+        wanted = _orchestrate_imports(module_source(module))
+        assert wanted <= carried, f"{name}: {module} imports {sorted(wanted - carried)}"
+
+
 @pytest.mark.unit
 def test_every_shipped_module_uses_only_the_standard_library() -> None:
     allowed = set(sys.stdlib_module_names) | {"orchestrate", "__future__"}
