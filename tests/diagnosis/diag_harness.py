@@ -116,6 +116,10 @@ class Job:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
+            # What a rank forked (DataLoader workers stuck in a test's hung read) is in its
+            # session: without this it outlived the test.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
@@ -172,8 +176,9 @@ class Starter:
             rank_env.update((per_rank or {}).get(rank, {}))
             log = run_dir / f"rank-{rank}.log"
             with open(log, "wb") as out:
-                procs[rank] = subprocess.Popen(
-                    argv, cwd=cwd or self.tmp, env=rank_env, stdout=out, stderr=subprocess.STDOUT
+                procs[rank] = subprocess.Popen(  # a session each: kill() ends its children too
+                    argv, cwd=cwd or self.tmp, env=rank_env, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             logs[rank] = log
         job = Job(run_dir, marks, port, procs, logs)

@@ -64,8 +64,28 @@ class SlurmCluster:
 
     def sbatch(self, script: Path, *options: str) -> str:
         """Submit a batch script; return the job id."""
+        self.heal()
         out = self.run("sbatch", "--parsable", *options, str(script)).stdout.strip()
         return out.split(";")[0]
+
+    def heal(self) -> None:
+        """Resume a node slurmd drained because an earlier test's step did not end within
+        UnkillableStepTimeout ("Kill task failed"), so one stuck step fails its own test, not
+        every later one. Said on stderr (pytest shows it with the test), never silent."""
+        listing = self.run("sinfo", "-h", "-N", "-o", "%N|%T|%E", check=False).stdout
+        drained = sorted({line.split("|")[0] for line in listing.splitlines()
+                          if line.count("|") == 2 and "Kill task failed" in line.split("|")[2]})
+        for node in drained:
+            print(f"slurm test cluster: resuming {node}, drained by slurmd (Kill task failed)",
+                  file=sys.stderr)
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        deadline = time.monotonic() + 30
+        while drained and time.monotonic() < deadline:
+            states = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()
+            if all(states[states.index(n) + 1] in ("idle", "mixed", "allocated")
+                   for n in drained if n in states):
+                return
+            time.sleep(0.5)
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict; works after the job ended (MinJobAge=3600)."""
@@ -221,6 +241,7 @@ def ocli(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[OrchestrateCli
                ORCHESTRATE_RUNS=str(work / "runs"))
     for name in ("ORCHESTRATE_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
+    slurm_cluster.heal()
     cli = OrchestrateCli(slurm_cluster, home, work, env)
     yield cli
     # A test that failed half way must not leave its jobs to the next one.
