@@ -23,14 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-PROGRAM = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-assert t.item() == dist.get_world_size()
-dist.destroy_process_group()
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sidebyside import TRIVIAL_DDP
 
 JOB = """
 name: trivial
@@ -83,7 +78,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-launch-"))
-    (work / "prog.py").write_text(PROGRAM)
+    (work / "prog.py").write_text(TRIVIAL_DDP)
     (work / "job.yaml").write_text(JOB)
     env = dict(os.environ, ORCHESTRATE_HOME=str(work / "home"),
                ORCHESTRATE_RUNS=str(work / "runs"), OMP_NUM_THREADS="1")
