@@ -89,7 +89,9 @@ def _holder(h: dict[str, Any]) -> str:
     if h["kind"] == "job":
         since = time.strftime(" since %H:%M:%S", time.localtime(h["since"])) if h["since"] \
             else ""
-        return f"job {h['job_id']} ({h['user']}{since})"
+        left = "".join(f"; ended, still held by pid {s['pid']} ({s['user']}, {s['name']}) "
+                       "that outlived SIGKILL" for s in h.get("survivors") or [])
+        return f"job {h['job_id']} ({h['user']}{since}{left})"
     job = f", job {h['job_id']}" if h.get("job_id") else ""
     return f"pid {h['pid']} ({h['user']}, {h['name']}, {h['memory_gb']:.1f} GB{job})"
 

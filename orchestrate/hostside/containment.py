@@ -148,6 +148,15 @@ def started_before(uid: int, when: float) -> bool:
     return False
 
 
+def live_survivors(pairs: object) -> list[int]:
+    """The pids still alive of a lease's ``survivors`` (``[[pid, start], ...]``: processes of
+    its job that outlived SIGKILL at its end); they hold the lease, and whoever is refused for
+    it, or asks ``orchestrate gpus``, is told which they are."""
+    if not isinstance(pairs, list):
+        return []
+    return [int(p) for p, s in pairs if alive(int(p), None if s is None else int(s))]
+
+
 def stop_processes(find: Callable[[], list[int]], grace_s: float,
                    kill_wait_s: float = KILL_WAIT_S) -> list[int]:
     """Stop what ``find`` lists: SIGTERM (+SIGCONT), SIGKILL after ``grace_s``; the pids still
@@ -278,6 +287,7 @@ __all__ = [
     "command_name",
     "descendants",
     "describe_pid",
+    "live_survivors",
     "members",
     "owner_uid",
     "reap_orphans",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from orchestrate.hostside.containment import command_name, owner_uid, user_name
+from orchestrate.hostside.containment import command_name, live_survivors, owner_uid, user_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -151,7 +151,11 @@ def holders(found: dict[str, Any], leases: list[dict[str, Any]]) -> list[dict[st
         jobs = owners.get(index, [])
         held = [{"kind": "job", "user": lease.get("user"), "job_id": lease.get("job_id"),
                  "pid": None, "name": None, "memory_gb": None,
-                 "since": lease.get("since") or lease.get("created")} for lease in jobs]
+                 "since": lease.get("since") or lease.get("created"),
+                 "survivors": [{"pid": pid, "user": user_name(owner_uid(pid)),
+                                "name": command_name(pid)}
+                               for pid in live_survivors(lease.get("survivors"))]}
+                for lease in jobs]
         for app in found.get("apps", []):
             if app["gpu"] == index:
                 job = jobs[0].get("job_id") if len(jobs) == 1 else None

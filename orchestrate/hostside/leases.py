@@ -62,7 +62,14 @@ from orchestrate.hostside.bookdir import (
     read_record,
     shared_dir,
 )
-from orchestrate.hostside.containment import alive_cgroup, owner_uid, started_before, user_name
+from orchestrate.hostside.containment import (
+    alive_cgroup,
+    describe_pid,
+    live_survivors,
+    owner_uid,
+    started_before,
+    user_name,
+)
 from orchestrate.hostside.gpuuse import holders, usage
 from orchestrate.hostside.host import alive, port_free, proc_start, suppress, tagged
 
@@ -118,7 +125,12 @@ def describe(record: dict[str, Any]) -> str:
     """``job J (user, since HH:MM:SS)``: who holds a lease, or waits with a ticket."""
     since = record.get("since") or record.get("created")
     when = time.strftime(", since %H:%M:%S", time.localtime(float(since))) if since else ""
-    return f"job {record.get('job_id')} ({record.get('user') or record.get('uid', '?')}{when})"
+    left = live_survivors(record.get("survivors"))
+    after = ("; it ended, but " + ", ".join(describe_pid(p) for p in left[:3]) +
+             " outlived SIGKILL and still run") if left else ""
+    return (f"job {record.get('job_id')} ({record.get('user') or record.get('uid', '?')}"
+            f"{when}{after})")
+
 
 
 def queue_key(ticket: dict[str, Any]) -> tuple[float, int, str]:
@@ -343,7 +355,10 @@ class LeaseBook:
             gone = set(pids)
             pairs: list[tuple[int, int | None]] = [
                 (p, s) for p, s in holders_of(lease) if p not in gone and alive(p, s)]
-            pairs += [(p, proc_start(p)) for p in survivors or [] if proc_start(p) is not None]
+            outlived = [(p, proc_start(p)) for p in survivors or [] if proc_start(p) is not None]
+            kept = [(p, s) for p, s in lease.get("survivors") or [] if alive(int(p), s)]
+            lease["survivors"] = [*kept, *(o for o in outlived if o[0] not in dict(kept))]
+            pairs += [o for o in outlived if o[0] not in dict(pairs)]
             lease["holders"] = pairs
             lease["left"] = [*(lease.get("left") or []), *(notes or [])]
             if self._lives(lease, self.uid, _TagScan()):

@@ -230,3 +230,133 @@ def _named(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_job_whose_bound_passes_ends_deadline_naming_the_holder(lab: Cli) -> None:
+    """``--wait=0:02``: a job not placed within 2 s ends DEADLINE (never started) saying what
+    it waited for and who held it; followed, its submit exits 75 (try again later)."""
+    holder = lab.id("dh")
+    lab.run("submit", str(_job(lab, "dh", seconds=600)), "--detach", "--job-id", holder,
+            "--set", "resources.gpus_per_node=2", check=True)
+    _until(lab, holder, "RUNNING")
+    bounded = lab.id("dw")
+    sub = lab.run("submit", str(_job(lab, "dw")), "--detach", "--job-id", bounded,
+                  "--wait=0:02")
+    assert sub.returncode == 0 and f"job {bounded} is waiting" in sub.stderr, sub.stderr
+    ended = _until(lab, bounded, "DEADLINE", timeout=15)
+    reason = " ".join(str(ended["reason"]).split())
+    assert ended["started_at"] is None
+    assert "not placed within 2s (resources.wait)" in reason
+    assert f"held by job {holder} (root, since" in reason, reason
+    start = time.monotonic()
+    followed = lab.run("submit", str(_job(lab, "df")), "--follow", "--job-id", lab.id("df"),
+                       "--wait=0:02")
+    assert followed.returncode == 75, followed.stderr
+    assert time.monotonic() - start < 15
+    lab.run("cancel", holder, check=True)
+    assert not list(Path(lab.env["ORCHESTRATE_LEASES"]).glob("*/*.ticket"))
+
+
+@pytest.mark.timeout(60)
+def test_cancel_returns_once_the_lease_is_released(lab: Cli) -> None:
+    """A submit right after ``cancel`` gets the cancelled job's GPUs (no 75), and the cancel
+    took a few seconds at most."""
+    first, second = lab.id("ca"), lab.id("cb")
+    lab.run("submit", str(_job(lab, "ca", seconds=600)), "--detach", "--job-id", first,
+            "--set", "resources.gpus_per_node=2", check=True)
+    _until(lab, first, "RUNNING")
+    start = time.monotonic()
+    lab.run("cancel", first, check=True)
+    took = time.monotonic() - start
+    again = lab.run("submit", str(_job(lab, "cb", seconds=600)), "--detach", "--job-id",
+                    second, "--set", "resources.gpus_per_node=2")
+    assert again.returncode == 0, again.stderr
+    assert took < 5, f"cancel took {took:.1f}s"
+    assert _gpus_of(_until(lab, second, "RUNNING")) == "0,1"
+    lab.run("cancel", second, check=True)
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@pytest.fixture
+def freezer() -> Iterator[Path]:
+    """A cgroup v1 freezer cgroup (root): a frozen process that is sent SIGKILL stays (in D
+    state) until it is thawed -- a process that outlives SIGKILL, as one in uninterruptible
+    sleep on a hung driver or file system would."""
+    import os
+
+    if os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 freezer hierarchy")
+    group = FREEZER / f"orchestrate-test-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        group.rmdir()
+
+
+@pytest.mark.timeout(90)
+def test_a_process_that_outlives_sigkill_keeps_the_lease_and_is_named(
+        lab: Cli, freezer: Path) -> None:
+    """A rank's child frozen (cgroup v1 freezer) when the job is cancelled survives SIGKILL:
+    the job's ending names it, its lease stays held with it as the holder, the next job's
+    refusal and ``gpus --json`` name it; once it is gone the GPUs free."""
+    pidfile = lab.work / "child.pid"
+    job = lab.write("sv.yaml", f"""
+        name: sv
+        resources: {{nodes: 1, gpus_per_node: 2, gpu_model: A100-80GB}}
+        command: [bash, -c, 'sleep 600 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}; wait']
+        """)
+    held = lab.id("sv")
+    lab.run("submit", str(job), "--detach", "--job-id", held, check=True)
+    _until(lab, held, "RUNNING")
+    deadline = time.monotonic() + 10
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    (freezer / "cgroup.procs").write_text(str(child))
+    (freezer / "freezer.state").write_text("FROZEN")
+    lab.run("cancel", held, check=True)
+    ended = lab.status(held)
+    assert ended["state"] == "CANCELLED"
+    assert Path(f"/proc/{child}").exists()  # SIGKILLed, frozen: still there
+    reason = " ".join(str(ended["reason"]).split())
+    assert f"still run after SIGKILL: pid {child} (root, sleep)" in reason, reason
+    [lease] = Path(lab.env["ORCHESTRATE_LEASES"]).glob(f"*/{held}@*.json")
+    record = json.loads(lease.read_text())
+    assert child in [pid for pid, _ in record["holders"]]
+    assert [pid for pid, _ in record["survivors"]] == [child]
+    refused = lab.run("submit", str(_job(lab, "sn")), "--detach", "--job-id", lab.id("sn"))
+    assert refused.returncode == 75, refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert f"job {held} (root, since" in said
+    assert f"pid {child} (root, sleep) outlived SIGKILL and still run" in said, said
+    gpus = {g["index"]: g for g in json.loads(lab.run("gpus", "--json", check=True).stdout)
+            ["gpus"]}
+    for index in (0, 1):
+        [holder] = gpus[index]["holders"]
+        assert holder["job_id"] == held
+        assert holder["survivors"] == [{"pid": child, "user": "root", "name": "sleep"}]
+    assert f"still held by pid {child} (root, sleep)" in " ".join(
+        lab.run("gpus", check=True).stdout.split())
+    # Thawed, the SIGKILL lands: the process is gone, and with it the lease.
+    (freezer / "freezer.state").write_text("THAWED")
+    after = lab.id("sa")
+    deadline = time.monotonic() + 10
+    while True:
+        got = lab.run("submit", str(_job(lab, "sa", seconds=600)), "--detach", "--job-id",
+                      after, "--set", "resources.gpus_per_node=2")
+        if got.returncode != 75 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert got.returncode == 0, got.stderr
+    assert not Path(f"/proc/{child}").exists()
+    assert _gpus_of(_until(lab, after, "RUNNING")) == "0,1"
+    lab.run("cancel", after, check=True)
+    assert not host.job_pids(held) and not host.job_pids(after)
