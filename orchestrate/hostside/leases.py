@@ -360,6 +360,10 @@ class LeaseBook:
             lease["survivors"] = [*kept, *(o for o in outlived if o[0] not in dict(kept))]
             pairs += [o for o in outlived if o[0] not in dict(pairs)]
             lease["holders"] = pairs
+            # The first holder, kept for older orchestrates' readers, goes with the others:
+            # holders_of falls back to it when the list is empty, so the last holder to leave
+            # would keep the lease (an SSH agent: a stale lease left behind on the host).
+            lease["holder_pid"], lease["holder_start"] = pairs[0] if pairs else (None, None)
             lease["left"] = [*(lease.get("left") or []), *(notes or [])]
             if self._lives(lease, self.uid, _TagScan()):
                 self._write(lease)

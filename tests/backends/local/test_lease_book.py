@@ -1,6 +1,7 @@
 """The shared lease book's files and folder (hostside/leases.py, bookdir.py), one user: the
 permissions it makes and refuses, its bounded lock, leases it cannot read, first come first
-served tickets. Files only (unit tier); two real users are in test_local_users.py."""
+served tickets, the last holder leaving and survivors. Files only (unit tier); two real users
+are in test_local_users.py and tests/backends/ssh/test_ssh_users.py."""
 
 from __future__ import annotations
 
@@ -93,3 +94,29 @@ def test_a_claim_waits_behind_an_older_ticket_for_the_same_gpus(tmp_path: Path) 
     assert later["ok"] is False and later["queue"] and "job first" in later["queue"][0]
     other_gpu = book.claim(leases.new_lease("third", "localhost", [1], 0, None, [me]))
     assert other_gpu["ok"] is True  # a ticket holds back only what it waits for
+
+
+def test_a_lease_is_dropped_when_its_last_holder_leaves(tmp_path: Path) -> None:
+    """The last holder to leave (an SSH agent, which has no watchdog after it) drops the lease:
+    no stale file is left on the host."""
+    book = leases.LeaseBook(str(tmp_path / "leases"), "box")
+    with book.locked():
+        book.record(leases.new_lease("last-1", "box", [0], 0, None, [os.getpid()]))
+    assert book.leave("last-1", [os.getpid()]) is True
+    assert not list((tmp_path / "leases" / "box").glob("last-1@*.json"))
+
+
+def test_a_survivor_holds_the_lease_and_is_named_to_whoever_is_refused(tmp_path: Path) -> None:
+    """A process that outlived its job's end (here: this test's parent, alive and not of the
+    job) is recorded as the lease's survivor: the lease stays, and describe() names it."""
+    book = leases.LeaseBook(str(tmp_path / "leases"), "box")
+    with book.locked():
+        book.record(leases.new_lease("surv-1", "box", [0], 0, None, [os.getpid()]))
+    survivor = os.getppid()
+    assert book.leave("surv-1", [os.getpid()], [survivor]) is False
+    with book.locked():
+        [lease] = book.live()
+    assert [pid for pid, _ in lease["survivors"]] == [survivor]
+    said = leases.describe(lease)
+    assert said.startswith("job surv-1 (") and f"but pid {survivor} (" in said
+    assert said.endswith("outlived SIGKILL and still run)")

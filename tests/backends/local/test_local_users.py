@@ -1,10 +1,11 @@
 """Two real Unix users share the lab server on the local backend (issue #20): the README's
 promise that two jobs on one server never collide, whoever submits them.
 
-As root, two users are made (unixusers.py) and run orchestrate under their own uids with a
-shared interpreter, against one lease book (``ORCHESTRATE_LEASES``, made by the first user
-who needs it, as the default /var/tmp/orchestrate/leases would be) and the stand-in
-nvidia-smi of the lab server (2x A100 + 6x A6000).
+As root, two users are made (tests/support/unixusers.py) and run orchestrate under their own
+uids with a shared interpreter, against one lease book (``ORCHESTRATE_LEASES``, made by the
+first user who needs it, as the default /var/tmp/orchestrate/leases would be) and the stand-in
+nvidia-smi of the lab server (2x A100 + 6x A6000). One SSH host shared by two users is in
+tests/backends/ssh/test_ssh_users.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from tests.backends.local.conftest import fake_nvidia_smi
 from tests.backends.local.test_local_shared import LAB
-from tests.backends.local.unixusers import User, processes_of, unix_users
+from tests.support.unixusers import User, processes_of, unix_users
 
 pytestmark = pytest.mark.process
 

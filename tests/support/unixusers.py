@@ -1,5 +1,6 @@
-"""Real Unix users for the shared-server tests (issue #20): made as root, each running
-orchestrate under its own uid with an interpreter every user can execute, removed afterwards.
+"""Real Unix users for the shared-server tests (issue #20), of the local backend and of an SSH
+test host: made as root, each running orchestrate under its own uid with an interpreter every
+user can execute, removed afterwards.
 
 The test interpreter lives under /root (mode 0700), so another user cannot run it. The shared
 one is a venv of the system Python (/usr/bin/python3) holding orchestrate's own dependencies
@@ -7,7 +8,11 @@ one is a venv of the system Python (/usr/bin/python3) holding orchestrate's own 
 under /var/tmp between runs (keyed on the dependencies' versions): when the system Python is
 the test interpreter's version, the installed distributions are copied (their RECORD lists
 their files; no network, a second or two), else pip installs the same versions. orchestrate
-itself comes from this checkout (PYTHONPATH), readable by everyone.
+itself comes from this checkout (PYTHONPATH), readable by everyone. The SSH backend's users
+need Fabric and paramiko too (``SSH_DEPENDENCIES``): another venv, made the same way.
+
+Users get the password ``*`` (no password works, yet not locked): sshd refuses a key to a
+locked account (``!``) unless it uses PAM.
 """
 
 from __future__ import annotations
@@ -31,28 +36,31 @@ from typing import Any
 
 import pytest
 
-CHECKOUT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEPENDENCIES = ("PyYAML", "pydantic", "pydantic_core", "annotated-types", "typing_extensions",
                 "typing-inspection", "Jinja2", "MarkupSafe", "click", "rich", "markdown-it-py",
                 "mdurl", "Pygments")
+#: What the SSH backend adds (the supervisor logs in with Fabric).
+SSH_DEPENDENCIES = ("fabric", "paramiko", "invoke", "bcrypt", "cryptography", "PyNaCl", "cffi",
+                    "pycparser", "decorator", "Deprecated", "wrapt")
 VENVS = Path("/var/tmp/orchestrate-test-venvs")
 
 
-def _versions() -> dict[str, str]:
+def _versions(extra: tuple[str, ...]) -> dict[str, str]:
     found = {}
-    for name in DEPENDENCIES:
+    for name in (*DEPENDENCIES, *extra):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
     return found
 
 
-def shared_python() -> str:
-    """The interpreter of a venv every user can run, with orchestrate's dependencies (made
-    once, then reused); skips the test when none can be made."""
+def shared_python(extra: tuple[str, ...] = ()) -> str:
+    """The interpreter of a venv every user can run, with orchestrate's dependencies and
+    ``extra`` ones (made once, then reused); skips the test when none can be made."""
     if not Path(SYSTEM_PYTHON).exists():
         pytest.skip(f"no {SYSTEM_PYTHON} to make an interpreter every user can run")
-    versions = _versions()
+    versions = _versions(extra)
     key = uuid.uuid5(uuid.NAMESPACE_URL, json.dumps(sorted(versions.items()))).hex[:10]
     venv = VENVS / key
     python = venv / "bin" / "python3"
@@ -64,8 +72,9 @@ def shared_python() -> str:
     subprocess.run([SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(building)], check=True)
     _fill(building, versions)
     probe = subprocess.run([str(building / "bin" / "python3"), "-c",
-                            "import yaml, pydantic, jinja2, click, rich"], capture_output=True,
-                           text=True)
+                            "import yaml, pydantic, jinja2, click, rich" +
+                            (", fabric, paramiko" if "fabric" in extra else "")],
+                           capture_output=True, text=True)
     if probe.returncode != 0:
         shutil.rmtree(building, ignore_errors=True)
         pytest.skip(f"no shared interpreter: {probe.stderr.strip()[-300:]}")
@@ -154,19 +163,21 @@ def processes_of(uid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def unix_users(folder: Path, names: list[str], env: dict[str, str]) -> Iterator[list[User]]:
+def unix_users(folder: Path, names: list[str], env: dict[str, str],
+               extra: tuple[str, ...] = ()) -> Iterator[list[User]]:
     """Users ``names`` (made now, removed after with everything they still run), each with a
-    home under ``folder`` and ``env`` plus their own orchestrate state and run folders."""
+    home under ``folder`` and ``env`` plus their own orchestrate state and run folders; their
+    interpreter has ``extra`` packages too."""
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("making Unix users needs root and useradd")
-    python = shared_python()
+    python = shared_python(extra)
     made: list[User] = []
     try:
         for name in names:
             home = folder / name
-            subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home),
-                            "--user-group", "--shell", "/bin/sh", name], check=True,
-                           capture_output=True)
+            subprocess.run(["useradd", "--password", "*", "--no-create-home", "--home-dir",
+                            str(home), "--user-group", "--shell", "/bin/sh", name],
+                           check=True, capture_output=True)
             info = pwd.getpwnam(name)
             home.mkdir(mode=0o755)
             os.chown(home, info.pw_uid, info.pw_gid)
