@@ -11,6 +11,7 @@ are in test_local_users.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -285,8 +286,6 @@ def freezer() -> Iterator[Path]:
     """A cgroup v1 freezer cgroup (root): a frozen process that is sent SIGKILL stays (in D
     state) until it is thawed -- a process that outlives SIGKILL, as one in uninterruptible
     sleep on a hung driver or file system would."""
-    import os
-
     if os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists():
         pytest.skip("needs root and the cgroup v1 freezer hierarchy")
     group = FREEZER / f"orchestrate-test-{os.getpid()}-{time.monotonic_ns()}"

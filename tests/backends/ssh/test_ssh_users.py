@@ -12,6 +12,7 @@ a wrapper every user can run that puts the stand-in nvidia-smi on PATH.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import time
@@ -65,8 +66,6 @@ def users(ssh_hosts: SshHosts) -> Iterator[tuple[list[User], Path]]:
 def _give_key(user: User, key: Path) -> None:
     """The test hosts' key, as this user's own ``~/.ssh/id_ed25519`` (sshd takes it for every
     account: the hosts' AuthorizedKeysFile is one file)."""
-    import os
-
     ssh = user.home / ".ssh"
     ssh.mkdir(mode=0o700)
     shutil.copyfile(key, ssh / "id_ed25519")
