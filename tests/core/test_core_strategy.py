@@ -148,6 +148,8 @@ def test_a_traced_peak_follows_the_world_size_and_the_batch() -> None:
     ({"batch_split": "proportional"}, "train.batch_split", "global_batch_size"),
     ({"global_batch_size": 64, "batch_size": 8}, "train.batch_size", "not both"),
     ({"global_batch_size": 63, "grad_accum_steps": 2}, "train.global_batch_size", "multiple"),
+    ({"global_batch_size": 64, "batch_split": "measured", "strategy": "fsdp"},
+     "train.batch_split", "proportional"),
 ])
 def test_combinations_that_cannot_work_are_refused(train: dict[str, Any], field: str,
                                                    says: str) -> None:

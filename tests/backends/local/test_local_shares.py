@@ -1,0 +1,81 @@
+"""``batch_split: measured`` on the local backend, with one rank made slow: it gets half a CPU
+core (tests/support/throttle.py) beside a rank with a whole one, the stand-in for an A6000 beside
+an A100. Under ``equal`` shares every step waits for the slow rank; ``measured`` times each
+rank's own work for a few steps and moves samples to the fast rank, so an epoch takes at most
+0.8x as long (ideal 2/3), and the run trains on the same global batches: the same validation
+accuracy, the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.backends.local.conftest import Cli
+from tests.support import throttle
+from tests.support.checkpoints import differing_parameters, latest_state
+
+pytestmark = [pytest.mark.process, pytest.mark.torch]
+
+SUPPORT = Path(__file__).resolve().parents[2] / "support"  # mixedwork.py, the workload
+
+JOB = """
+    name: {name}
+    resources: {{nodes: 1, gpus_per_node: 2}}
+    workdir: {workdir}
+    env: {{MIXED_THROTTLE_RANK: "1", MIXED_THROTTLE_CGROUP: "{cgroup}"}}
+    train:
+      model: mixedwork:build_model
+      dataset: mixedwork:build_dataset
+      optimizer: {{name: sgd, lr: 0.05}}
+      epochs: 3
+      global_batch_size: 1024
+      batch_split: {split}
+      batch_measure_steps: 6
+      seed: 1
+    """
+
+
+def _epochs(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+
+
+@pytest.mark.timeout(300)
+def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
+    why = throttle.available()
+    if why is not None:
+        pytest.skip(why)
+    slow = throttle.Throttle(cores=0.5)
+    try:
+        runs: dict[str, Path] = {}
+        outputs: dict[str, str] = {}
+        for split in ("equal", "measured"):
+            job = cli.id(split)
+            cli.write(f"{split}.yaml", JOB.format(name=split, workdir=SUPPORT, split=split,
+                                                  cgroup=slow.path))
+            proc = cli.run("submit", str(cli.work / f"{split}.yaml"), "--follow",
+                           "--job-id", job, timeout=200)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+            runs[split], outputs[split] = cli.work / "runs" / job, proc.stdout + proc.stderr
+    finally:
+        slow.close()
+
+    equal, measured = _epochs(runs["equal"]), _epochs(runs["measured"])
+    assert [e["batch_shares"] for e in equal] == [[512, 512]] * 3
+    fast, slow_share = measured[-1]["batch_shares"]
+    assert fast + slow_share == 1024 and fast >= 1.5 * slow_share, measured[-1]
+    assert "batch shares [512, 512] -> " in outputs["measured"], outputs["measured"][-3000:]
+    # Epochs 2 and 3 run with the shares in force (epoch 1 holds the measuring steps).
+    ratio = (statistics.median(e["epoch_s"] for e in measured[1:])
+             / statistics.median(e["epoch_s"] for e in equal[1:]))
+    assert ratio <= 0.8, (ratio, equal, measured)
+    # The same global batches, split differently: the same model up to summation order.
+    assert abs(measured[-1]["val_accuracy"] - equal[-1]["val_accuracy"]) <= 0.01
+    assert measured[-1]["val_accuracy"] >= 0.8, measured[-1]
+    assert differing_parameters(latest_state(runs["equal"]), latest_state(runs["measured"]),
+                                atol=1e-4) == []

@@ -1,0 +1,52 @@
+"""A compute-bound job for the mixed-speed tests and bench/mixed_shares.py, and the throttle that
+makes one of its ranks a slow GPU.
+
+On GPUs a training step is compute: the per-sample work dominates, and a GPU half as fast takes
+twice as long per sample. A small model on CPUs is not like that (the optimizer and the
+collectives are most of a step), so the stand-in is a wide MLP on a large synthetic set: about
+1.1 M parameters, a few MFLOP per sample, a step of tens of milliseconds per 512 samples on one
+core, of which the optimizer (SGD) is about 1%.
+
+The slow GPU is a rank in a cgroup whose CPU bandwidth is capped (cgroup v1
+``cpu.cfs_quota_us``, v2 ``cpu.max``): the dataset factory runs in the rank's process before any
+of its threads exist, and when ``MIXED_THROTTLE_RANK`` names its rank it moves itself into the
+cgroup ``MIXED_THROTTLE_CGROUP`` (the test made it; it runs as root). Used as
+``mixedwork:build_model`` and ``mixedwork:build_dataset`` with this folder as the job's workdir.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def throttle_self() -> None:
+    """Move this process into the throttling cgroup when it is the rank to slow down."""
+    rank = os.environ.get("MIXED_THROTTLE_RANK")
+    group = os.environ.get("MIXED_THROTTLE_CGROUP")
+    if rank is None or group is None or os.environ.get("RANK") != rank:
+        return
+    (Path(group) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+
+def build_dataset(samples: int = 16384, features: int = 64, classes: int = 10,
+                  seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """Gaussian inputs labelled by a random linear teacher (learnable, so validation accuracy
+    tells a broken run from a working one); a fifth as many validation samples."""
+    throttle_self()
+    generator = torch.Generator().manual_seed(seed)
+    val = samples // 5
+    inputs = torch.randn(samples + val, features, generator=generator)
+    teacher = torch.randn(features, classes, generator=generator)
+    labels = (inputs @ teacher).argmax(dim=1)
+    return (TensorDataset(inputs[:samples], labels[:samples]),
+            TensorDataset(inputs[samples:], labels[samples:]))
+
+
+def build_model(features: int = 64, hidden: int = 1024, classes: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, classes))
