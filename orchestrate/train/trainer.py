@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,8 +37,8 @@ from orchestrate.train import saving, sharding
 from orchestrate.train.batchshares import RankBatch, SharedBatchSampler
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
-from orchestrate.train.failure import NonFiniteLoss
-from orchestrate.train.losses import LossFn
+from orchestrate.train.failure import NonFiniteLoss, TrainFailure
+from orchestrate.train.losses import LossFn, batch_loss, parts
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.peakmemory import PeakMemory
 from orchestrate.train.precision import PrecisionPlan
@@ -194,24 +195,20 @@ class Trainer:
         sidecar.phase("step", self.position.step)
         batches = iter(self.train_loader)
         while True:
-            fetching = time.perf_counter()
-            try:
-                inputs, target = next(batches)
-            except StopIteration:
-                return "epoch_end"
-            if meter is not None:
-                meter.fetched(time.perf_counter() - fetching)
-                meter.arm()
-            self.timing.data_ready(len(target))
             group_start = index - index % accum
             group_size = min(accum, n_batches - group_start)
-            last_of_group = index + 1 == group_start + group_size
-            self._micro_step(inputs, target, group_size, sync=last_of_group)
-            if meter is not None:
-                meter.micro_done(len(target))
-            index += 1
-            if not last_of_group:
-                continue
+            group = self._next_group(batches, group_start + group_size - index)
+            if not group:
+                return "epoch_end"
+            scales = self._loss_scales(group, group_size)
+            for k, (inputs, target, weight) in enumerate(group):
+                if meter is not None:
+                    meter.arm()
+                self._micro_step(inputs, target, weight, scales[k],
+                                 sync=k == len(group) - 1)
+                if meter is not None:
+                    meter.micro_done(len(target))
+            index += len(group)
             started = None if meter is None else meter.optimizer_started()
             self._optimizer_step()
             if meter is not None:
@@ -235,6 +232,40 @@ class Trainer:
                 if index < n_batches:
                     return "reshared"
 
+    def _next_group(self, batches: Iterator[Any], count: int
+                    ) -> list[tuple[Any, Any, torch.Tensor | None]]:
+        """The next ``count`` batches (one optimizer step's), fetched before the first of them
+        runs: per-sample weights scale each by its share of the whole step's weight. Fewer
+        (none) at the end of the loader."""
+        group: list[tuple[Any, Any, torch.Tensor | None]] = []
+        for _ in range(count):
+            fetching = time.perf_counter()
+            try:
+                batch = parts(next(batches))
+            except StopIteration:
+                break
+            if self.rebalancer is not None:
+                self.rebalancer.fetched(time.perf_counter() - fetching)
+            self.timing.data_ready(len(batch[1]))
+            group.append(batch)
+        return group
+
+    def _loss_scales(self, group: list[tuple[Any, Any, torch.Tensor | None]],
+                     group_size: int) -> list[float]:
+        """What each micro-batch's mean loss is multiplied by, so that the ranks' averaged
+        gradient is the step's mean over all its samples (``b_r * W / B`` per
+        :mod:`orchestrate.train.batchshares`, over the micro-steps) or, with per-sample
+        weights, over all its weight: ``W * w_rk / sum of all w`` (one all-reduce)."""
+        if all(weight is None for _, _, weight in group):
+            return [self.loss_scale / group_size] * len(group)
+        if any(weight is None for _, _, weight in group):
+            raise TrainFailure("some batches carry per-sample weights and some do not: a "
+                               "dataset yields (input, target) or (input, target, weight)")
+        mine = [float(weight.sum()) for _, _, weight in group if weight is not None]
+        total = self._all_reduce([sum(mine)])[0]
+        world = self.cluster.world_size
+        return [world * w / total if total > 0 else 0.0 for w in mine]
+
     def _reshare(self, shares: tuple[int, ...]) -> None:
         """Switch to measured shares between two steps: the loss scale and the sampler follow;
         the global batches stay the same."""
@@ -254,21 +285,20 @@ class Trainer:
             f"(measured by rank: ms per sample {per_sample}; optimizer ms per step "
             f"{optimizer})")
 
-    def _micro_step(
-        self, inputs: torch.Tensor, target: torch.Tensor, group_size: int, *, sync: bool
-    ) -> None:
+    def _micro_step(self, inputs: torch.Tensor, target: torch.Tensor,
+                    weight: torch.Tensor | None, scale: float, *, sync: bool) -> None:
         device = self.cluster.device
         inputs = self.precision.cast_input(inputs.to(device, non_blocking=True))
         target = target.to(device, non_blocking=True)
+        if weight is not None:
+            weight = weight.to(device, non_blocking=True)
         scaler = self.precision.scaler
         with sharding.sync_gradients(self.model, sync):
             with self.precision.autocast():
                 output = self.model(inputs)
-                loss = self.loss_fn(output, target)
+                loss = batch_loss(self.loss_fn, output, target, weight)
             self.timing.forward_done()
-            scaled = loss / group_size if group_size > 1 else loss
-            if self.loss_scale != 1.0:
-                scaled = scaled * self.loss_scale
+            scaled = loss * scale if scale != 1.0 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             torch.autograd.backward(scaled)
