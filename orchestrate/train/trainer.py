@@ -276,6 +276,9 @@ class Trainer:
         self.shares = shares
         self.loss_scale = mine.loss_scale
         self.spec = self.spec.model_copy(update={"batch_size": mine.size})
+        self.metrics.record(MetricRecord(
+            "shares", epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
+            batch_shares=shares))
         meter = self.rebalancer
         costs = [] if meter is None or meter.last_costs is None else meter.last_costs
         per_sample = ", ".join(f"{c.per_sample_s * 1e3:.3g}" for c in costs)

@@ -216,6 +216,11 @@ def test_batch_norm_with_unequal_shares_warns() -> None:
     facts = ModelFacts(params=1e6, batchnorm=("BatchNorm2d",))
     p = plan(job({"global_batch_size": 64, "batch_split": "proportional"}), model=facts)
     assert any("BatchNorm2d" in w and "per local batch" in w for w in p.warnings)
+    # measured shares start equal and then move: the warning comes at plan time all the same
+    p = plan(job({"global_batch_size": 64, "batch_split": "measured"}), model=facts)
+    assert any("BatchNorm2d" in w for w in p.warnings)
+    p = plan(job({"global_batch_size": 64}), model=facts)
+    assert not any("BatchNorm2d" in w for w in p.warnings)
 
 
 def test_apportion_never_exceeds_a_cap_and_sums_to_the_batch() -> None:

@@ -10,13 +10,15 @@ core, of which the optimizer (SGD) is about 1%.
 The slow GPU is a rank in a cgroup whose CPU bandwidth is capped (cgroup v1
 ``cpu.cfs_quota_us``, v2 ``cpu.max``): the dataset factory runs in the rank's process before any
 of its threads exist, and when ``MIXED_THROTTLE_RANK`` names its rank it moves itself into the
-cgroup ``MIXED_THROTTLE_CGROUP`` (the test made it; it runs as root). Used as
+cgroup ``MIXED_THROTTLE_CGROUP`` (the test made it; it runs as root), or waits to be moved
+(:func:`throttle_self`). Used as
 ``mixedwork:build_model`` and ``mixedwork:build_dataset`` with this folder as the job's workdir.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -24,13 +26,22 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 
-def throttle_self() -> None:
-    """Move this process into the throttling cgroup when it is the rank to slow down."""
+def throttle_self(wait_s: float = 60.0) -> None:
+    """Move this process into the throttling cgroup when it is the rank to slow down. Where the
+    cgroup file system cannot be seen (an SSH test host: ``ip netns exec`` mounts its own
+    /sys), the test moves the rank from outside: wait until /proc/self/cgroup says so."""
     rank = os.environ.get("MIXED_THROTTLE_RANK")
     group = os.environ.get("MIXED_THROTTLE_CGROUP")
     if rank is None or group is None or os.environ.get("RANK") != rank:
         return
-    (Path(group) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    if Path(group).is_dir():
+        (Path(group) / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        return
+    deadline = time.monotonic() + wait_s
+    while Path(group).name not in Path("/proc/self/cgroup").read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {rank} was not moved into cgroup {group} in {wait_s} s")
+        time.sleep(0.05)
 
 
 def build_dataset(samples: int = 16384, features: int = 64, classes: int = 10,

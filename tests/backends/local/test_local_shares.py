@@ -79,3 +79,10 @@ def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
     assert measured[-1]["val_accuracy"] >= 0.8, measured[-1]
     assert differing_parameters(latest_state(runs["equal"]), latest_state(runs["measured"]),
                                 atol=1e-4) == []
+    # What a person sees: the split and the step time before and after balancing.
+    job = cli.id("measured")
+    said = cli.run("status", job, check=True).stdout
+    assert f"batch shares by rank: {fast}, {slow_share} of 1024 since step 8 (512, 512 " \
+        "before)" in said, said
+    split = cli.status(job)["batch_shares"]
+    assert split["step_s_after"] <= 0.8 * split["step_s_before"], split
