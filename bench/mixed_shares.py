@@ -41,7 +41,7 @@ def _job(folder: Path, split: str, epochs: int, cgroup: Path) -> Path:
         "workdir": str(SUPPORT),
         "env": {"MIXED_THROTTLE_RANK": "1", "MIXED_THROTTLE_CGROUP": str(cgroup)},
         "train": {"model": "mixedwork:build_model", "dataset": "mixedwork:build_dataset",
-                  "optimizer": {"name": "sgd", "lr": 0.05}, "epochs": epochs,
+                  "optimizer": {"name": "sgd", "lr": 0.2}, "epochs": epochs,
                   "global_batch_size": 1024, "batch_split": split,
                   "batch_measure_steps": 6, "seed": 1}}))
     return path

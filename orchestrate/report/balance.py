@@ -1,9 +1,10 @@
 """What ``batch_split: measured`` did to a run: the shares at the start and in force now, the step
 where they changed, and the step time before and after (from the timing windows). Pure.
 
-Under DDP all ranks' steps last as long as the slowest rank's, so the step time (a window's wall
-time per step) is the figure balancing shortens; the windows before the first change are
-"before", those after the last change "after" (a window that spans a change counts for neither).
+Under DDP all ranks' steps last as long as the slowest rank's, so the step time (a window's
+data, forward, backward and optimizer time per step) is the figure balancing shortens; the
+windows before the first change are "before", those after the last change "after" (the trainer
+ends a window where the shares change).
 """
 
 from __future__ import annotations
@@ -48,14 +49,19 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
+_STEP_PARTS = ("data_s", "forward_s", "backward_s", "optimizer_s")
+
+
 def _step_s(windows: Mapping[int, Sequence[Mapping[str, Any]]], keep: Any) -> float | None:
-    """The median over ranks of wall time per step in the windows ``keep`` accepts."""
+    """The median over ranks of the time per step in the windows ``keep`` accepts: data,
+    forward, backward with its wait, optimizer (not validation or checkpoints between steps)."""
     per_rank = []
     for rank_windows in windows.values():
         chosen = [w for w in rank_windows if keep(w)]
         steps = sum(float(w.get("steps") or 0) for w in chosen)
         if steps > 0:
-            per_rank.append(sum(float(w.get("wall_s") or 0) for w in chosen) / steps)
+            per_rank.append(sum(float(w.get(k) or 0) for w in chosen for k in _STEP_PARTS)
+                            / steps)
     return statistics.median(per_rank) if per_rank else None
 
 

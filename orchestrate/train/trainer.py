@@ -276,6 +276,7 @@ class Trainer:
         self.shares = shares
         self.loss_scale = mine.loss_scale
         self.spec = self.spec.model_copy(update={"batch_size": mine.size})
+        self.timing.cut()
         self.metrics.record(MetricRecord(
             "shares", epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
             batch_shares=shares))
