@@ -42,22 +42,32 @@ def report(job_ref: str, output: Path | None) -> None:
 
 def status_json(job: JobRecord) -> dict[str, Any]:
     """``status --json``: the job record with ``straggler`` and per-rank ``timing`` (over the
-    whole run once the job ended, over the last 30 s of timing while it runs)."""
+    whole run once the job ended, over the last 30 s of timing while it runs), and
+    ``batch_shares`` under a global batch split (orchestrate/report/balance.py)."""
     from orchestrate.cli.live import RECENT_S
-    from orchestrate.report.runfiles import add_pace
+    from orchestrate.report.balance import balance
+    from orchestrate.report.runfiles import add_pace, read_metrics, read_timing
 
-    return add_pace(job.to_json(), Path(job.run_dir), None if job.terminal else RECENT_S)
+    run_dir = Path(job.run_dir)
+    status = add_pace(job.to_json(), run_dir, None if job.terminal else RECENT_S)
+    split = balance(read_metrics(run_dir), read_timing(run_dir))
+    status["batch_shares"] = None if split is None else split.to_json()
+    return status
 
 
 def status_lines(job: JobRecord) -> list[str]:
     """The straggler sentence and the loss sparkline for the text ``status``."""
     from orchestrate.cli.live import RECENT_S, loss_line, straggler_line
-    from orchestrate.report.runfiles import losses, read_metrics, run_pace
+    from orchestrate.report.balance import balance
+    from orchestrate.report.runfiles import losses, read_metrics, read_timing, run_pace
 
     run_dir = Path(job.run_dir)
     figures = run_pace(run_dir, {r.rank: r.node for r in job.ranks},
                        None if job.terminal else RECENT_S)
-    lines = [straggler_line(figures.straggler, figures), loss_line(losses(read_metrics(run_dir)))]
+    records = read_metrics(run_dir)
+    split = balance(records, read_timing(run_dir))
+    lines = [straggler_line(figures.straggler, figures), loss_line(losses(records)),
+             None if split is None else split.line()]
     return [line for line in lines if line]
 
 

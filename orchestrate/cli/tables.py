@@ -146,7 +146,10 @@ def shares_table(plan: Plan) -> Table:
     assert plan.batch is not None
     split = plan.batch
     table = Table(title=f"batch shares: global batch {split.global_batch_size}, split "
-                        f"{split.split}")
+                        f"{split.split}", caption=(
+                            "the shares to start from: the ranks' measured time per sample "
+                            "sets them after the first steps, within each memory cap"
+                            if split.split == "measured" else None))
     for column in ("RANK", "device", "speed", "share", "memory cap", "peak GB", "fits"):
         table.add_column(column)
     memory = {r.rank: r for r in plan.memory.ranks} if plan.memory is not None else {}

@@ -12,6 +12,8 @@ and a line holds exactly those (``null`` where the trainer had no value):
   time, and peak_memory_gb (every rank's measured peak in GB: orchestrate/train/peakmemory.py);
 - under ``global_batch_size``, ``start``, ``step`` and ``epoch`` also carry batch_shares (every
   rank's share of the global batch in force: ``batch_split: measured`` changes it);
+- ``shares`` (``batch_split: measured`` changed the split, before the next step): epoch, step,
+  time, batch_shares;
 - ``checkpoint`` (once a checkpoint is on disk): epoch, step, time, path;
 - ``end`` (the process finishes or stops for a requeue): outcome, signal, epoch, step, time.
 
@@ -34,6 +36,7 @@ KIND_FIELDS: dict[str, tuple[str, ...]] = {
              "epoch_s", "lr", "time"),
     "epoch": ("epoch", "step", "train_loss", "val_loss", "val_accuracy", "samples_per_s",
               "epoch_s", "lr", "time"),
+    "shares": ("epoch", "step", "time"),
     "checkpoint": ("epoch", "step", "time", "path"),
     "end": ("outcome", "signal", "epoch", "step", "time"),
 }

@@ -31,6 +31,7 @@ from typing import Any
 from orchestrate.core.metricrecord import MetricRecord, finite
 from orchestrate.core.plan.plan import Plan
 from orchestrate.report import svg
+from orchestrate.report.balance import balance
 from orchestrate.report.bandwidth import bandwidth_section
 from orchestrate.report.rundata import (
     RunData,
@@ -140,7 +141,7 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[MetricRec
         out.append(f'<p class="sub">reason: {escape(str(job["reason"]))}</p>')
     out.append('<div class="card"><table class="facts">'
                + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>"
-                         for k, v in _facts(job, metrics))
+                         for k, v in _facts(job, metrics, data.timing))
                + "</table>")
     out.append(_verdict(figures))
     for stall in data.stalls:
@@ -150,7 +151,8 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[MetricRec
     return out
 
 
-def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord]) -> list[tuple[str, str]]:
+def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord],
+           timing: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[tuple[str, str]]:
     """The job's facts table: times, steps, the last epoch's figures."""
     rows = [
         ("submitted", _clock(finite(job.get("submitted_at")))),
@@ -167,17 +169,24 @@ def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord]) -> list[tupl
                            ("samples_per_s", last_epoch.samples_per_s)):
             if value is not None:
                 rows.append((f"last {key}", f"{value:.4g}"))
-    return rows + _split_rows(metrics, last_epoch)
+    return rows + _split_rows(metrics, last_epoch, timing)
 
 
-def _split_rows(metrics: Sequence[MetricRecord], last_epoch: MetricRecord | None
-                ) -> list[tuple[str, str]]:
-    """Each rank's share of the global batch (the last in force) and measured peak memory."""
+def _split_rows(metrics: Sequence[MetricRecord], last_epoch: MetricRecord | None,
+                timing: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[tuple[str, str]]:
+    """Each rank's share of the global batch (the last in force, and what measuring changed)
+    and measured peak memory."""
     rows = []
-    start = next((r for r in reversed(metrics) if r.batch_shares), None)
-    if start is not None and start.batch_shares:
-        shares = start.batch_shares
-        rows.append(("batch shares", f"{', '.join(map(str, shares))} (of {sum(shares)})"))
+    split = balance(metrics, timing)
+    if split is not None:
+        rows.append(("batch shares", f"{', '.join(map(str, split.now))} (of {sum(split.now)})"))
+        if split.changed_at is not None:
+            rows.append(("batch shares at the start",
+                         f"{', '.join(map(str, split.first))} (measured shares from step "
+                         f"{split.changed_at})"))
+        if split.step_s_before is not None and split.step_s_after is not None:
+            rows.append(("step time before / after balancing",
+                         f"{split.step_s_before * 1e3:.0f} ms / {split.step_s_after * 1e3:.0f} ms"))
     if last_epoch is not None and last_epoch.peak_memory_gb:
         rows.append(("peak memory GB by rank",
                      ", ".join(f"{v:.3g}" for v in last_epoch.peak_memory_gb)))

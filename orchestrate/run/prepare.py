@@ -78,7 +78,8 @@ class Loaded:
         return {
             "source": self.source,
             "overrides": list(self.overrides),
-            "job": self.job.model_dump(mode="json"),
+            "job": self.job.model_dump(mode="json", exclude_unset=True),  # as written: a
+            # default dumped would read back as given (batch_size beside global_batch_size)
             "inventory": self.inventory_spec.model_dump(mode="json", exclude_unset=True),
             "inventory_source": self.inventory_source,
             "workdir": str(self.workdir),

@@ -87,36 +87,46 @@ def for_rank(spec: TrainSpec, rank: int, world: int) -> tuple[TrainSpec, RankBat
     return spec.model_copy(update={"batch_size": mine.size}), mine
 
 
-class SharedBatchSampler(Sampler[int]):
-    """This rank's samples: its slice of each global batch in turn (see the module docstring).
+class SharedBatchSampler(Sampler[list[int]]):
+    """This rank's batches: its slice of each global batch in turn (see the module docstring).
 
-    Used with a ``DataLoader`` whose ``batch_size`` is the rank's share, it yields exactly the
-    slices. Like :class:`~orchestrate.train.sampling.ResumableSampler` it has ``set_epoch``,
-    ``skip`` (samples of this rank already done this epoch) and ``num_samples``.
+    A *batch* sampler (``DataLoader(batch_sampler=...)``), so that :meth:`reshare` can change
+    the share between two steps (``batch_split: measured``): the next iteration cuts the same
+    global batches with the new shares. ``skip`` counts the batches (global steps of the
+    epoch) already done, which does not depend on the shares; like
+    :class:`~orchestrate.train.sampling.ResumableSampler` it has ``set_epoch`` and
+    ``num_samples`` (this rank's samples per epoch under the current share).
     """
 
     def __init__(self, dataset: Dataset[Any], batch: RankBatch, *, seed: int) -> None:
-        size = len(dataset) if isinstance(dataset, Sized) else 0
-        self.size = size
+        self.size = len(dataset) if isinstance(dataset, Sized) else 0
         self.batch = batch
         self.seed = seed
         self.epoch = 0
         self.skip = 0
-        self.steps = size // batch.total
-        self.num_samples = self.steps * batch.size
+        self.steps = self.size // batch.total
+
+    @property
+    def num_samples(self) -> int:
+        return self.steps * self.batch.size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    def reshare(self, shares: tuple[int, ...]) -> None:
+        """Cut the next iteration's batches with ``shares`` (same total)."""
+        if sum(shares) != self.batch.total:
+            raise ValueError(f"shares {list(shares)} do not add up to {self.batch.total}")
+        self.batch = RankBatch(shares, self.batch.rank)
+
+    def __iter__(self) -> Iterator[list[int]]:
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.size, generator=generator).tolist()
-        mine: list[int] = []
-        for step in range(self.steps):
-            start = step * self.batch.total + self.batch.offset
-            mine.extend(order[start : start + self.batch.size])
-        return iter(mine[self.skip :])
+        batch = self.batch
+        for step in range(self.skip, self.steps):
+            start = step * batch.total + batch.offset
+            yield order[start : start + batch.size]
 
     def __len__(self) -> int:
-        return max(0, self.num_samples - self.skip)
+        return max(0, self.steps - self.skip)

@@ -187,12 +187,19 @@ def restore(spec: TrainSpec, cluster: Cluster, built: Built, log: MetricsLog) ->
                            f"({first_line(exc)})") from exc
     position = Position(int(state["epoch"]), int(state["batch_in_epoch"]), int(state["step"]))
     ranks: list[Any] = list(state["ranks"])
+    # Under shares a batch is one global batch whatever the split (measured shares change
+    # during a run), so the position is exact when the global batch is the same size.
+    saved_shares = state.get("batch_shares") or []
+    shares = batchshares.shares_of(spec, cluster.world_size) or []
+    saved_global = (sum(saved_shares) if saved_shares
+                    else int(state.get("batch_size", -1)) * int(state.get("world_size", -1)))
+    now_global = sum(shares) if shares else spec.batch_size * cluster.world_size
     same_layout = int(state.get("world_size", -1)) == cluster.world_size and (
-        state.get("batch_shares") == list(batchshares.shares_of(spec, cluster.world_size) or [])
-        if state.get("batch_shares") else int(state.get("batch_size", -1)) == spec.batch_size)
+        saved_global == now_global if shares and saved_shares
+        else not shares and not saved_shares
+        and int(state.get("batch_size", -1)) == spec.batch_size)
     if not same_layout and position.batch:
-        done = position.batch * int(state["batch_size"]) * int(state["world_size"])
-        batch = done // (spec.batch_size * cluster.world_size)
+        batch = position.batch * saved_global // now_global
         position.batch = batch - batch % spec.grad_accum_steps
         log.say(
             f"resume: world size or batch size changed since {path.name}; the interrupted "

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import default_collate
 
-from orchestrate.train.losses import LossFn
+from orchestrate.train.losses import LossFn, batch_loss, parts
 from orchestrate.train.precision import PrecisionPlan
 
 
@@ -72,8 +72,8 @@ def evaluate(
     module.eval()
     if lockstep is not None:
         batches = _lockstep(batches, lockstep, control)
-    # loss sum, correct, samples, samples with class outputs
-    totals = torch.zeros(4, dtype=torch.float64, device=device)
+    # loss sum, correct, samples, samples with class outputs, weight
+    totals = torch.zeros(5, dtype=torch.float64, device=device)
     try:
         with torch.no_grad():
             for batch in batches:
@@ -81,15 +81,20 @@ def evaluate(
                     with precision.autocast():
                         module(precision.cast_input(batch[1][0].to(device, non_blocking=True)))
                     continue
-                inputs, target = batch[0], batch[1]
+                inputs, target, weight = parts(batch)
                 inputs = precision.cast_input(inputs.to(device, non_blocking=True))
                 target = target.to(device, non_blocking=True)
+                if weight is not None:
+                    weight = weight.to(device, non_blocking=True)
                 with precision.autocast():
                     output = module(inputs)
-                    loss = loss_fn(output, target)
+                    loss = batch_loss(loss_fn, output, target, weight)
                 count = len(target)
-                totals[0] += loss.detach().double() * count
+                # With weights the loss is the mean over the batch's weight: sum by weight.
+                totals[0] += loss.detach().double() * (
+                    count if weight is None else weight.double().sum())
                 totals[2] += count
+                totals[4] += count if weight is None else weight.double().sum()
                 if _is_classification(output, target):
                     totals[1] += (output.argmax(dim=1) == target).sum()
                     totals[3] += count
@@ -97,7 +102,7 @@ def evaluate(
         module.train(was_training)
     if distributed:
         dist.all_reduce(totals)
-    loss_sum, correct, samples, classified = totals.tolist()
+    loss_sum, correct, samples, classified, weights = totals.tolist()
     accuracy = correct / samples if samples and classified == samples else None
-    return Evaluation(loss=loss_sum / samples if samples else float("nan"), accuracy=accuracy,
+    return Evaluation(loss=loss_sum / weights if weights else float("nan"), accuracy=accuracy,
                       samples=int(samples))

@@ -131,7 +131,7 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
                                                      if p.requires_grad])
         inputs: Any
         target: Any
-        inputs, target = (mode.from_tensor(t) for t in sample)
+        inputs, target = (mode.from_tensor(t) for t in list(sample)[:2])  # a weight: unused
         inputs = precision.cast_input(inputs.unsqueeze(0).expand(batch, *inputs.shape).clone())
         target = target.unsqueeze(0).expand(batch, *target.shape).clone()
         loss_fn = resolve_loss(spec.loss)

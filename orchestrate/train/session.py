@@ -40,7 +40,7 @@ from orchestrate.core.exits import (
 )
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import activation, sidecar
-from orchestrate.train import batchshares
+from orchestrate.train import batchshares, rebalance
 from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.build import Built, Restored, build, restore
 from orchestrate.train.distributed import Cluster, join, leave
@@ -182,6 +182,7 @@ def _setup(
         val_set=built.val_set,
         loss_scale=1.0 if share is None else share.loss_scale,
         shares=None if share is None else share.shares,
+        rebalancer=_rebalancer(spec, cluster, model, built.module, share),
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
     trainer.last_checkpoint = built.resume_from
@@ -190,13 +191,32 @@ def _setup(
         log.say(f"batch shares {list(share.shares)} of global_batch_size "
                 f"{spec.global_batch_size} "
                 "(each rank's loss scaled by its share x world / global batch)")
-        if spec.batch_split == "measured" and spec.batch_shares is None:
-            log.say("batch_split measured: re-balancing from the ranks' timings is not "
-                    "implemented yet; the planned shares stay for the whole run")
+        if spec.batch_split == "measured" and spec.sharded:
+            log.say("batch_split measured under FSDP (strategy auto chose it): the planned "
+                    "shares stay for the whole run (measuring needs DDP's gradient buckets)")
+        if trainer.rebalancer is not None:
+            log.say(f"batch_split measured: the shares are set from each rank's own time "
+                    f"per sample after {rebalance.WARMUP_STEPS} + {spec.batch_measure_steps} "
+                    "steps" + (", and again every epoch" if spec.batch_rebalance == "epoch"
+                               else ""))
     if restored.resumed_from is not None:
         p = restored.position
         trainer.last_saved = (p.epoch, p.batch, p.step)
     return trainer
+
+
+def _rebalancer(spec: TrainSpec, cluster: Cluster, model: torch.nn.Module,
+                inner: torch.nn.Module, share: batchshares.RankBatch | None
+                ) -> rebalance.Rebalancer | None:
+    """The measuring of ``batch_split: measured`` (DDP with more than one rank), else None."""
+    if (share is None or spec.batch_split != "measured" or spec.batch_shares is not None
+            or cluster.world_size < 2 or spec.sharded):
+        return None
+    caps = spec.batch_plan.caps if spec.batch_plan is not None else []
+    return rebalance.Rebalancer(
+        model, inner, shares=share.shares, caps=caps, micro_steps=spec.grad_accum_steps,
+        measure_steps=spec.batch_measure_steps, every_epoch=spec.batch_rebalance == "epoch",
+        control=cluster.control, cuda=cluster.device.type == "cuda")
 
 
 def _built_everywhere(spec: TrainSpec, cluster: Cluster, run_dir: Path, log: MetricsLog
@@ -240,13 +260,16 @@ def _loaders(spec: TrainSpec, cluster: Cluster, built: Built,
         built.train_set, num_replicas=cluster.world_size, rank=cluster.rank, seed=spec.seed
     ) if share is None else SharedBatchSampler(built.train_set, share, seed=spec.seed)
     generator = torch.Generator()
+    # Under shares the sampler yields whole batches (its share may change between steps).
+    batching: dict[str, Any] = (
+        {"batch_sampler": sampler} if isinstance(sampler, SharedBatchSampler)
+        else {"batch_size": spec.batch_size, "sampler": sampler})
     train_loader: DataLoader[Any] = DataLoader(
         built.train_set,
-        batch_size=spec.batch_size,
-        sampler=sampler,
         num_workers=spec.num_workers,
         pin_memory=cuda,
         generator=generator,
+        **batching,
     )
     val_loader: DataLoader[Any] | None = None
     if built.val_set is not None:

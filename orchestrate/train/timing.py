@@ -182,6 +182,12 @@ class StepTiming:
         ):
             self._flush()
 
+    def cut(self) -> None:
+        """End the window here (the batch shares changed: the report compares the windows
+        before with those after, so none may hold both)."""
+        if self.on and self._steps:
+            self._flush()
+
     def close(self) -> None:
         """Write the last, partial window."""
         if self.on and self._steps:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,21 +34,24 @@ from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
 from orchestrate.train import saving, sharding
-from orchestrate.train.batchshares import SharedBatchSampler
+from orchestrate.train.batchshares import RankBatch, SharedBatchSampler
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
-from orchestrate.train.failure import NonFiniteLoss
-from orchestrate.train.losses import LossFn
+from orchestrate.train.failure import NonFiniteLoss, TrainFailure
+from orchestrate.train.losses import LossFn, batch_loss, parts
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.peakmemory import PeakMemory
 from orchestrate.train.precision import PrecisionPlan
 from orchestrate.train.preemption import StopAgreement
+from orchestrate.train.rebalance import Rebalancer
 from orchestrate.train.sampling import ResumableSampler
 from orchestrate.train.timing import StepTiming
 
 GB = 1e9
 Outcome = Literal["completed", "preempted"]
 EpochEnd = Literal["epoch_end", "stop", "max_steps"]
+#: How a pass over the loader ended: ``reshared`` starts another pass with the new shares.
+PassEnd = Literal["epoch_end", "stop", "max_steps", "reshared"]
 
 
 @dataclass
@@ -99,6 +103,7 @@ class Trainer:
     #: ``b_r * W / B`` under global_batch_size (orchestrate.train.batchshares), else 1
     loss_scale: float = 1.0
     shares: tuple[int, ...] | None = None  # every rank's share of the global batch
+    rebalancer: Rebalancer | None = None  # batch_split: measured
     last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
     last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
@@ -124,6 +129,8 @@ class Trainer:
 
     @property
     def batches_per_epoch(self) -> int:
+        if isinstance(self.sampler, SharedBatchSampler):
+            return self.sampler.steps
         return math.ceil(self.sampler.num_samples / self.spec.batch_size)
 
     @property
@@ -158,10 +165,7 @@ class Trainer:
 
     def _train_epoch(self) -> EpochEnd:
         spec = self.spec
-        accum = spec.grad_accum_steps
-        n_batches = self.batches_per_epoch
         self.sampler.set_epoch(self.position.epoch)
-        self.sampler.skip = self.position.batch * spec.batch_size
         self.loader_generator.manual_seed(
             loader_seed(spec.seed, self.cluster.rank, self.position.epoch)
         )
@@ -170,19 +174,45 @@ class Trainer:
         self._pending_loss = torch.zeros((), dtype=torch.float64, device=self.cluster.device)
         self._pending_samples = 0
         self._interval = (*self._running(), self._epoch_started)
+        if self.rebalancer is not None:
+            self.rebalancer.epoch_started()
+        while True:
+            end = self._train_pass()
+            if end != "reshared":
+                return end
+
+    def _train_pass(self) -> PassEnd:
+        """Batches from where the epoch is to its end, a stop, or new shares."""
+        spec = self.spec
+        accum = spec.grad_accum_steps
+        n_batches = self.batches_per_epoch
+        shared = isinstance(self.sampler, SharedBatchSampler)
+        # A shared sampler skips whole batches (global steps), the other one samples.
+        self.sampler.skip = self.position.batch * (1 if shared else spec.batch_size)
         index = self.position.batch
+        meter = self.rebalancer
         self.timing.resume()
         sidecar.phase("step", self.position.step)
-        for inputs, target in self.train_loader:
-            self.timing.data_ready(len(target))
+        batches = iter(self.train_loader)
+        while True:
             group_start = index - index % accum
             group_size = min(accum, n_batches - group_start)
-            last_of_group = index + 1 == group_start + group_size
-            self._micro_step(inputs, target, group_size, sync=last_of_group)
-            index += 1
-            if not last_of_group:
-                continue
+            group = self._next_group(batches, group_start + group_size - index)
+            if not group:
+                return "epoch_end"
+            scales = self._loss_scales(group, group_size)
+            for k, (inputs, target, weight) in enumerate(group):
+                if meter is not None:
+                    meter.arm()
+                self._micro_step(inputs, target, weight, scales[k],
+                                 sync=k == len(group) - 1)
+                if meter is not None:
+                    meter.micro_done(len(target))
+            index += len(group)
+            started = None if meter is None else meter.optimizer_started()
             self._optimizer_step()
+            if meter is not None:
+                meter.optimizer_done(started)
             self.position.step += 1
             self.timing.step_done(self.position.step, self.position.epoch + 1)
             self.position.batch = index
@@ -196,23 +226,83 @@ class Trainer:
                 return "stop"
             if self._at_max_steps() and index < n_batches:
                 return "max_steps"
-        return "epoch_end"
+            new = None if meter is None else meter.step_done()
+            if new is not None:
+                self._reshare(tuple(new))
+                if index < n_batches:
+                    return "reshared"
 
-    def _micro_step(
-        self, inputs: torch.Tensor, target: torch.Tensor, group_size: int, *, sync: bool
-    ) -> None:
+    def _next_group(self, batches: Iterator[Any], count: int
+                    ) -> list[tuple[Any, Any, torch.Tensor | None]]:
+        """The next ``count`` batches (one optimizer step's), fetched before the first of them
+        runs: per-sample weights scale each by its share of the whole step's weight. Fewer
+        (none) at the end of the loader."""
+        group: list[tuple[Any, Any, torch.Tensor | None]] = []
+        for _ in range(count):
+            fetching = time.perf_counter()
+            try:
+                batch = parts(next(batches))
+            except StopIteration:
+                break
+            if self.rebalancer is not None:
+                self.rebalancer.fetched(time.perf_counter() - fetching)
+            self.timing.data_ready(len(batch[1]))
+            group.append(batch)
+        return group
+
+    def _loss_scales(self, group: list[tuple[Any, Any, torch.Tensor | None]],
+                     group_size: int) -> list[float]:
+        """What each micro-batch's mean loss is multiplied by, so that the ranks' averaged
+        gradient is the step's mean over all its samples (``b_r * W / B`` per
+        :mod:`orchestrate.train.batchshares`, over the micro-steps) or, with per-sample
+        weights, over all its weight: ``W * w_rk / sum of all w`` (one all-reduce)."""
+        if all(weight is None for _, _, weight in group):
+            return [self.loss_scale / group_size] * len(group)
+        if any(weight is None for _, _, weight in group):
+            raise TrainFailure("some batches carry per-sample weights and some do not: a "
+                               "dataset yields (input, target) or (input, target, weight)")
+        mine = [float(weight.sum()) for _, _, weight in group if weight is not None]
+        total = self._all_reduce([sum(mine)])[0]
+        world = self.cluster.world_size
+        return [world * w / total if total > 0 else 0.0 for w in mine]
+
+    def _reshare(self, shares: tuple[int, ...]) -> None:
+        """Switch to measured shares between two steps: the loss scale and the sampler follow;
+        the global batches stay the same."""
+        assert isinstance(self.sampler, SharedBatchSampler) and self.shares is not None
+        before = self.shares
+        self.sampler.reshare(shares)
+        mine = RankBatch(shares, self.cluster.rank)
+        self.shares = shares
+        self.loss_scale = mine.loss_scale
+        self.spec = self.spec.model_copy(update={"batch_size": mine.size})
+        self.timing.cut()
+        self.metrics.record(MetricRecord(
+            "shares", epoch=self.position.epoch + 1, step=self.position.step, time=time.time(),
+            batch_shares=shares))
+        meter = self.rebalancer
+        costs = [] if meter is None or meter.last_costs is None else meter.last_costs
+        per_sample = ", ".join(f"{c.per_sample_s * 1e3:.3g}" for c in costs)
+        optimizer = ", ".join(f"{c.fixed_s * 1e3:.3g}" for c in costs)
+        self.metrics.say(
+            f"batch shares {list(before)} -> {list(shares)} at step {self.position.step} "
+            f"(measured by rank: ms per sample {per_sample}; optimizer ms per step "
+            f"{optimizer})")
+
+    def _micro_step(self, inputs: torch.Tensor, target: torch.Tensor,
+                    weight: torch.Tensor | None, scale: float, *, sync: bool) -> None:
         device = self.cluster.device
         inputs = self.precision.cast_input(inputs.to(device, non_blocking=True))
         target = target.to(device, non_blocking=True)
+        if weight is not None:
+            weight = weight.to(device, non_blocking=True)
         scaler = self.precision.scaler
         with sharding.sync_gradients(self.model, sync):
             with self.precision.autocast():
                 output = self.model(inputs)
-                loss = self.loss_fn(output, target)
+                loss = batch_loss(self.loss_fn, output, target, weight)
             self.timing.forward_done()
-            scaled = loss / group_size if group_size > 1 else loss
-            if self.loss_scale != 1.0:
-                scaled = scaled * self.loss_scale
+            scaled = loss * scale if scale != 1.0 else loss
             if scaler is not None:
                 scaled = scaler.scale(scaled)
             torch.autograd.backward(scaled)
@@ -353,6 +443,8 @@ class Trainer:
 
     def _finish(self, outcome: Outcome) -> None:
         self.timing.close()
+        if self.rebalancer is not None:
+            self.rebalancer.close()
         self.metrics.record(MetricRecord(
             "end", outcome=outcome, signal=self.stop.flag.signal_name,
             epoch=self.position.epoch + (0 if self.position.batch == 0 else 1),

@@ -49,6 +49,26 @@ def test_the_handshake_carries_the_job_as_loaded_and_planned(tmp_path: Path) -> 
     assert "TOKEN=" not in json.dumps(sent.to_json())  # the names of secrets, never values
 
 
+def test_a_job_with_a_global_batch_comes_through_as_written(tmp_path: Path) -> None:
+    """The supervisor reads the job back from the handshake; a dumped default ``batch_size``
+    beside ``global_batch_size`` once made every such submit fail as "not both"."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(json.dumps({"name": "one", "nodes": [
+        {"name": "h1", "address": "198.18.0.1", "slots": 2}]}))
+    job = JobSpec.model_validate({"name": "gb", "backend": "ssh", "inventory": str(inventory),
+                                  "resources": {"nodes": 1, "gpus_per_node": 2},
+                                  "train": {"model": "m:f", "dataset": "d:f",
+                                            "global_batch_size": 96,
+                                            "batch_split": "measured"}})
+    loaded = load_spec(job, tmp_path, "gb.yaml", ())
+    back = Handshake(job_id="gb-1", source="gb.yaml", submitted_at=1.0, attempt=None,
+                     plan=plan_job(loaded, "gb-1").plan, loaded=loaded.to_json())
+    again = Handshake.from_json(_wire(back.to_json())).loaded_job()
+    assert again.job.train is not None and again.job.train.global_batch_size == 96
+    assert again.job == loaded.job
+    assert plan_job(again, "gb-1").plan == back.plan  # what the supervisor does with it
+
+
 def test_the_ssh_handshake_names_the_hosts_to_log_into_first(tmp_path: Path) -> None:
     prepared = _prepared(tmp_path)
     hosts = (Login(Target("h1", "198.18.0.1", "python3", user="u", port=2222), 2),

@@ -148,6 +148,8 @@ def test_a_traced_peak_follows_the_world_size_and_the_batch() -> None:
     ({"batch_split": "proportional"}, "train.batch_split", "global_batch_size"),
     ({"global_batch_size": 64, "batch_size": 8}, "train.batch_size", "not both"),
     ({"global_batch_size": 63, "grad_accum_steps": 2}, "train.global_batch_size", "multiple"),
+    ({"global_batch_size": 64, "batch_split": "measured", "strategy": "fsdp"},
+     "train.batch_split", "proportional"),
 ])
 def test_combinations_that_cannot_work_are_refused(train: dict[str, Any], field: str,
                                                    says: str) -> None:
@@ -214,6 +216,11 @@ def test_batch_norm_with_unequal_shares_warns() -> None:
     facts = ModelFacts(params=1e6, batchnorm=("BatchNorm2d",))
     p = plan(job({"global_batch_size": 64, "batch_split": "proportional"}), model=facts)
     assert any("BatchNorm2d" in w and "per local batch" in w for w in p.warnings)
+    # measured shares start equal and then move: the warning comes at plan time all the same
+    p = plan(job({"global_batch_size": 64, "batch_split": "measured"}), model=facts)
+    assert any("BatchNorm2d" in w for w in p.warnings)
+    p = plan(job({"global_batch_size": 64}), model=facts)
+    assert not any("BatchNorm2d" in w for w in p.warnings)
 
 
 def test_apportion_never_exceeds_a_cap_and_sums_to_the_batch() -> None:

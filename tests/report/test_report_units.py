@@ -427,3 +427,32 @@ def test_timer_switch_and_windows(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_measured_shares_show_the_step_time_before_and_after() -> None:
+    from orchestrate.report.balance import balance
+
+    records = [
+        MetricRecord("start", epoch=1, step=1, time=1.0, world_size=2, batch_shares=(512, 512)),
+        MetricRecord("shares", epoch=1, step=8, time=2.0, batch_shares=(684, 340)),
+        MetricRecord("epoch", epoch=1, step=16, time=3.0, batch_shares=(684, 340)),
+    ]
+    # rank 1 is slow: both ranks' steps last 0.2 s at equal shares, 0.14 s after (validation
+    # and checkpoints in the windows' wall time are not steps)
+    windows = {rank: [window(rank, data=0.0, backward=0.197, steps=8, first=1),
+                      window(rank, data=0.0, backward=0.137, steps=8, first=9)]
+               for rank in (0, 1)}
+    for rank_windows in windows.values():
+        rank_windows[1]["wall_s"] = 5.0
+    split = balance(records, windows)
+    assert split is not None and split.first == (512, 512) and split.now == (684, 340)
+    assert split.changed_at == 8
+    assert split.step_s_before == pytest.approx(0.2) and split.step_s_after == pytest.approx(0.14)
+    assert split.line() == ("batch shares by rank: 684, 340 of 1024 since step 8 (512, 512 "
+                            "before); step 200 ms before, 140 ms after")
+    page = render_report(RunData(job_id="j", job={}, metrics=records, timing=windows))
+    assert "684, 340 (of 1024)" in page and "200 ms / 140 ms" in page
+    # Fixed shares: no change to tell of.
+    fixed = balance(records[:1], windows)
+    assert fixed is not None and fixed.line() == "batch shares by rank: 512, 512 of 1024"
+    assert balance([MetricRecord("start", epoch=1, step=1)], windows) is None

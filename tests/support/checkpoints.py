@@ -19,8 +19,13 @@ def latest_state(run_dir: Path) -> dict[str, Any]:
     return checkpoint.load(named)
 
 
-def differing_parameters(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """The model parameters whose tensors are not bit-identical in two checkpoint states."""
+def differing_parameters(a: dict[str, Any], b: dict[str, Any], atol: float = 0.0) -> list[str]:
+    """The model parameters whose tensors differ in two checkpoint states: not bit-identical,
+    or with ``atol`` more than that apart somewhere (runs that sum in another order)."""
     import torch
 
-    return [key for key, tensor in a["model"].items() if not torch.equal(tensor, b["model"][key])]
+    if atol == 0.0:
+        return [key for key, tensor in a["model"].items()
+                if not torch.equal(tensor, b["model"][key])]
+    return [key for key, tensor in a["model"].items()
+            if not torch.allclose(tensor, b["model"][key], rtol=0.0, atol=atol)]

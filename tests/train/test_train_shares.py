@@ -74,6 +74,26 @@ def test_splits_end_with_the_parameters_of_one_process(launcher: Launcher, tmp_p
             assert diff <= 1e-5, (name, key, diff)
 
 
+@pytest.mark.timeout(400)
+def test_per_sample_weights_give_the_weighted_mean_of_the_global_batch(
+        launcher: Launcher, tmp_path: Path) -> None:
+    """A dataset yielding (input, target, weight): each rank's loss is scaled by its share of
+    the step's weight, so [48, 16] ends where one process on the weighted global batch ends,
+    and where ignoring the weights would not."""
+    weighted = _config(dataset="train_probe:build_weighted", epochs=4)
+    single = tmp_path / "single"
+    launcher.run(weighted, single, nprocs=1, timeout=240)
+    reference = _weights(single)
+    launcher.run({**weighted, "batch_shares": [48, 16]}, tmp_path / "split", timeout=240)
+    got = _weights(tmp_path / "split")
+    for key, value in reference.items():
+        diff = float((got[key] - value).abs().max())
+        assert diff <= 1e-5, (key, diff)
+    launcher.run(_config(epochs=4), tmp_path / "unweighted", nprocs=1, timeout=240)
+    plain = _weights(tmp_path / "unweighted")
+    assert max(float((plain[k] - v).abs().max()) for k, v in reference.items()) > 1e-3
+
+
 @pytest.mark.timeout(120)
 def test_shares_that_do_not_fit_the_ranks_stop_every_rank(launcher: Launcher, tmp_path: Path
                                                           ) -> None:

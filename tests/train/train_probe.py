@@ -134,3 +134,18 @@ def build_slow(delay_s: float = 30.0, **kwargs: Any) -> torch.nn.Module:
     """digits.build_model after ``delay_s`` seconds: a factory that takes too long to plan."""
     time.sleep(delay_s)
     return digits.build_model(**kwargs)
+
+
+def build_weighted(**kwargs: Any) -> tuple[Dataset[Any], Dataset[Any]]:
+    """The digits with a per-sample weight (1 to 5, fixed by the sample's index), as a dataset
+    of token counts would carry: items ``(input, target, weight)``."""
+    from digits import build_dataset as digits
+    from torch.utils.data import TensorDataset
+
+    def weighted(data: Any) -> TensorDataset:
+        inputs, targets = data.tensors
+        weights = (torch.arange(len(targets)) * 7 % 5 + 1).to(torch.float32)
+        return TensorDataset(inputs, targets, weights)
+
+    train, val = digits(**kwargs)
+    return weighted(train), weighted(val)

@@ -191,7 +191,8 @@ def decide(train: TrainSpec, facts: ModelFacts | None, slots: Sequence[Slot],
     if chosen is None:
         raise _refusal(train, facts, tried, source)
     shares = chosen.split
-    if shares is not None and facts.batchnorm and len(set(shares.shares)) > 1:
+    if shares is not None and facts.batchnorm and (
+            len(set(shares.shares)) > 1 or shares.split == "measured"):
         warnings.append(
             f"the model has batch norm ({', '.join(facts.batchnorm)}): its statistics are per "
             "local batch, so ranks with different shares normalise over different numbers of "

@@ -276,6 +276,12 @@ def _batch_problems(train: TrainSpec, source: str, prefix: str) -> list[Problem]
         problems.append(Problem(
             "give batch_split or batch_shares (each rank's share), not both", source=source,
             field=f"{prefix}batch_split", got=train.batch_split, hint="drop one of them"))
+    if train.batch_split == "measured" and train.strategy == "fsdp":
+        problems.append(Problem(
+            "measured shares time each rank's backward up to the last DDP gradient bucket; "
+            "FSDP has no such point, so its waits would count as compute", source=source,
+            field=f"{prefix}batch_split", got="measured",
+            hint="under strategy: fsdp use batch_split: proportional or list batch_shares"))
     accum = train.grad_accum_steps
     if train.global_batch_size % accum:
         problems.append(Problem(

@@ -1,0 +1,71 @@
+"""A CPU-bandwidth cap for one process: the stand-in for a slow GPU in the mixed-speed tests.
+
+cgroup v1's cpu controller (``cpu.cfs_period_us`` / ``cpu.cfs_quota_us``, what this project's
+test machines have) or cgroup v2's ``cpu.max``; a short period (10 ms) so that the capped
+process runs in small slices and its speed is even from step to step. :func:`available` says
+whether either can be written here (tests skip, saying so, when neither can).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+V1 = Path("/sys/fs/cgroup/cpu")
+V2 = Path("/sys/fs/cgroup")
+PERIOD_US = 10_000
+
+
+def _root() -> Path | None:
+    if (V1 / "cpu.cfs_quota_us").exists() and os.access(V1, os.W_OK):
+        return V1
+    if (V2 / "cgroup.controllers").exists() and "cpu" in (
+            V2 / "cgroup.subtree_control").read_text().split() and os.access(V2, os.W_OK):
+        return V2
+    return None
+
+
+def available() -> str | None:
+    """None when a throttle can be made here, else why not."""
+    if _root() is not None:
+        return None
+    return ("neither cgroup v1 cpu.cfs_quota_us (/sys/fs/cgroup/cpu) nor cgroup v2 cpu.max "
+            "(with the cpu controller enabled) is writable here")
+
+
+class Throttle:
+    """A cgroup whose members share ``cores`` CPU cores at most; remove it with :meth:`close`
+    once its processes are gone (it waits a little for them)."""
+
+    def __init__(self, cores: float) -> None:
+        root = _root()
+        if root is None:
+            raise RuntimeError(available())
+        self.path = root / f"orchestrate-test-{uuid.uuid4().hex[:8]}"
+        self.path.mkdir()
+        quota = int(PERIOD_US * cores)
+        if root == V1:
+            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the cgroup."""
+        (self.path / "cgroup.procs").write_text(f"{pid}\n")
+
+    def members(self) -> list[int]:
+        return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
