@@ -209,10 +209,7 @@ class Trainer:
                 if meter is not None:
                     meter.micro_done(len(target))
             index += len(group)
-            started = None if meter is None else meter.optimizer_started()
-            self._optimizer_step()
-            if meter is not None:
-                meter.optimizer_done(started)
+            self._measured_optimizer_step()
             self.position.step += 1
             self.timing.step_done(self.position.step, self.position.epoch + 1)
             self.position.batch = index
@@ -231,6 +228,16 @@ class Trainer:
                 self._reshare(tuple(new))
                 if index < n_batches:
                     return "reshared"
+
+    def _measured_optimizer_step(self) -> None:
+        """The optimizer step, timed for measured shares, counted for the peak memory."""
+        meter = self.rebalancer
+        started = None if meter is None else meter.optimizer_started()
+        self._optimizer_step()
+        if meter is not None:
+            meter.optimizer_done(started)
+        if self.peak is not None:
+            self.peak.step_done()
 
     def _next_group(self, batches: Iterator[Any], count: int
                     ) -> list[tuple[Any, Any, torch.Tensor | None]]:
