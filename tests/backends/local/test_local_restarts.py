@@ -1,9 +1,9 @@
 """Restarts on the local backend: one policy, real processes, the built-in trainer resuming.
 
 A rank killed with SIGKILL mid-training: the job restarts once and ends where an uninterrupted
-run ends, parameter for parameter. A job that fails the same way every time stops after the
-no-progress rule. A cancel between attempts restarts nothing. ``resume`` runs an ended job's
-next attempt by hand.
+run ends, parameter for parameter (under DDP, and under FSDP from a sharded checkpoint). A job
+that fails the same way every time stops after the no-progress rule. A cancel between attempts
+restarts nothing. ``resume`` runs an ended job's next attempt by hand.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from orchestrate.hostside import host
 from tests.backends.local.conftest import Cli
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.output import merged_text
+from tests.support.sharded import FSDP_TRAIN, exported_loads, sharded_checkpoint
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -198,3 +200,36 @@ def test_resume_runs_the_next_attempt_in_the_same_run_directory(cli: Cli) -> Non
     assert _epochs(run_dir)[-1]["epoch"] == 24
     again = cli.run("resume", job_id)
     assert again.returncode == 2 and "nothing to resume" in again.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_fsdp_rank_restarts_from_the_sharded_checkpoint_exactly(cli: Cli) -> None:
+    """Under ``strategy: fsdp`` the restart resumes from a sharded checkpoint (every rank its
+    shard); same world size, so the exported weights equal an uninterrupted run's exactly."""
+    train = FSDP_TRAIN.replace("epochs: 1", "epochs: 6")
+    for name in ("straight", "killed"):
+        cli.write(f"{name}.yaml", f"name: {name}\nresources: {{nodes: 1, gpus_per_node: 2}}\n"
+                  f"workdir: {EXAMPLE}\nrestart: {{max: 1, on: [failure], backoff_s: [0]}}\n"
+                  + train)
+    straight, killed = cli.id("fsdp-straight"), cli.id("fsdp-killed")
+    proc = cli.run("submit", str(cli.work / "straight.yaml"), "--follow", "--job-id", straight,
+                   timeout=200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    cli.run("submit", str(cli.work / "killed.yaml"), "--detach", "--job-id", killed, check=True)
+    run_dir = cli.work / "runs" / killed
+    deadline = time.monotonic() + 120
+    while len(_epochs(run_dir)) < 2:  # sharded checkpoints exist (every 10 steps)
+        assert time.monotonic() < deadline, "training never got going"
+        time.sleep(0.2)
+    rank1 = next(r for r in cli.status(killed)["ranks"] if r["rank"] == 1)
+    os.kill(int(rank1["pid"]), signal.SIGKILL)
+
+    final = _wait(cli, killed, {"COMPLETED", "FAILED", "CANCELLED"}, 200)
+    assert final["state"] == "COMPLETED", final
+    assert [a["n"] for a in final["attempts"]] == [1, 2]
+    assert final["attempts"][1]["resumed_from_step"], final["attempts"]
+    sharded_checkpoint(run_dir)
+    a = exported_loads(cli.run, straight, cli.work / "straight.pt")
+    b = exported_loads(cli.run, killed, cli.work / "killed.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert host.job_pids(killed) == []
