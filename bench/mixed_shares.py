@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support import throttle  # noqa: E402
+from tests.support import mixedwork, throttle  # noqa: E402
 
 SUPPORT = REPO / "tests" / "support"
 
@@ -40,10 +40,7 @@ def _job(folder: Path, split: str, epochs: int, cgroup: Path) -> Path:
         "resources": {"nodes": 1, "gpus_per_node": 2},
         "workdir": str(SUPPORT),
         "env": {"MIXED_THROTTLE_RANK": "1", "MIXED_THROTTLE_CGROUP": str(cgroup)},
-        "train": {"model": "mixedwork:build_model", "dataset": "mixedwork:build_dataset",
-                  "optimizer": {"name": "sgd", "lr": 0.2}, "epochs": epochs,
-                  "global_batch_size": 1024, "batch_split": split,
-                  "batch_measure_steps": 6, "seed": 1}}))
+        "train": mixedwork.train_config(split, epochs=epochs)}))
     return path
 
 
@@ -56,8 +53,7 @@ def _run(folder: Path, split: str, epochs: int, cgroup: Path, n: int) -> dict[st
          "--follow", "--job-id", job_id], env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{split} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
-    lines = (folder / "runs" / job_id / "metrics.jsonl").read_text().splitlines()
-    epochs_ = [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
+    epochs_ = mixedwork.epochs_of(folder / "runs" / job_id)
     return {"epoch_s": statistics.median(e["epoch_s"] for e in epochs_[1:]),
             "shares": epochs_[-1]["batch_shares"], "val_accuracy": epochs_[-1]["val_accuracy"]}
 

@@ -117,6 +117,13 @@ def _peak_only(tracker: Any) -> Any:
     return PeakOnly
 
 
+def _zero_gradients(optimizer: Any) -> None:
+    import torch
+
+    for param in (p for group in optimizer.param_groups for p in group["params"]):
+        param.grad = torch.zeros_like(param)
+
+
 def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...]
           ) -> dict[str, Any]:
     """One rank's traced peak (bytes by what holds them) under ``layout``."""
@@ -160,8 +167,7 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
         # count them as gradients; AdamW's first step holds more temporaries than later ones and
         # can be the peak), with no forward and backward traced for it: the traced training step
         # then has the state, as every later step of a run does (docs/performance.md).
-        for param in (p for group in optimizer.param_groups for p in group["params"]):
-            param.grad = torch.zeros_like(param)
+        _zero_gradients(optimizer)
         tracker: Any
         if strategy == "fsdp":
             tracker = _peak_only(FSDPMemTracker)(model, optimizer)

@@ -188,21 +188,26 @@ def _setup(
     trainer.last_checkpoint = built.resume_from
     _announce(spec, cluster, built, restored, log)
     if share is not None:
-        log.say(f"batch shares {list(share.shares)} of global_batch_size "
-                f"{spec.global_batch_size} "
-                "(each rank's loss scaled by its share x world / global batch)")
-        if spec.batch_split == "measured" and spec.sharded:
-            log.say("batch_split measured under FSDP (strategy auto chose it): the planned "
-                    "shares stay for the whole run (measuring needs DDP's gradient buckets)")
-        if trainer.rebalancer is not None:
-            log.say(f"batch_split measured: the shares are set from each rank's own time "
-                    f"per sample after {rebalance.WARMUP_STEPS} + {spec.batch_measure_steps} "
-                    "steps" + (", and again every epoch" if spec.batch_rebalance == "epoch"
-                               else ""))
+        _say_shares(spec, share, trainer.rebalancer is not None, log)
     if restored.resumed_from is not None:
         p = restored.position
         trainer.last_saved = (p.epoch, p.batch, p.step)
     return trainer
+
+
+def _say_shares(spec: TrainSpec, share: batchshares.RankBatch, measuring: bool,
+                log: MetricsLog) -> None:
+    """The split on start, and whether measuring will set it (and why not under FSDP)."""
+    log.say(f"batch shares {list(share.shares)} of global_batch_size {spec.global_batch_size} "
+            "(each rank's loss scaled by its share x world / global batch)")
+    if spec.batch_split == "measured" and spec.sharded:
+        log.say("batch_split measured under FSDP (strategy auto chose it): the planned "
+                "shares stay for the whole run (measuring needs DDP's gradient buckets)")
+    if measuring:
+        log.say(f"batch_split measured: the shares are set from each rank's own time "
+                f"per sample after {rebalance.WARMUP_STEPS} + {spec.batch_measure_steps} "
+                "steps" + (", and again every epoch" if spec.batch_rebalance == "epoch"
+                           else ""))
 
 
 def _rebalancer(spec: TrainSpec, cluster: Cluster, model: torch.nn.Module,

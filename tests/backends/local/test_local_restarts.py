@@ -65,6 +65,16 @@ def _epochs(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r["kind"] == "epoch"]
 
 
+def _kill_rank_1_after_two_epochs(cli: Cli, job: str, run_dir: Path) -> None:
+    """SIGKILL the job's rank 1 once two epochs are done: training is well under way."""
+    deadline = time.monotonic() + 120
+    while len(_epochs(run_dir)) < 2:
+        assert time.monotonic() < deadline, "training never got going"
+        time.sleep(0.2)
+    rank1 = next(r for r in cli.status(job)["ranks"] if r["rank"] == 1)
+    os.kill(int(rank1["pid"]), signal.SIGKILL)
+
+
 @pytest.mark.timeout(300)
 def test_a_killed_rank_restarts_once_and_ends_where_an_uninterrupted_run_ends(cli: Cli) -> None:
     cli.write("straight.yaml", DIGITS.format(name="straight"))
@@ -77,12 +87,7 @@ def test_a_killed_rank_restarts_once_and_ends_where_an_uninterrupted_run_ends(cl
     killed = cli.id("killed")
     cli.run("submit", str(cli.work / "killed.yaml"), "--detach", "--job-id", killed, check=True)
     run_dir = cli.work / "runs" / killed
-    deadline = time.monotonic() + 120
-    while len(_epochs(run_dir)) < 2:  # checkpoints exist, training is well under way
-        assert time.monotonic() < deadline, "training never got going"
-        time.sleep(0.2)
-    rank1 = next(r for r in cli.status(killed)["ranks"] if r["rank"] == 1)
-    os.kill(int(rank1["pid"]), signal.SIGKILL)
+    _kill_rank_1_after_two_epochs(cli, killed, run_dir)  # checkpoints exist by then
 
     final = _wait(cli, killed, {"COMPLETED", "FAILED", "CANCELLED"}, 200)
     assert final["state"] == "COMPLETED", final
@@ -217,12 +222,7 @@ def test_a_killed_fsdp_rank_restarts_from_the_sharded_checkpoint_exactly(cli: Cl
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     cli.run("submit", str(cli.work / "killed.yaml"), "--detach", "--job-id", killed, check=True)
     run_dir = cli.work / "runs" / killed
-    deadline = time.monotonic() + 120
-    while len(_epochs(run_dir)) < 2:  # sharded checkpoints exist (every 10 steps)
-        assert time.monotonic() < deadline, "training never got going"
-        time.sleep(0.2)
-    rank1 = next(r for r in cli.status(killed)["ranks"] if r["rank"] == 1)
-    os.kill(int(rank1["pid"]), signal.SIGKILL)
+    _kill_rank_1_after_two_epochs(cli, killed, run_dir)  # sharded checkpoints exist by then
 
     final = _wait(cli, killed, {"COMPLETED", "FAILED", "CANCELLED"}, 200)
     assert final["state"] == "COMPLETED", final
