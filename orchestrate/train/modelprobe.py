@@ -117,6 +117,20 @@ def _peak_only(tracker: Any) -> Any:
     return PeakOnly
 
 
+def _tracker(strategy: str, model: Any, optimizer: Any, inputs: Any) -> Any:
+    """The memory tracker of ``strategy`` (peak only), given what it counts."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if strategy == "fsdp":
+        tracker = _peak_only(FSDPMemTracker)(model, optimizer)
+        tracker.track_inputs((inputs,))
+    else:
+        tracker = _peak_only(MemTracker)()
+        tracker.track_external(model, optimizer)
+    return tracker
+
+
 def _zero_gradients(optimizer: Any) -> None:
     import torch
 
@@ -129,8 +143,6 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
     """One rank's traced peak (bytes by what holds them) under ``layout``."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from orchestrate.core.plan.memory import OPTIONS
     from orchestrate.train import sharding
@@ -168,13 +180,7 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
         # can be the peak), with no forward and backward traced for it: the traced training step
         # then has the state, as every later step of a run does (docs/performance.md).
         _zero_gradients(optimizer)
-        tracker: Any
-        if strategy == "fsdp":
-            tracker = _peak_only(FSDPMemTracker)(model, optimizer)
-            tracker.track_inputs((inputs,))
-        else:
-            tracker = _peak_only(MemTracker)()
-            tracker.track_external(model, optimizer)
+        tracker = _tracker(strategy, model, optimizer, inputs)
         with tracker:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
