@@ -223,7 +223,7 @@ class Rebalancer:
             dist.all_gather_object(costs, mine, group=self.control)
         self._on = False
         self._window = _Window()
-        self.last_costs = [RankCost(*c) for c in costs]
+        self.last_costs = costs
         try:
             new = balanced_shares(sum(self.shares), self.last_costs, self.caps,
                                   self.micro_steps)
@@ -236,13 +236,15 @@ class Rebalancer:
         self.shares = new
         return new
 
-    def _cost(self) -> tuple[float, float]:
+    def _cost(self) -> RankCost:
+        """This rank's measured cost model (the record every rank gathers)."""
         window = self._window
         if self.cuda:
             torch.cuda.synchronize()
         compute = sum(self._seconds(a, b) for a, b in window.spans) + window.fetch_s
         optimizer = sum(self._seconds(a, b) for a, b in window.optimizer)
-        return (compute / max(window.samples, 1), optimizer / max(window.steps, 1))
+        return RankCost(per_sample_s=compute / max(window.samples, 1),
+                        fixed_s=optimizer / max(window.steps, 1))
 
     def close(self) -> None:
         self._hook.remove()
