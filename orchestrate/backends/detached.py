@@ -29,11 +29,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+import orchestrate.hostside.bookdir
+import orchestrate.hostside.containment
+import orchestrate.hostside.gpuuse
+import orchestrate.hostside.host
+import orchestrate.hostside.leases
+import orchestrate.hostside.watchdog
 from orchestrate.backends.base import make_run_dir, secret_values
 from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
-from orchestrate.hostside.shipping import shipped
+from orchestrate.hostside.shipping import Manifest, program
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -240,6 +246,12 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
     return current is not None and current.terminal
 
 
+#: The local supervisor's watchdog: kill-by-tag, containment, and the lease book it leaves.
+WATCHDOG = Manifest("watchdog", (
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.gpuuse,
+    orchestrate.hostside.bookdir, orchestrate.hostside.leases, orchestrate.hostside.watchdog))
+
+
 def start_watchdog(pid: int, job_id: str, grace_s: float,
                    lease_root: str | None = None) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
@@ -248,7 +260,7 @@ def start_watchdog(pid: int, job_id: str, grace_s: float,
     site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
-    text = shipped("watchdog", "from orchestrate.hostside.watchdog import watch\n"
+    text = program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
                    f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
                    f"lease_root={lease_root!r})")
     # Untagged, or it would count as a process of the job and keep the job's lease alive.

@@ -4,7 +4,7 @@
 The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH`` (templates/node.sh.j2,
 sbatch.sh.j2), so Python runs its ``sitecustomize.py`` at start-up, before the rank's program,
 with no change to it. That entry imports the sidecar from ``_orchestrate_rank/`` beside it:
-the modules :data:`~orchestrate.hostside.shipping.SHIPPED` names for ``"sidecar"`` (the run-dir
+the modules :data:`SIDECAR` names (the run-dir
 names, the diag records, the timeout bound, the flight recorder, the sidecar and its
 activation), each under its last name, with their imports of one another pointed at the private
 package. So the rank side and the launcher side share one text of every name and record, and
@@ -18,8 +18,28 @@ A carried module may import only the standard library and the other carried modu
 from __future__ import annotations
 
 import re
+from types import ModuleType
 
-from orchestrate.hostside.shipping import SHIPPED, module_source
+import orchestrate.core.layout
+import orchestrate.diagnosis.activation
+import orchestrate.diagnosis.diagfiles
+import orchestrate.diagnosis.flightrecorder
+import orchestrate.diagnosis.joinwatch
+import orchestrate.diagnosis.kernelstate
+import orchestrate.diagnosis.sidecar
+import orchestrate.diagnosis.threadstate
+import orchestrate.diagnosis.workers
+import orchestrate.hostside.timeouts
+from orchestrate.hostside.shipping import Manifest, module_source
+
+#: Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files under
+#: their last names (:func:`folder`), not bundled into one program.
+SIDECAR = Manifest("sidecar", (
+    orchestrate.core.layout, orchestrate.hostside.timeouts, orchestrate.diagnosis.kernelstate,
+    orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.threadstate,
+    orchestrate.diagnosis.workers, orchestrate.diagnosis.flightrecorder,
+    orchestrate.diagnosis.joinwatch, orchestrate.diagnosis.activation,
+    orchestrate.diagnosis.sidecar))
 
 #: The private package inside the sidecar folder.
 PACKAGE = "_orchestrate_rank"
@@ -48,31 +68,30 @@ def _private(name: str) -> str:
     return f"{PACKAGE}.{name.rsplit('.', 1)[1]}"
 
 
-def carried(module: str, modules: tuple[str, ...]) -> str:
-    """``module``'s source with its imports of ``modules`` pointed at :data:`PACKAGE`; raises
-    ValueError when it imports any other orchestrate module."""
+def carried(module: ModuleType, manifest: Manifest) -> str:
+    """``module``'s source with its imports of ``manifest``'s modules pointed at
+    :data:`PACKAGE`; raises ValueError when it imports any other orchestrate module."""
     def point(found: re.Match[str]) -> str:
-        if found.group(2) not in modules:
-            raise ValueError(f"{module} imports {found.group(2)}, which the sidecar folder "
-                             "does not carry (hostside.shipping.SHIPPED['sidecar'])")
+        if found.group(2) not in manifest.names:
+            raise ValueError(f"{module.__name__} imports {found.group(2)}, which the sidecar "
+                             "folder does not carry (rankpackage.SIDECAR)")
         return found.group(1) + _private(found.group(2)) + found.group(3)
 
     text = _IMPORT.sub(point, module_source(module))
     stray = _ANY_IMPORT.search(text)
     if stray is not None:
-        raise ValueError(f"{module} imports orchestrate in a way the sidecar folder cannot "
-                         f"carry: {stray.group(0).strip()!r}")
+        raise ValueError(f"{module.__name__} imports orchestrate in a way the sidecar folder "
+                         f"cannot carry: {stray.group(0).strip()!r}")
     return text
 
 
 def folder() -> dict[str, str]:
     """The sidecar folder's files, by path inside it: ``sitecustomize.py``,
     ``_orchestrate_rank/__init__.py`` and one ``_orchestrate_rank/<name>.py`` per module."""
-    modules = SHIPPED["sidecar"]
-    names = [_private(m).split(".")[1] for m in modules]
+    names = [_private(m).split(".")[1] for m in SIDECAR.names]
     if len(set(names)) != len(names):
-        raise ValueError(f"two carried modules share a name: {modules}")
+        raise ValueError(f"two carried modules share a name: {SIDECAR.names}")
     files = {"sitecustomize.py": ENTRY, f"{PACKAGE}/__init__.py": _INIT}
-    for module, name in zip(modules, names, strict=True):
-        files[f"{PACKAGE}/{name}.py"] = carried(module, modules)
+    for module, name in zip(SIDECAR.modules, names, strict=True):
+        files[f"{PACKAGE}/{name}.py"] = carried(module, SIDECAR)
     return files

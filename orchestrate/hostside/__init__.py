@@ -2,7 +2,8 @@
 
 The lowest layer: it imports nothing from orchestrate. The job tag and kill-by-tag, the lease
 book, the port check and the GPU probe (:mod:`.host`), the raw fact gatherer
-(:mod:`.hostfacts`), and the registry of programs shipped to other machines as source text
-(:mod:`.shipping`). Everything else of orchestrate may import it; it is what the SSH agent, the
-Slurm monitor and the local watchdog carry.
+(:mod:`.hostfacts`), and the way programs are shipped to other machines as source text
+(:mod:`.shipping`; each program's owner declares the modules it carries). Everything else of
+orchestrate may import it; it is what the SSH agent, the Slurm monitor and the local watchdog
+carry.
 """

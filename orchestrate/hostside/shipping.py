@@ -11,63 +11,37 @@ type-checked and tested like any other (``from orchestrate.hostside.host import 
 them may define the same name. No other orchestrate module can be imported there: a shipped module
 that needs one that is not shipped fails at once, in the tests that run every program.
 
-:data:`SHIPPED` is the one registry of what is shipped: every program, and the modules it
-carries. Each module named there uses the standard library only and runs on Python 3.8+ (ruff
-checks them at that target, and a test compiles and runs every program on 3.8). Importing this
-module costs nothing beyond the standard library.
+Each program is declared by the module that ships it, as a :class:`Manifest` of the *module
+objects* it carries (the agent's in ``backends/ssh/channels.py``, the monitor's in
+``backends/slurm/script.py``, ...): this bottom layer never names, and never imports, a module
+of the layers above it; it only reads the files of the modules it is handed. So moving a
+shipped module is an ordinary import change that mypy and the import system check, and
+``tests/core/test_core_shipped.py`` finds every manifest (by reading the sources) and checks
+that each module named there uses the standard library only and runs on Python 3.8+ (ruff
+checks them at that target, and a test compiles every program on 3.8). Importing this module
+costs nothing beyond the standard library.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
-from importlib import import_module
 from pathlib import Path
-
-#: Every program orchestrate ships, by name: the modules it carries, innermost first.
-SHIPPED: dict[str, tuple[str, ...]] = {
-    # The SSH agent, one per host and job (backends/ssh/channels.py), sent as ``python -S -c``.
-    "agent": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-              "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
-              "orchestrate.hostside.leases",
-              "orchestrate.hostside.watchdog", "orchestrate.core.exits",
-              "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
-              "orchestrate.backends.ssh.agent"),
-    # What an SSH host runs to read its ranks' heartbeats and dumps (``evidence.py``).
-    "evidence": ("orchestrate.core.layout", "orchestrate.diagnosis.kernelstate",
-                 "orchestrate.diagnosis.diagfiles",
-                 "orchestrate.diagnosis.stallrule", "orchestrate.diagnosis.stacks",
-                 "orchestrate.diagnosis.stall", "orchestrate.diagnosis.evidence"),
-    # The Slurm batch job's ``monitor.py``: logs, the stall watch and the end of a run.
-    "monitor": ("orchestrate.core.exits", "orchestrate.core.plan.outcome",
-                "orchestrate.core.plan.restart", "orchestrate.core.layout",
-                "orchestrate.core.plan.workers",
-                "orchestrate.diagnosis.kernelstate", "orchestrate.diagnosis.diagfiles",
-                "orchestrate.diagnosis.stallrule",
-                "orchestrate.diagnosis.stacks", "orchestrate.diagnosis.stall",
-                "orchestrate.diagnosis.evidence", "orchestrate.diagnosis.world",
-                "orchestrate.diagnosis.hangwatch", "orchestrate.hostside.outputlog",
-                "orchestrate.backends.slurm.monitor"),
-    # The local supervisor's watchdog (backends/detached.py).
-    "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-                 "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
-                 "orchestrate.hostside.leases",
-                 "orchestrate.hostside.watchdog"),
-    # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
-    "gatherer": ("orchestrate.hostside.hostfacts",),
-    # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
-    # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
-    "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
-                "orchestrate.diagnosis.kernelstate", "orchestrate.diagnosis.diagfiles",
-                "orchestrate.diagnosis.threadstate",
-                "orchestrate.diagnosis.workers", "orchestrate.diagnosis.flightrecorder",
-                "orchestrate.diagnosis.joinwatch", "orchestrate.diagnosis.activation",
-                "orchestrate.diagnosis.sidecar"),
-}
+from types import ModuleType
 
 
-def shipped(name: str, entry: str) -> str:
-    """The program called ``name`` in :data:`SHIPPED`, running ``entry`` (Python statements)."""
-    return program(SHIPPED[name], entry)
+@dataclass(frozen=True)
+class Manifest:
+    """One shipped program: its name and the modules it carries, innermost first. Declared at
+    module level by the module that ships it (the tests find it there)."""
+
+    name: str
+    modules: tuple[ModuleType, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The carried modules' import names."""
+        return tuple(module.__name__ for module in self.modules)
 
 
 #: Serves the shipped sources as modules (run first, before the entry code).
@@ -101,22 +75,25 @@ sys.meta_path.insert(0, _Shipped())
 
 
 @lru_cache(maxsize=64)
-def module_source(name: str) -> str:
-    """A module's source text."""
-    path = import_module(name).__file__
+def module_source(module: ModuleType) -> str:
+    """A module's source text, read from its file (the module is the caller's: nothing is
+    imported here)."""
+    path = module.__file__
     if path is None:  # pragma: no cover - namespace packages have no file
-        raise ValueError(f"{name} has no source file")
+        raise ValueError(f"{module.__name__} has no source file")
     return Path(path).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=16)
-def program(modules: tuple[str, ...], entry: str) -> str:
-    """One program carrying ``modules`` and running ``entry`` (Python statements, e.g.
-    ``from orchestrate.hostside.host import watch; watch(...)``) once they can be imported."""
-    packages = sorted({name.rsplit(".", depth)[0] for name in modules
+def program(manifest: Manifest, entry: str) -> str:
+    """One program carrying ``manifest``'s modules and running ``entry`` (Python statements,
+    e.g. ``from orchestrate.hostside.host import watch; watch(...)``) once they can be
+    imported."""
+    names = manifest.names
+    packages = sorted({name.rsplit(".", depth)[0] for name in names
                        for depth in range(1, name.count(".") + 1)})
-    sources = "{\n" + "".join(f"    {name!r}: {module_source(name)!r},\n"
-                              for name in modules) + "}"
-    return (f"# A program shipped by orchestrate: the modules {', '.join(modules)}.\n"
+    sources = "{\n" + "".join(f"    {module.__name__!r}: {module_source(module)!r},\n"
+                              for module in manifest.modules) + "}"
+    return (f"# A program shipped by orchestrate: the modules {', '.join(names)}.\n"
             f"_SOURCES = {sources}\n_PACKAGES = {tuple(packages)!r}\n"
             + _BOOTSTRAP + "\n" + entry.rstrip() + "\n")

@@ -2,7 +2,7 @@
 SIGKILL), stop whatever its job left on this machine and let go of the job's lease.
 
 Started by :func:`orchestrate.backends.detached.start_watchdog` as ``python -S -c <program>``
-(:data:`orchestrate.hostside.shipping.SHIPPED` ``["watchdog"]``): standard library only, Python
+(:data:`orchestrate.backends.detached.WATCHDOG`): standard library only, Python
 3.8+, a few megabytes. It is one of the lease's holders, so the lease stays held while it stops
 the ranks; it finds them by tag and, where the job has a cgroup (named in the lease), by
 membership. What survives SIGKILL keeps the lease held (:mod:`orchestrate.hostside.leases`).

@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrate.hostside.shipping import shipped
+import orchestrate.hostside.hostfacts
+from orchestrate.hostside.shipping import Manifest, program
 
 #: The program's entry: the bound first, then what ``hostfacts.main`` takes.
 ENTRY = """\
@@ -47,6 +48,9 @@ signal.alarm(bound)
 from orchestrate.hostside.hostfacts import main
 sys.exit(main(args))
 """
+
+#: The gatherer: the fact-finding module alone.
+GATHERER = Manifest("gatherer", (orchestrate.hostside.hostfacts,))
 
 #: The interpreter a node runs the probe with unless told otherwise (as the SSH backend).
 DEFAULT_PYTHON = "python3"
@@ -91,7 +95,7 @@ def peers_of(addresses: Sequence[str], own: int | None) -> list[str]:
 
 def facts_program() -> str:
     """The program each node runs (cached by :func:`orchestrate.hostside.shipping.program`)."""
-    return shipped("gatherer", ENTRY)
+    return program(GATHERER, ENTRY)
 
 
 def facts_argv(python: str, peers: Sequence[str], *, bound_s: float, torch: bool = True,

@@ -133,14 +133,13 @@ def normalise(text: str) -> str:
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
     line naming its modules, and each file of the rank sidecar's folder as one line, since
     their own tests cover their text."""
-    from orchestrate.backends.slurm.script import monitor_program
-    from orchestrate.backends.ssh.backend import evidence_program
+    from orchestrate.backends.slurm.script import MONITOR, monitor_program
+    from orchestrate.backends.ssh.backend import EVIDENCE, evidence_program
     from orchestrate.diagnosis.rankpackage import folder
-    from orchestrate.hostside.shipping import SHIPPED
 
     shipped = {
-        monitor_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['monitor']}>\n",
-        evidence_program(): f"<orchestrate.hostside.shipping.program{SHIPPED['evidence']}>\n",
+        monitor_program(): f"<orchestrate.hostside.shipping.program{MONITOR.names}>\n",
+        evidence_program(): f"<orchestrate.hostside.shipping.program{EVIDENCE.names}>\n",
     }
     for name, source in folder().items():
         shipped[source] = f"<{name} of orchestrate.diagnosis.rankpackage.folder()>\n"

@@ -20,7 +20,7 @@ from orchestrate.core import layout
 from orchestrate.core.plan.outcome import Exit, Failure, RankEnd
 from orchestrate.diagnosis import evidence, rankpackage, sidecar
 from orchestrate.diagnosis.diagfiles import DiagFiles
-from orchestrate.hostside.shipping import SHIPPED, module_source
+from orchestrate.hostside.shipping import module_source
 from orchestrate.run.logsink import last_lines
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
@@ -61,7 +61,8 @@ def test_the_sidecar_folder_carries_the_same_modules_privately() -> None:
     pointed at the private package; nothing there imports orchestrate (the user's own
     installed one could be another version)."""
     files = rankpackage.folder()
-    names = {m: f"_orchestrate_rank/{m.rsplit('.', 1)[1]}.py" for m in SHIPPED["sidecar"]}
+    names = {m: f"_orchestrate_rank/{m.__name__.rsplit('.', 1)[1]}.py"
+             for m in rankpackage.SIDECAR.modules}
     assert sorted(files) == sorted(
         ["sitecustomize.py", "_orchestrate_rank/__init__.py", *names.values()])
     assert len(files["sitecustomize.py"].splitlines()) <= 12
@@ -74,7 +75,7 @@ def test_the_sidecar_folder_carries_the_same_modules_privately() -> None:
                 assert re.sub(r"from orchestrate\.(\w+\.)*(\w+) import",
                               r"from _orchestrate_rank.\2 import", before) == after, before
     with pytest.raises(ValueError, match="does not carry"):
-        rankpackage.carried("orchestrate.diagnosis.evidence", SHIPPED["sidecar"])
+        rankpackage.carried(evidence, rankpackage.SIDECAR)
 
 
 def test_phases_and_heartbeat_of_a_plain_program(starter: Starter) -> None:

@@ -11,6 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orchestrate.backends.slurm.monitor
+import orchestrate.core.exits
+import orchestrate.core.layout
+import orchestrate.core.plan.outcome
+import orchestrate.core.plan.restart
+import orchestrate.core.plan.workers
+import orchestrate.diagnosis.diagfiles
+import orchestrate.diagnosis.evidence
+import orchestrate.diagnosis.hangwatch
+import orchestrate.diagnosis.kernelstate
+import orchestrate.diagnosis.stacks
+import orchestrate.diagnosis.stall
+import orchestrate.diagnosis.stallrule
+import orchestrate.diagnosis.world
+import orchestrate.hostside.outputlog
 from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import (
@@ -27,13 +42,23 @@ from orchestrate.core.layout import (
     SLURM_STATE,
 )
 from orchestrate.core.plan.plan import Plan
-from orchestrate.hostside.shipping import shipped
+from orchestrate.hostside.shipping import Manifest, program
+
+#: The Slurm batch job's ``monitor.py``: the run rules, the stall watch and what it reads, the
+#: merged log's index, then the monitor (logs, the watch, and the end of a run).
+MONITOR = Manifest("monitor", (
+    orchestrate.core.exits, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.core.layout, orchestrate.core.plan.workers, orchestrate.diagnosis.kernelstate,
+    orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.stallrule,
+    orchestrate.diagnosis.stacks, orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence,
+    orchestrate.diagnosis.world, orchestrate.diagnosis.hangwatch, orchestrate.hostside.outputlog,
+    orchestrate.backends.slurm.monitor))
 
 
 def monitor_program() -> str:
     """``monitor.py``: the Slurm batch job's monitor, shipped beside job.sbatch."""
-    return shipped("monitor", "from orchestrate.backends.slurm.monitor import main\n"
-                              "sys.exit(main(sys.argv[1:]))")
+    return program(MONITOR, "from orchestrate.backends.slurm.monitor import main\n"
+                            "sys.exit(main(sys.argv[1:]))")
 
 
 def batch_files(plan: Plan, templates_dir: Path | None) -> dict[str, str]:

@@ -36,7 +36,7 @@ left after GRACE_S, then it leaves the job's lease on this host and prints one J
 
 Processes are found, and leases kept, by the host-side modules of
 :mod:`orchestrate.hostside`, the same code the local backend runs in-process: this program is
-their text followed by this one's (:func:`orchestrate.hostside.shipping.shipped`), so local and
+their text followed by this one's (:data:`orchestrate.backends.ssh.channels.AGENT`), so local and
 SSH jobs on one machine, of every user, see each other's leases.
 """
 

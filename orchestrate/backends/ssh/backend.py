@@ -25,12 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orchestrate.core.layout
+import orchestrate.diagnosis.diagfiles
+import orchestrate.diagnosis.evidence
+import orchestrate.diagnosis.kernelstate
+import orchestrate.diagnosis.stacks
+import orchestrate.diagnosis.stall
+import orchestrate.diagnosis.stallrule
 from orchestrate.backends.base import STOP_GRACE_S, Backend, rank_files
 from orchestrate.backends.detached import DetachedBackend
 from orchestrate.backends.handshake import Handshake
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import EVIDENCE_PROGRAM, SSH_HOSTS
-from orchestrate.hostside.shipping import shipped
+from orchestrate.hostside.shipping import Manifest, program
 from orchestrate.run.store import JobRecord
 
 if TYPE_CHECKING:
@@ -135,10 +142,18 @@ class SSHBackend(DetachedBackend):
             links.close()
 
 
+#: ``evidence.py``, what an SSH host runs to read its ranks' heartbeats and dumps: the run
+#: directory's names, the diag records, the stall rule and classifier, the reader.
+EVIDENCE = Manifest("evidence", (
+    orchestrate.core.layout, orchestrate.diagnosis.kernelstate, orchestrate.diagnosis.diagfiles,
+    orchestrate.diagnosis.stallrule, orchestrate.diagnosis.stacks, orchestrate.diagnosis.stall,
+    orchestrate.diagnosis.evidence))
+
+
 def evidence_program() -> str:
     """``evidence.py``: what an SSH host runs to read its ranks' heartbeats and dumps."""
-    return shipped("evidence", "from orchestrate.diagnosis.evidence import main\n"
-                               "sys.exit(main(sys.argv[1:]))")
+    return program(EVIDENCE, "from orchestrate.diagnosis.evidence import main\n"
+                             "sys.exit(main(sys.argv[1:]))")
 
 
 def job_targets(job: JobRecord) -> list[Target]:

@@ -26,12 +26,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import orchestrate.backends.ssh.agent
+import orchestrate.core.exits
+import orchestrate.core.plan.outcome
+import orchestrate.core.plan.restart
+import orchestrate.hostside.bookdir
+import orchestrate.hostside.containment
+import orchestrate.hostside.gpuuse
+import orchestrate.hostside.host
+import orchestrate.hostside.leases
+import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
 from orchestrate.core.exits import EXIT_LOST
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.hostside.outputlog import LINE_MAX
-from orchestrate.hostside.shipping import shipped
+from orchestrate.hostside.shipping import Manifest, program
 
 #: A rank whose channel ends without the agent saying how it ended (connection lost, agent
 #: killed) is reported with ssh's own status for that.
@@ -40,10 +50,19 @@ _MARK = MARK.encode()
 
 
 
+#: The SSH agent, one per host and job: the host's own mechanisms (kill-by-tag, containment,
+#: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
+AGENT = Manifest("agent", (
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.gpuuse,
+    orchestrate.hostside.bookdir, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
+    orchestrate.core.exits, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.backends.ssh.agent))
+
+
 def agent_source() -> str:
     """The agent program's text: the host module, then the agent's protocol."""
-    return shipped("agent", "from orchestrate.backends.ssh.agent import main\n"
-                            "sys.exit(main(sys.argv[1:], sys.stdout))")
+    return program(AGENT, "from orchestrate.backends.ssh.agent import main\n"
+                          "sys.exit(main(sys.argv[1:], sys.stdout))")
 
 
 def agent_command(python: str, *args: str) -> str:
