@@ -388,11 +388,6 @@ class LeaseBook:
             self._drop(job_id, LEASE)
             return True
 
-    def dequeue(self, job_id: str) -> None:
-        """Withdraw this user's ticket of ``job_id``."""
-        with self.locked():
-            self._drop(job_id, TICKET)
-
     def _drop(self, job_id: str, kind: str) -> None:
         with suppress(FileNotFoundError):
             os.unlink(self._path(job_id, kind))

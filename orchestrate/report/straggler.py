@@ -112,15 +112,6 @@ def _row(window: Mapping[str, Any]) -> tuple[float, ...] | None:
         return None
 
 
-def recent(
-    windows: Sequence[Mapping[str, Any]], last_s: float | None, until: float
-) -> list[Mapping[str, Any]]:
-    """The windows that ended within ``last_s`` seconds before ``until`` (all when None)."""
-    if last_s is None:
-        return list(windows)
-    return [w for w in windows if (row := _row(w)) is not None and row[0] >= until - last_s]
-
-
 def pace(
     windows: Mapping[int, Sequence[Mapping[str, Any]]],
     nodes: Mapping[int, str],
