@@ -116,6 +116,17 @@ def test_every_shipped_module_is_linted_for_python_3_8() -> None:
     assert missing == []
 
 
+@pytest.mark.unit
+def test_every_single_file_on_the_python_3_8_list_is_shipped() -> None:
+    """The other way round: a file named alone on the list is carried by some program (or is
+    the doctor's reachability module, which the checkup runs on the nodes), so the list does
+    not keep a file that stopped being shipped."""
+    carried = {_file_of(module) for manifest in manifests().values()
+               for module in manifest.names}
+    alone = {p for p in _py38_patterns() if not p.endswith("**")}
+    assert sorted(alone - carried - {"orchestrate/doctor/checkup/reachability.py"}) == []
+
+
 def _module_level_imports(source: str) -> list[str]:
     """The top-level packages a module imports when it loads (not inside its functions: a
     shipped module may import torch lazily, in the rank that has it)."""
