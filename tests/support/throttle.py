@@ -5,12 +5,14 @@ test machines have) or cgroup v2's ``cpu.max``; a short period (10 ms) so that t
 process runs in small slices and its speed is even from step to step. :func:`available` says
 whether either can be written here (tests skip, saying so, when neither can).
 
-Every such cgroup also gets ten times the default CPU weight (v1 ``cpu.shares``, v2
-``cpu.weight``): the speeds under test are the caps, not whatever other work on the machine
-leaves over. On a 2-core box with two CPU-bound processes beside the suite (``pytest --cpu-load
-2``), an unweighted "fast" rank gets about half a core, as slow as the capped one, and the
-mixed-speed tests would measure the load instead of the shares. A cgroup with no cap
-(``cores=None``) is how the fast rank is weighted too.
+Every such cgroup also gets the highest CPU weight the kernel allows (v1 ``cpu.shares`` 262144,
+256 times the default; v2 ``cpu.weight`` 10000, 100 times): the speeds under test are the caps,
+not whatever other work on the machine leaves over. On a 2-core box with two CPU-bound processes
+beside the suite (``pytest --cpu-load 2``), an unweighted "fast" rank gets about half a core, as
+slow as the capped one, and the mixed-speed tests measured the load instead of the shares (ten
+times the default weight was still not enough at a load average of 11). A cgroup with no cap
+(``cores=None``) is how the fast rank is weighted too. The ranks hold that weight for the minute
+a test trains, then the cgroups are removed.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from pathlib import Path
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000
-#: The CPU weight of a test cgroup, as a multiple of the default (v1 1024, v2 100).
-WEIGHT = 10
+#: The CPU weight of a test cgroup: the kernel's highest (v1 cpu.shares, v2 cpu.weight).
+WEIGHT_V1, WEIGHT_V2 = 262_144, 10_000
 
 
 def _root() -> Path | None:
@@ -46,7 +48,7 @@ def available() -> str | None:
 
 class Throttle:
     """A cgroup whose members share ``cores`` CPU cores at most (no cap: ``None``), at
-    :data:`WEIGHT` times the default CPU weight; remove it with :meth:`close` once its processes
+    the highest CPU weight; remove it with :meth:`close` once its processes
     are gone (it waits a little for them)."""
 
     def __init__(self, cores: float | None) -> None:
@@ -57,11 +59,11 @@ class Throttle:
         self.path.mkdir()
         quota = -1 if cores is None else int(PERIOD_US * cores)
         if root == V1:
-            (self.path / "cpu.shares").write_text(str(1024 * WEIGHT))
+            (self.path / "cpu.shares").write_text(str(WEIGHT_V1))
             (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.path / "cpu.weight").write_text(str(100 * WEIGHT))
+            (self.path / "cpu.weight").write_text(str(WEIGHT_V2))
             (self.path / "cpu.max").write_text(f"{'max' if cores is None else quota} {PERIOD_US}")
 
     def add(self, pid: int) -> None:
