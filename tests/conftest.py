@@ -29,6 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: it must see the resolved tiers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tiers.resolve(items)
+    tiers.group(items)
 
 
 pytest_runtest_setup = tiers.guarded_setup
