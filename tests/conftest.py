@@ -7,9 +7,13 @@ import signal
 
 import pytest
 
-from tests.support import tiers
+from tests.support import busy, tiers
 
 pytest_plugins = ["pytester"]  # tests/support/test_tiers.py runs small suites inline
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    busy.add_option(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,11 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # delivered as a terminal delivers it. A caught signal is reset to the default in children.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    busy.start(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: it must see the resolved tiers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tiers.resolve(items)
+    tiers.group(items)
 
 
 pytest_runtest_setup = tiers.guarded_setup

@@ -124,6 +124,7 @@ def _gone_within(backend: Backend, seconds: float) -> list[int]:
     return left
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(180)
 def test_submit_records_the_run_dir_and_cancel_ends_it_within_the_grace(backend: Backend) -> None:
     status, supervisor = _submitted(backend)

@@ -36,6 +36,7 @@ def _errors(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("error: ")]
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("command", [["validate"], ["plan"], ["render"], ["submit", "--dry-run"]])
 def test_an_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path,
@@ -43,11 +44,13 @@ def test_an_alias_bomb_is_refused_in_well_under_a_second(tmp_path: Path,
     job = tmp_path / "bomb.yaml"
     job.write_text(_bomb())
     assert len(job.read_bytes()) < 500
-    started = time.monotonic()
+    # CPU time, not wall time: the claim is that the reader does not do the expansion's work,
+    # and a busy machine stretches the wall clock of any work (tests/support/busy.py).
+    started = time.process_time()
     result = cli(*command, job)
-    took = time.monotonic() - started
+    took = time.process_time() - started
     assert result.code == 2, result.err
-    assert took < 1.0, f"{took:.2f}s"
+    assert took < 1.0, f"{took:.2f} s of CPU"
     errors = _errors(result.err)
     assert len(errors) == 1, result.err
     # Where (the first alias past the bound), what, and the bound itself.
@@ -66,6 +69,7 @@ def test_an_alias_bomb_through_a_real_process_is_exit_2_without_a_traceback(
     assert "Traceback" not in result.err and "aliases" in result.err
 
 
+@pytest.mark.timing
 def test_an_alias_bomb_in_an_inventory_and_in_set_is_refused(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     bomb_keys = _bomb().split("\n", 2)[2]  # the a0..a6 lines, without name and command
@@ -77,9 +81,9 @@ def test_an_alias_bomb_in_an_inventory_and_in_set_is_refused(tmp_path: Path) -> 
     nested = "&b0 [" + ", ".join(["x"] * 9) + "]"
     for level in range(1, 7):
         nested = f"&b{level} [{nested}, " + ", ".join([f"*b{level - 1}"] * 8) + "]"
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: the work, not the machine's load
     result = cli("plan", job, "--set", f"env.X={nested}")
-    assert time.monotonic() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert result.code == 2 and "--set" in result.err and "aliases" in result.err, result.err
 
 

@@ -15,7 +15,7 @@ from diag_harness import Starter, drive
 
 from orchestrate.diagnosis import evidence
 
-pytestmark = [pytest.mark.process, pytest.mark.torch]
+pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 
 STALL_S = 10.0
 HEARTBEAT_S = 0.5

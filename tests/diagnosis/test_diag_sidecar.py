@@ -78,6 +78,7 @@ def test_the_sidecar_folder_carries_the_same_modules_privately() -> None:
         rankpackage.carried(evidence, rankpackage.SIDECAR)
 
 
+@pytest.mark.timing
 def test_phases_and_heartbeat_of_a_plain_program(starter: Starter) -> None:
     job = starter.start([sys.executable, str(PROGRAMS / "phases.py")], 2, name="phases",
                         heartbeat_s=0.1)
@@ -131,6 +132,7 @@ def test_recorder_off_is_said_not_guessed(starter: Starter) -> None:
     assert running.pgs == () and running.fr == "empty"
 
 
+@pytest.mark.timing
 def test_thread_never_delays_exit(starter: Starter, tmp_path: Path) -> None:
     end = tmp_path / "end"
     code = f"import time; time.sleep(1.0); open({str(end)!r}, 'w').write(str(time.time()))"
@@ -179,6 +181,7 @@ def test_losing_the_folder_mid_run_stops_the_sidecar_with_one_line(starter: Star
     assert len(sidecar_lines) == 1 and "cannot write" in sidecar_lines[0], output
 
 
+@pytest.mark.timing
 def test_dump_on_request_and_stale_requests(starter: Starter) -> None:
     code = "import time\ndef wait():\n    time.sleep(30)\nwait()"
     diag = starter.tmp / "asked" / "diag"
@@ -268,6 +271,7 @@ def _timeout_job(starter: Starter, name: str, env: dict[str, str]) -> tuple:  # 
     return job, codes
 
 
+@pytest.mark.timing
 def test_default_timeout_becomes_the_jobs(starter: Starter) -> None:
     job, codes = _timeout_job(starter, "bounded", {"ORCHESTRATE_TIMEOUT_S": "5"})
     out = job.output()
@@ -314,6 +318,7 @@ def test_a_timeout_is_named_when_the_rank_then_aborts(starter: Starter) -> None:
         "(SIGABRT))")
 
 
+@pytest.mark.timing
 def test_rendezvous_wait_is_bounded_too(starter: Starter) -> None:
     job = starter.start(
         [sys.executable, str(PROGRAMS / "timeout.py")], 2, name="alone",

@@ -16,7 +16,7 @@ from diag_harness import PROGRAMS, Starter, drive
 
 from orchestrate.diagnosis import evidence
 
-pytestmark = [pytest.mark.process, pytest.mark.torch]
+pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 
 STALL_S = 12.0
 HEARTBEAT_S = 0.3

@@ -27,6 +27,7 @@ def _job(cli: Cli, name: str = "job.yaml", extra: str = "") -> Path:
         """)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_every_tier_passes_on_a_healthy_two_rank_job(cli: Cli) -> None:
     job = _job(cli)

@@ -54,6 +54,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.timing
 @pytest.mark.process
 def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
     port = _free_port()
@@ -84,6 +85,7 @@ def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
     assert answers["b"]["tries"] > 1  # refused until node 0 listened, then retried
 
 
+@pytest.mark.timing
 @pytest.mark.process
 def test_roll_call_closes_a_store_client_and_ends_at_its_window() -> None:
     port = _free_port()
@@ -161,6 +163,7 @@ def test_a_node_says_hello_once() -> None:
     assert ["already said hello" in r for r in result["refused"]] == [True]
 
 
+@pytest.mark.timing
 @pytest.mark.process
 def test_a_leader_that_finds_no_roll_call_reports_refused_within_its_window() -> None:
     began = time.monotonic()

@@ -83,6 +83,7 @@ def test_an_old_driver_gets_the_fields_it_knows(tmp_path: Path) -> None:
     assert "compute_cap" not in smi["query"].splitlines()[0]
 
 
+@pytest.mark.timing
 def test_a_hung_nvidia_smi_costs_its_timeout_and_no_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

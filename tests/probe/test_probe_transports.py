@@ -49,6 +49,7 @@ def test_the_shipped_program_runs_with_the_standard_library_and_routes_to_its_pe
     assert facts["torch"] is None
 
 
+@pytest.mark.timing
 @pytest.mark.process
 def test_a_node_that_hangs_stops_itself_at_its_bound(tmp_path: Path) -> None:
     # nvidia-smi that does not answer for 20 s: the node gives up after its 1 s bound.

@@ -62,6 +62,7 @@ def test_every_rank_times_every_step_once(pace_runs: Runs) -> None:
                 assert w["clock"] == "host" and w["rank"] == rank
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(400)
 def test_status_names_the_slow_rank_as_straggler(pace_runs: Runs) -> None:
     status = pace_runs.slow.status
@@ -86,6 +87,7 @@ def test_status_names_the_slow_rank_as_straggler(pace_runs: Runs) -> None:
     assert re.search("[▁▂▃▄▅▆▇█]{5,}", loss_line), loss_line
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(400)
 def test_status_names_no_straggler_without_the_sleep(pace_runs: Runs) -> None:
     status = pace_runs.even.status

@@ -35,13 +35,21 @@ from torch.utils.data import TensorDataset
 
 
 def throttle_self(wait_s: float = 60.0) -> None:
-    """Move this process into the throttling cgroup when it is the rank to slow down. Where the
-    cgroup file system cannot be seen (an SSH test host: ``ip netns exec`` mounts its own
-    /sys), the test moves the rank from outside: wait until /proc/self/cgroup says so."""
+    """Move this process into the throttling cgroup when it is the rank to slow down, and every
+    other rank into the fast one (``MIXED_FAST_CGROUP``: no cap, the same high CPU weight, so
+    that other work on the machine slows neither; tests/support/throttle.py). Where the cgroup
+    file system cannot be seen (an SSH test host: ``ip netns exec`` mounts its own /sys), the
+    test moves the rank from outside: wait until /proc/self/cgroup says so."""
     rank = os.environ.get("MIXED_THROTTLE_RANK")
-    group = os.environ.get("MIXED_THROTTLE_CGROUP")
-    if rank is None or group is None or os.environ.get("RANK") != rank:
+    if rank is None or os.environ.get("RANK") is None:
         return
+    group = os.environ.get("MIXED_THROTTLE_CGROUP" if os.environ["RANK"] == rank
+                           else "MIXED_FAST_CGROUP")
+    if group is not None:
+        _join(group, os.environ["RANK"], wait_s)
+
+
+def _join(group: str, rank: str, wait_s: float) -> None:
     if Path(group).is_dir():
         (Path(group) / "cgroup.procs").write_text(f"{os.getpid()}\n")
         return

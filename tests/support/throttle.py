@@ -4,6 +4,15 @@ cgroup v1's cpu controller (``cpu.cfs_period_us`` / ``cpu.cfs_quota_us``, what t
 test machines have) or cgroup v2's ``cpu.max``; a short period (10 ms) so that the capped
 process runs in small slices and its speed is even from step to step. :func:`available` says
 whether either can be written here (tests skip, saying so, when neither can).
+
+Every such cgroup also gets the highest CPU weight the kernel allows (v1 ``cpu.shares`` 262144,
+256 times the default; v2 ``cpu.weight`` 10000, 100 times): the speeds under test are the caps,
+not whatever other work on the machine leaves over. On a 2-core box with two CPU-bound processes
+beside the suite (``pytest --cpu-load 2``), an unweighted "fast" rank gets about half a core, as
+slow as the capped one, and the mixed-speed tests measured the load instead of the shares (ten
+times the default weight was still not enough at a load average of 11). A cgroup with no cap
+(``cores=None``) is how the fast rank is weighted too. The ranks hold that weight for the minute
+a test trains, then the cgroups are removed.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from pathlib import Path
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
 PERIOD_US = 10_000
+#: The CPU weight of a test cgroup: the kernel's highest (v1 cpu.shares, v2 cpu.weight).
+WEIGHT_V1, WEIGHT_V2 = 262_144, 10_000
 
 
 def _root() -> Path | None:
@@ -36,21 +47,24 @@ def available() -> str | None:
 
 
 class Throttle:
-    """A cgroup whose members share ``cores`` CPU cores at most; remove it with :meth:`close`
-    once its processes are gone (it waits a little for them)."""
+    """A cgroup whose members share ``cores`` CPU cores at most (no cap: ``None``), at
+    the highest CPU weight; remove it with :meth:`close` once its processes
+    are gone (it waits a little for them)."""
 
-    def __init__(self, cores: float) -> None:
+    def __init__(self, cores: float | None) -> None:
         root = _root()
         if root is None:
             raise RuntimeError(available())
         self.path = root / f"orchestrate-test-{uuid.uuid4().hex[:8]}"
         self.path.mkdir()
-        quota = int(PERIOD_US * cores)
+        quota = -1 if cores is None else int(PERIOD_US * cores)
         if root == V1:
+            (self.path / "cpu.shares").write_text(str(WEIGHT_V1))
             (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
         else:
-            (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (self.path / "cpu.weight").write_text(str(WEIGHT_V2))
+            (self.path / "cpu.max").write_text(f"{'max' if cores is None else quota} {PERIOD_US}")
 
     def add(self, pid: int) -> None:
         """Move process ``pid`` (all its threads) into the cgroup."""

@@ -129,6 +129,23 @@ def tier_of(item: pytest.Item) -> str | None:
     return next((mark.name for mark in item.iter_markers() if mark.name in TIERS), None)
 
 
+#: The tiers whose tests share one machine-wide thing started once per session (the sshd test
+#: hosts and their network namespaces, the Slurm cluster): run by one worker at a time.
+SHARED_TIERS = ("ssh", "slurm")
+
+
+def group(items: list[pytest.Item]) -> None:
+    """Which tests one pytest-xdist worker runs together (``pytest -n 2``, ``--dist loadgroup``
+    in pyproject.toml): every ``ssh`` test in one group and every ``slurm`` test in another,
+    since each tier's cluster is one per machine; any other test with the rest of its file, so
+    that a module's shared fixture (one training run asserted many ways) is made once. Without
+    xdist the marks change nothing."""
+    for item in items:
+        tier = tier_of(item)
+        name = tier if tier in SHARED_TIERS else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(name))
+
+
 def _guarded(item: pytest.Item, on: bool) -> Iterator[None]:
     """Runs a test phase (the ``yield``) with the guard on when ``on`` and the item is a unit
     test; fails the test if the guard refused anything, caught or not."""

@@ -31,6 +31,7 @@ def _epochs(launch: Launch) -> list[dict[str, Any]]:
     return [m for m in launch.metrics() if m["kind"] == "epoch"]
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(180)
 def test_example_converges_quickly(example: tuple[Launch, float]) -> None:
     launch, seconds = example

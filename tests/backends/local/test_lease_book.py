@@ -55,6 +55,7 @@ def test_a_symbolic_link_for_the_book_is_refused(tmp_path: Path) -> None:
         leases.LeaseBook(str(tmp_path / "leases"), "box")
 
 
+@pytest.mark.timing
 def test_a_held_lock_is_waited_for_a_bounded_time_and_its_holder_named(tmp_path: Path) -> None:
     book = leases.LeaseBook(str(tmp_path / "leases"), "box")
     with book.locked():

@@ -101,6 +101,7 @@ def test_the_script_render_prints_is_what_runs(cli: Cli) -> None:
         assert text.rstrip("\n") == (run_dir / name).read_text().rstrip("\n"), name
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_killed_rank_fails_the_job_fast_and_leaves_nothing(cli: Cli) -> None:
     job = _ddp_job(cli, "victim", hold_s=120)
@@ -133,6 +134,7 @@ def _is_python_rank(pid: int, rank: int) -> bool:
     return "python" in exe and f"RANK={rank}".encode() in env
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_cancel_stops_every_process(cli: Cli) -> None:
     job = cli.write("sleepy.yaml", """

@@ -106,6 +106,7 @@ def test_a_killed_supervisor_takes_its_ranks_and_holds_the_gpu_until_they_are_go
     cli.run("cancel", cli.id("stubborn-3"), check=True)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(120)
 def test_a_full_run_directory_fails_the_job_and_says_why(cli: Cli) -> None:
     runs = cli.work / "runs"

@@ -172,6 +172,7 @@ def test_gpus_names_every_holder(lab: Cli, notebook: subprocess.Popen[bytes]) ->
     lab.run("cancel", job, check=True)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_a_hung_nvidia_smi_is_bounded_and_named(lab: Cli) -> None:
     lab.env["FAKE_NVSMI_SLEEP"] = "30"
@@ -233,6 +234,7 @@ def _named(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_a_waiting_job_whose_bound_passes_ends_deadline_naming_the_holder(lab: Cli) -> None:
     """``--wait=0:02``: a job not placed within 2 s ends DEADLINE (never started) saying what
@@ -259,6 +261,7 @@ def test_a_waiting_job_whose_bound_passes_ends_deadline_naming_the_holder(lab: C
     assert not list(Path(lab.env["ORCHESTRATE_LEASES"]).glob("*/*.ticket"))
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_cancel_returns_once_the_lease_is_released(lab: Cli) -> None:
     """A submit right after ``cancel`` gets the cancelled job's GPUs (no 75), and the cancel

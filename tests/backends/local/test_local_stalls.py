@@ -22,7 +22,7 @@ import pytest
 from tests.backends.local.conftest import Cli
 from tests.support.output import merged_text
 
-pytestmark = [pytest.mark.process, pytest.mark.torch]
+pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs"
 REPO = Path(__file__).resolve().parents[3]

@@ -245,6 +245,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(BRING_UP + 90)
 def test_first_failing_rank_is_named_and_the_others_stop(ocli: OrchestrateCli) -> None:
     ocli.inventory()

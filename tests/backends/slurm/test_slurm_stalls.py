@@ -18,7 +18,7 @@ import pytest
 from tests.backends.slurm.conftest import OrchestrateCli
 from tests.support.output import merged_text
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.timing]
 
 STEPS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs" / "steps.py"
 STALL_S = 10

@@ -80,6 +80,7 @@ def _qdisc(host: str, *commands: str) -> Iterator[None]:
                         "eth0", "root"], capture_output=True, timeout=20, check=False)
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(200)
 def test_every_tier_passes_on_three_healthy_hosts(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": f"h{i}", "slots": 2} for i in (1, 2, 3)])

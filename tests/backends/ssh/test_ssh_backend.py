@@ -135,6 +135,7 @@ def test_uneven_three_plus_two(ssh_cli: SshCli) -> None:
                      (4, "h2", "2")]
 
 
+@pytest.mark.timing
 @pytest.mark.torch
 @pytest.mark.timeout(150)
 def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> None:
@@ -167,6 +168,7 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> N
     _assert_nothing_left(ssh_cli, "victim-1")
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(150)
 def test_lost_host_fails_the_job_naming_it_and_the_others_are_stopped(ssh_cli: SshCli) -> None:
     """A host dies whole: its PID namespace is SIGKILLed, ranks, agent and sshd at once (what a
@@ -202,6 +204,7 @@ def test_lost_host_fails_the_job_naming_it_and_the_others_are_stopped(ssh_cli: S
     assert again.returncode == 0, again.stderr  # h2 back for the tests that follow
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(180)
 def test_a_host_cut_off_the_network_is_named_within_seconds(ssh_cli: SshCli) -> None:
     """The silent partition: h2's link goes down while its ranks compute outside any
@@ -239,6 +242,7 @@ def test_a_host_cut_off_the_network_is_named_within_seconds(ssh_cli: SshCli) -> 
     assert not tagged_by_namespace(hosts, "cut-1"), "h2 kept the job's processes"
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(180)
 def test_cancel_with_a_cut_off_host_returns_within_seconds(ssh_cli: SshCli) -> None:
     hosts = ssh_cli.hosts
@@ -380,6 +384,7 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_unreachable_host_fails_preflight_fast_and_launches_nothing(ssh_cli: SshCli) -> None:
     ghost = _address(ssh_cli, "h1").rsplit(".", 1)[0] + ".250"  # on the test network, no sshd

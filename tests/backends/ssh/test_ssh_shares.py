@@ -15,21 +15,21 @@ import pytest
 from tests.backends.ssh.conftest import SshCli
 from tests.support import mixedwork, throttle
 
-pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timing]
 
 REPO = Path(__file__).resolve().parents[3]
 SUPPORT = REPO / "tests" / "support"  # mixedwork.py, the workload
 
 
-def _job(cli: SshCli, split: str, cgroup: Path) -> Path:
+def _job(cli: SshCli, split: str, cgroups: tuple[Path, Path]) -> Path:
     return cli.write(f"{split}.yaml", f"""
         name: {split}
         backend: ssh
         inventory: inv.yaml
         resources: {{nodes: 2, gpus_per_node: 1}}
         workdir: {SUPPORT}
-        env: {{MIXED_THROTTLE_RANK: "1", MIXED_THROTTLE_CGROUP: "{cgroup}",
-               PYTHONPATH: "{REPO}"}}
+        env: {{MIXED_THROTTLE_RANK: "1", MIXED_THROTTLE_CGROUP: "{cgroups[0]}",
+               MIXED_FAST_CGROUP: "{cgroups[1]}", PYTHONPATH: "{REPO}"}}
         train: {json.dumps(mixedwork.train_config(split))}
         """)
 
@@ -40,18 +40,20 @@ def test_measured_shares_over_ssh_move_work_off_the_slow_host(ssh_cli: SshCli) -
     if why is not None:
         pytest.skip(why)
     ssh_cli.inventory([{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1}])
-    slow = throttle.Throttle(cores=0.5)
+    # h2's rank capped at half a core, h1's uncapped; both weighted over other work.
+    slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
     runs: dict[str, Path] = {}
     try:
         for split in ("equal", "measured"):
             job = f"{split}-{os.urandom(3).hex()}"
-            ssh_cli.run("submit", str(_job(ssh_cli, split, slow.path)), "--detach",
+            ssh_cli.run("submit", str(_job(ssh_cli, split, (slow.path, fast.path))), "--detach",
                         "--job-id", job, check=True, timeout=120)
             status = ssh_cli.wait_running(job, timeout=90)
-            rank1 = next(r for r in status["ranks"] if r["rank"] == 1)
-            assert rank1["host"] == "h2", status["ranks"]
-            # The rank waits in its dataset factory until it is in the cgroup.
+            rank0, rank1 = sorted(status["ranks"], key=lambda r: int(r["rank"]))
+            assert (rank0["host"], rank1["host"]) == ("h1", "h2"), status["ranks"]
+            # Each rank waits in its dataset factory until it is in its cgroup.
             slow.add(ssh_cli.hosts.root_pid("h2", int(rank1["pid"])))
+            fast.add(ssh_cli.hosts.root_pid("h1", int(rank0["pid"])))
             # One follower until the end, not a status process every 0.2 s: on two cores a
             # CLI start that often takes CPU from the ranks being timed.
             ssh_cli.run("logs", job, "--follow", timeout=240)
@@ -59,9 +61,10 @@ def test_measured_shares_over_ssh_move_work_off_the_slow_host(ssh_cli: SshCli) -
             assert done["state"] == "COMPLETED", done
             runs[split] = Path(done["run_dir"])
         deadline = time.monotonic() + 10
-        while slow.members() and time.monotonic() < deadline:
+        while (slow.members() or fast.members()) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
         slow.close()
+        fast.close()
 
     mixedwork.check_balanced(runs["equal"], runs["measured"])

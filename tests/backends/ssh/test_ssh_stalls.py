@@ -20,7 +20,7 @@ import pytest
 from tests.backends.ssh.conftest import SshCli
 from tests.support.output import merged_text
 
-pytestmark = [pytest.mark.ssh, pytest.mark.torch]
+pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timing]
 
 STEPS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs" / "steps.py"
 STALL_S = 10

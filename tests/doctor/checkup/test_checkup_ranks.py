@@ -16,7 +16,7 @@ from checkup_harness import Starter, free_port
 
 from orchestrate.doctor.checkup.result import CheckupResult
 
-pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timeout(150), pytest.mark.timing]
 
 SIZES = "64K,1M,4M"
 

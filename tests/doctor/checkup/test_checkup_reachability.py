@@ -22,7 +22,7 @@ from orchestrate.doctor.checkup import reachability
 from orchestrate.doctor.checkup.reachability import Listener, connect, connect_all
 from tests.support.python38 import python38 as _python38
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.timing]
 
 SCRIPT = Path(reachability.__file__)
 
