@@ -27,7 +27,8 @@ from pathlib import Path
 SHIPPED: dict[str, tuple[str, ...]] = {
     # The SSH agent, one per host and job (backends/ssh/channels.py), sent as ``python -S -c``.
     "agent": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-              "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
+              "orchestrate.hostside.smi", "orchestrate.hostside.gpuuse",
+              "orchestrate.hostside.bookdir",
               "orchestrate.hostside.leases",
               "orchestrate.hostside.watchdog", "orchestrate.core.exits",
               "orchestrate.core.plan.outcome", "orchestrate.core.plan.restart",
@@ -49,11 +50,12 @@ SHIPPED: dict[str, tuple[str, ...]] = {
                 "orchestrate.backends.slurm.monitor"),
     # The local supervisor's watchdog (backends/detached.py).
     "watchdog": ("orchestrate.hostside.host", "orchestrate.hostside.containment",
-                 "orchestrate.hostside.gpuuse", "orchestrate.hostside.bookdir",
+                 "orchestrate.hostside.smi", "orchestrate.hostside.gpuuse",
+                 "orchestrate.hostside.bookdir",
                  "orchestrate.hostside.leases",
                  "orchestrate.hostside.watchdog"),
     # ``inventory probe`` and the doctor's facts, on every node (probe/gathering.py).
-    "gatherer": ("orchestrate.hostside.hostfacts",),
+    "gatherer": ("orchestrate.hostside.smi", "orchestrate.hostside.hostfacts"),
     # Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files
     # under their last names (orchestrate/diagnosis/rankpackage.py), not bundled.
     "sidecar": ("orchestrate.core.layout", "orchestrate.hostside.timeouts",
