@@ -34,6 +34,7 @@ import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leases
+import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.base import make_run_dir, secret_values
 from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
@@ -248,8 +249,9 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
 
 #: The local supervisor's watchdog: kill-by-tag, containment, and the lease book it leaves.
 WATCHDOG = Manifest("watchdog", (
-    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.gpuuse,
-    orchestrate.hostside.bookdir, orchestrate.hostside.leases, orchestrate.hostside.watchdog))
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
+    orchestrate.hostside.watchdog))
 
 
 def start_watchdog(pid: int, job_id: str, grace_s: float,

@@ -27,13 +27,31 @@ from orchestrate.core.errors import UserError
 def gpus(as_json: bool, inventory_file: Path | None) -> None:
     """Every GPU of this machine (or of an inventory's SSH nodes) with its model, memory
     used/total, utilization and holders: orchestrate jobs (user, job id, since) and processes
-    outside orchestrate (pid, user, name, memory)."""
+    outside orchestrate (pid, user, name, memory).
+
+    The model is named as a job's gpu_model names it (what inventory probe writes), with
+    nvidia-smi's own name beside it."""
     hosts = [this_machine()] if inventory_file is None else over_ssh(inventory_file)
+    hosts = [with_models(answer) for answer in hosts]
     if as_json:
         click.echo(json.dumps(hosts[0] if inventory_file is None else hosts, indent=2))
         return
     for answer in hosts:
         show(answer)
+
+
+def with_models(answer: dict[str, Any]) -> dict[str, Any]:
+    """One host's answer with each GPU's ``model`` as a job's ``gpu_model:`` names it (what
+    ``inventory probe`` writes: :func:`orchestrate.probe.facts.normalise_model`), beside
+    ``name``, nvidia-smi's own."""
+    from orchestrate.probe.facts import memory_gb, normalise_model
+
+    def model(gpu: dict[str, Any]) -> str:
+        mib = gpu.get("memory_total_mib")
+        return normalise_model(str(gpu["name"]), memory_gb(mib) if mib else None)
+
+    return {**answer, "gpus": [{"index": gpu["index"], "model": model(gpu), **gpu}
+                               for gpu in answer["gpus"]]}
 
 
 def this_machine() -> dict[str, Any]:
@@ -102,13 +120,13 @@ def show(answer: dict[str, Any]) -> None:
 
     out = console()
     table = Table(title=f"GPUs of {answer['host']}")
-    for column in ("gpu", "model", "memory used/total", "util", "held by"):
+    for column in ("gpu", "model", "nvidia-smi name", "memory used/total", "util", "held by"):
         table.add_column(column)
     for gpu in answer["gpus"]:
         used = "?" if gpu["memory_used_gb"] is None else f"{gpu['memory_used_gb']:.1f}"
         util = "?" if gpu["utilization_pct"] is None else f"{gpu['utilization_pct']:.0f}%"
         holders = "\n".join(_holder(h) for h in gpu["holders"]) or "free"
-        table.add_row(str(gpu["index"]), str(gpu["model"]),
+        table.add_row(str(gpu["index"]), str(gpu["model"]), str(gpu["name"]),
                       f"{used} / {gpu['memory_total_gb']:.1f} GB", util, holders)
     if answer["gpus"]:
         out.print(table)

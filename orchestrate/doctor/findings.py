@@ -25,7 +25,7 @@ from orchestrate.core.errors import Problem
 from orchestrate.core.spec.inventory import Inventory
 from orchestrate.doctor.bandwidth import judge_bandwidth
 from orchestrate.doctor.checkup.options import TIERS
-from orchestrate.doctor.checkup.result import CheckupResult, Failure
+from orchestrate.doctor.checkup.result import CheckupFailure, CheckupResult
 from orchestrate.doctor.grading import (
     Check,
     ConnectAttempt,
@@ -296,9 +296,9 @@ def _result(payloads: Sequence[Mapping[str, Any]]) -> CheckupResult | None:
     first = CheckupResult.from_json(lone[0])
     if len(lone) == 1 or first.failure is None:
         return first
-    failures = [Failure.from_json(p["failure"]) for p in lone]
+    failures = [CheckupFailure.from_json(p["failure"]) for p in lone]
     ranks = tuple(sorted({r for f in failures for r in f.ranks}))
-    merged = Failure(
+    merged = CheckupFailure(
         tier=failures[0].tier, step=failures[0].step,
         detail="; ".join(dict.fromkeys(f.detail for f in failures)),
         ranks=ranks, nodes=tuple(dict.fromkeys(n for f in failures for n in f.nodes)),

@@ -6,16 +6,17 @@ hand): a GPU with a compute process that no orchestrate job of this machine hold
 *in use*, and planning leaves it alone unless the job shares (``resources.share_gpus``), and
 then it counts the GPU's free memory, not its total. What a GPU *is* (model, total memory,
 links) is :mod:`orchestrate.hostside.hostfacts`' business; this module asks only what changes
-from one minute to the next, in two bounded ``nvidia-smi`` calls. Standard library only,
-Python 3.8+ (shipped inside the SSH agent).
+from one minute to the next, in two bounded ``nvidia-smi`` calls, run and read as
+:mod:`orchestrate.hostside.smi` runs and reads every one. Standard library only, Python 3.8+
+(shipped inside the SSH agent).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 
 from orchestrate.hostside.containment import command_name, live_survivors, owner_uid, user_name
+from orchestrate.hostside.smi import number, query, rows, said, value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,26 +24,13 @@ if TYPE_CHECKING:
 
 #: How long one ``nvidia-smi`` call may take before it counts as hung.
 SMI_TIMEOUT_S = float(os.environ.get("ORCHESTRATE_NVIDIA_SMI_TIMEOUT_S") or 5.0)
-GPU_QUERY = "index,uuid,pci.bus_id,name,memory.total,memory.used,utilization.gpu"
+GPU_FIELDS = ("index", "uuid", "pci.bus_id", "name", "memory.total", "memory.used",
+              "utilization.gpu")
 #: process_name last: it is the one field that may hold a comma.
-APP_QUERY = "pid,used_memory,gpu_uuid,gpu_bus_id,process_name"
+APP_FIELDS = ("pid", "used_memory", "gpu_uuid", "gpu_bus_id", "process_name")
 #: Memory in use on a GPU with no compute process listed (processes of another PID namespace,
 #: a container) above which it counts as in use.
 UNSEEN_MIB = 1024.0
-
-
-def _smi(query: str, timeout_s: float) -> str:
-    return subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader,nounits"], stdin=subprocess.DEVNULL,
-        capture_output=True, timeout=timeout_s, check=True, text=True,
-    ).stdout
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text.strip())
-    except ValueError:
-        return None  # [N/A], [Not Supported]
 
 
 def bus_key(bus: str | None) -> str:
@@ -59,49 +47,40 @@ def bus_key(bus: str | None) -> str:
 
 def usage(timeout_s: float = SMI_TIMEOUT_S) -> dict[str, Any]:
     """``{"ok": True, "gpus": [...], "apps": [...]}`` or ``{"ok": False, "detail": why}``
-    (``missing`` when there is no nvidia-smi: no GPUs)."""
-    try:
-        gpus = _gpus(_smi("--query-gpu=" + GPU_QUERY, timeout_s))
-        apps = _apps(_smi("--query-compute-apps=" + APP_QUERY, timeout_s), gpus)
-    except FileNotFoundError:
-        return {"ok": False, "missing": True, "detail": "nvidia-smi not found on PATH"}
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "detail": f"nvidia-smi did not answer within {timeout_s:g}s"}
-    except subprocess.CalledProcessError as exc:
-        said = " ".join(f"{exc.stdout or ''} {exc.stderr or ''}".split())[-300:]
-        return {"ok": False, "detail": f"nvidia-smi failed (exit {exc.returncode}): {said}"}
-    except OSError as exc:
-        return {"ok": False, "detail": f"nvidia-smi failed: {exc}"}
-    return {"ok": True, "gpus": gpus, "apps": apps}
+    (``missing`` when there is no nvidia-smi: no GPUs). A GPU's ``name`` is nvidia-smi's own
+    (``NVIDIA A100 80GB PCIe``); the model a job names comes from
+    :func:`orchestrate.probe.facts.normalise_model`."""
+    gpus = query("gpu", GPU_FIELDS, timeout_s)
+    apps = query("compute-apps", APP_FIELDS, timeout_s) if gpus["status"] == "ok" else gpus
+    if apps["status"] != "ok":
+        return {"ok": False, "missing": apps["status"] == "missing", "detail": said(apps)}
+    found = _gpus(rows(gpus["text"], GPU_FIELDS))
+    return {"ok": True, "gpus": found, "apps": _apps(rows(apps["text"], APP_FIELDS), found)}
 
 
-def _gpus(text: str) -> list[dict[str, Any]]:
-    found = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 7 or not cells[0].isdigit():
-            continue
-        found.append({"index": int(cells[0]), "uuid": cells[1], "bus_id": cells[2],
-                      "model": cells[3], "memory_total_mib": _number(cells[4]),
-                      "memory_used_mib": _number(cells[5]), "utilization_pct": _number(cells[6])})
-    return found
+def _gpus(listed: list[dict[str, str]]) -> list[dict[str, Any]]:
+    return [{"index": int(row["index"]), "uuid": row["uuid"], "bus_id": row["pci.bus_id"],
+             "name": row["name"], "memory_total_mib": number(row["memory.total"]),
+             "memory_used_mib": number(row["memory.used"]),
+             "utilization_pct": number(row["utilization.gpu"])}
+            for row in listed if row["index"].isdigit()]
 
 
-def _apps(text: str, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_uuid = {g["uuid"]: g["index"] for g in gpus if g["uuid"] and g["uuid"][:1] != "["}
+def _apps(listed: list[dict[str, str]], gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_uuid = {g["uuid"]: g["index"] for g in gpus if value(g["uuid"])}
     by_bus = {bus_key(g["bus_id"]): g["index"] for g in gpus}
     found = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",", 4)]
-        if len(cells) < 5 or not cells[0].isdigit():
+    for row in listed:
+        if not row["pid"].isdigit():
             continue
-        pid = int(cells[0])
-        index = by_uuid.get(cells[2], by_bus.get(bus_key(cells[3])))
+        pid = int(row["pid"])
+        index = by_uuid.get(row["gpu_uuid"], by_bus.get(bus_key(row["gpu_bus_id"])))
         if index is None:
             continue
         uid = owner_uid(pid)
-        name = cells[4] if cells[4][:1] not in ("", "[") else command_name(pid)
-        found.append({"pid": pid, "gpu": index, "memory_mib": _number(cells[1]),
+        name = row["process_name"] if row["process_name"][:1] not in ("", "[") \
+            else command_name(pid)
+        found.append({"pid": pid, "gpu": index, "memory_mib": number(row["used_memory"]),
                       "name": os.path.basename(name), "uid": uid, "user": user_name(uid)})
     return found
 
@@ -145,7 +124,7 @@ def holders(found: dict[str, Any], leases: list[dict[str, Any]]) -> list[dict[st
     for lease in leases:
         for index in lease.get("gpus") or []:
             owners.setdefault(int(index), []).append(lease)
-    rows = []
+    table = []
     for gpu in found.get("gpus", []):
         index = int(gpu["index"])
         jobs = owners.get(index, [])
@@ -162,12 +141,13 @@ def holders(found: dict[str, Any], leases: list[dict[str, Any]]) -> list[dict[st
                 held.append({"kind": "process", "user": app["user"], "job_id": job,
                              "pid": app["pid"], "name": app["name"],
                              "memory_gb": gb(app["memory_mib"]), "since": None})
-        rows.append({"index": index, "model": gpu["model"],
+        table.append({"index": index, "name": gpu["name"],
+                     "memory_total_mib": gpu["memory_total_mib"],
                      "memory_total_gb": gb(gpu["memory_total_mib"]),
                      "memory_used_gb": None if gpu["memory_used_mib"] is None
                      else gb(gpu["memory_used_mib"]),
                      "utilization_pct": gpu["utilization_pct"], "holders": held})
-    return rows
+    return table
 
 
 __all__ = ["SMI_TIMEOUT_S", "bus_key", "gb", "holders", "outside_use", "usage"]

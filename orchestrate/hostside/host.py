@@ -190,35 +190,6 @@ def run_text(argv: list[str], timeout: float = 20.0) -> str:
     ).stdout
 
 
-def gpus() -> dict[str, Any]:
-    """The GPUs ``nvidia-smi`` lists, in its order (PCI bus order): ``{"ok": True, "present":
-    [[index, name, memory_mib], ...]}``, or ``{"ok": False, "detail": why}``. No nvidia-smi
-    means no GPUs, said as such.
-
-    The SSH agent's check that a plan's GPU indices exist on its host, nothing more: what a GPU
-    *is* (model, memory, link) is read in one place, :mod:`orchestrate.probe.facts` from
-    :mod:`orchestrate.hostside.hostfacts`, for local planning, inventory files and the doctor
-    alike."""
-    try:
-        out = run_text(["nvidia-smi", "--query-gpu=index,name,memory.total",
-                        "--format=csv,noheader,nounits"])
-    except FileNotFoundError:
-        return {"ok": False, "missing": True, "detail": "nvidia-smi not found on PATH"}
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", None) or str(exc)
-        return {"ok": False, "detail": f"nvidia-smi failed: {str(detail).strip()[-300:]}"}
-    present = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if parts and parts[0].isdigit():
-            try:
-                mib = float(parts[2]) if len(parts) > 2 else 0.0
-            except ValueError:
-                mib = 0.0
-            present.append([int(parts[0]), parts[1] if len(parts) > 1 else "?", mib])
-    return {"ok": True, "present": present}
-
-
 def interface_towards(address: str) -> dict[str, Any]:
     """The interface that carries traffic to ``address``: ``ip route get`` names it, except on
     the host owning the address (``local ... dev lo``), where it is the interface holding it."""
@@ -252,6 +223,6 @@ def interface_towards(address: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "TAG", "alive", "gpus", "interface_towards", "job_pids", "port_free", "proc_start", "reap",
+    "TAG", "alive", "interface_towards", "job_pids", "port_free", "proc_start", "reap",
     "run_text", "signal_all", "state_dir", "suppress", "tagged",
 ]

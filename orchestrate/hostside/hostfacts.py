@@ -1,10 +1,12 @@
 """Raw facts about the machine it runs on: GPUs, links, NICs, CPUs, memory, python and torch.
 
-Standard library only, Python 3.8+, no imports from orchestrate: the SSH transport sends this
-file's text to each host and runs it with ``python -S`` (``python -S hostfacts.py [PEER...]``
-prints the facts as one JSON line), and the Slurm transport runs it as one short task per node.
-It only *collects*: the controller parses (``orchestrate.probe.facts``), because parsing in one
-place is what lets golden tests replay the real outputs of machines we do not have.
+Standard library only, Python 3.8+, importing nothing of orchestrate but
+:mod:`orchestrate.hostside.smi` (how nvidia-smi is run and read, shared with the GPU-use check):
+the SSH and Slurm transports ship the two as the ``gatherer`` program
+(:mod:`orchestrate.probe.gathering`) and run it with ``python -S``; it prints the facts as one
+JSON line. It only *collects*: the controller parses (``orchestrate.probe.facts``), because
+parsing in one place is what lets golden tests replay the real outputs of machines we do not
+have.
 
 Every step is bounded (each subprocess has a timeout) and a failing step becomes data, never an
 exception: a host without ``nvidia-smi`` is a CPU node, one whose ``nvidia-smi`` fails (driver
@@ -43,7 +45,6 @@ one; ``ORCHESTRATE_PROC_ROOT`` (default ``/proc``) does the same for /proc.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -52,6 +53,8 @@ import struct
 import subprocess  # gathering facts from commands is this module's whole job
 import sys
 import time
+
+from orchestrate.hostside.smi import finish, message, query, run, start, stop
 
 TYPE_CHECKING = False  # typing costs start-up time on every host; only the checker needs it
 if TYPE_CHECKING:
@@ -137,53 +140,6 @@ def read(path: str) -> str | None:
         return None
 
 
-def start(argv: list[str]) -> subprocess.Popen[bytes] | tuple[int | None, str, str]:
-    """A command started in the background, or (when it cannot start) what :func:`run` says:
-    ``(None, "", "")`` for a program not found, ``(-1, "", why)`` otherwise."""
-    try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-    except FileNotFoundError:
-        return None, "", ""
-    except OSError as exc:
-        return -1, "", f"{argv[0]}: {exc}"
-
-
-def finish(started: subprocess.Popen[bytes] | tuple[int | None, str, str], timeout: float,
-           program: str) -> tuple[int | None, str, str]:
-    """Exit status, stdout and stderr of ``program``, which :func:`start` started, waiting at
-    most ``timeout`` seconds (then it is killed: a timeout is an answer, never a hang)."""
-    if isinstance(started, tuple):
-        return started
-    try:
-        out, err = started.communicate(timeout=max(0.1, timeout))
-    except subprocess.TimeoutExpired:
-        stop(started)
-        return -1, "", f"{program} did not answer within {timeout:.0f}s"
-    return (started.returncode, out.decode("utf-8", "replace"),
-            err.decode("utf-8", "replace"))
-
-
-def stop(started: subprocess.Popen[bytes] | tuple[int | None, str, str]) -> None:
-    """Kill a command :func:`start` started that is no longer wanted (and reap it, unless even
-    SIGKILL does not end it soon: a process stuck in the driver)."""
-    if isinstance(started, tuple) or started.poll() is not None:
-        return
-    started.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        started.communicate(timeout=1.0)
-
-
-def run(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
-    """Exit status (None: not found), stdout and stderr of a bounded command."""
-    return finish(start(argv), timeout, argv[0])
-
-
-def _message(code: int | None, out: str, err: str) -> str:
-    text = "\n".join(x.strip() for x in (out, err) if x.strip())
-    return f"{text} (exit status {code})" if text else f"exit status {code}"
-
-
 def nvidia_smi(topo: bool = True) -> dict[str, Any]:
     """The --query-gpu CSV and (unless not ``topo``) the topology matrix, or why there are
     none. ``topo -m`` runs alongside the query (each nvidia-smi start costs the driver's
@@ -193,31 +149,24 @@ def nvidia_smi(topo: bool = True) -> dict[str, Any]:
     matrix = start(["nvidia-smi", "topo", "-m"]) if topo else None
     deadline = time.monotonic() + NVIDIA_SMI_TIMEOUT_S
     for fields in (GPU_FIELDS, GPU_FIELDS_OLD):
-        code, out, err = run(
-            ["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,nounits"],
-            NVIDIA_SMI_TIMEOUT_S,
-        )
-        if code == 0:
+        answer = query("gpu", fields, NVIDIA_SMI_TIMEOUT_S)
+        report["status"], report["query"], report["error"] = \
+            answer["status"], answer["text"], answer["error"]
+        if answer["status"] == "ok":
             report["fields"] = list(fields)
-            report["query"] = out
             break
-        report["status"] = "missing" if code is None else "failed"
-        report["error"] = "nvidia-smi not found on PATH" if code is None \
-            else _message(code, out, err)
-        if code is None or "not a valid field" not in out + err:
+        if answer["status"] == "missing" or "not a valid field" not in answer["error"]:
             break
     if report["query"] is None:
         if matrix is not None:
             stop(matrix)
         return report
-    report["status"] = "ok"
-    report["error"] = None
     if matrix is not None:
         code, out, err = finish(matrix, deadline - time.monotonic(), "nvidia-smi")
         if code == 0:
             report["topo"] = out
         else:
-            report["topo_error"] = _message(code, out, err)
+            report["topo_error"] = message(code, out, err)
     return report
 
 

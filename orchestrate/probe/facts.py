@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrate.core.spec.inventory import GpuLink, NetworkSpec
+from orchestrate.hostside import smi
 from orchestrate.probe.network import HcaPort, NicFact, choose_network, hcas_of, nics_of
 
 GpuStatus = Literal["ok", "missing", "failed"]
@@ -55,10 +56,8 @@ MEMORY_VARIANTS: dict[str, tuple[int, ...]] = {
 }
 
 _GB_WORD = re.compile(r"^(\d+)GB$", re.IGNORECASE)
-_LEADING_NUMBER = re.compile(r"^-?\d+(\.\d+)?")
 _GPU_LABEL = re.compile(r"GPU\d+")
 _NVLINK_CELL = re.compile(r"NV(\d+)")
-_UNITS = re.compile(r"\s*\[.*\]$")
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,26 +185,8 @@ class ProbedHost:
 # ---------------------------------------------------------------------------------------- GPUs
 
 
-def _value(text: str | None) -> str | None:
-    """A CSV cell, or None for nvidia-smi's not-available markers."""
-    if text is None:
-        return None
-    text = text.strip()
-    if not text or (text.startswith("[") and text.endswith("]")) or text in ("N/A", "n/a"):
-        return None
-    return text
-
-
-def _number(text: str | None) -> float | None:
-    value = _value(text)
-    if value is None:
-        return None
-    found = _LEADING_NUMBER.match(value)
-    return float(found.group(0)) if found else None
-
-
 def _integer(text: str | None) -> int | None:
-    number = _number(text)
+    number = smi.number(text)
     return None if number is None else int(number)
 
 
@@ -224,26 +205,12 @@ def parse_gpu_query(text: str, fields: list[str] | None = None) -> list[GpuFact]
     The header names the columns (``memory.total [MiB]`` included); without one, ``fields``
     does. Rows come back sorted by bus id, each with its CUDA index under PCI_BUS_ID order.
     """
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return []
-    first = [c.strip() for c in lines[0].split(",")]
-    if "index" in (_UNITS.sub("", c) for c in first) or not fields:
-        header = [_UNITS.sub("", c) for c in first]
-        rows = lines[1:]
-    else:
-        header, rows = list(fields), lines
-    rows_parsed = []
-    for line in rows:
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(header):
-            continue
-        rows_parsed.append(dict(zip(header, cells, strict=True)))
+    rows_parsed = smi.rows(text, fields)
     rows_parsed.sort(key=lambda r: _bus_key(r.get("pci.bus_id") or ""))
     gpus = []
     for cuda, row in enumerate(rows_parsed):
-        name = _value(row.get("name")) or "unknown"
-        mib = _number(row.get("memory.total"))
+        name = smi.value(row.get("name")) or "unknown"
+        mib = smi.number(row.get("memory.total"))
         gb = memory_gb(mib) if mib else 0.0
         gpus.append(GpuFact(
             cuda_index=cuda,
@@ -253,15 +220,15 @@ def parse_gpu_query(text: str, fields: list[str] | None = None) -> list[GpuFact]
             model=normalise_model(name, gb or None),
             memory_gb=gb,
             memory_mib=mib,
-            uuid=_value(row.get("uuid")),
-            driver=_value(row.get("driver_version")),
-            compute_cap=_value(row.get("compute_cap")),
+            uuid=smi.value(row.get("uuid")),
+            driver=smi.value(row.get("driver_version")),
+            compute_cap=smi.value(row.get("compute_cap")),
             pcie_gen_max=_integer(row.get("pcie.link.gen.max")),
             pcie_gen_current=_integer(row.get("pcie.link.gen.current")),
             pcie_width_max=_integer(row.get("pcie.link.width.max")),
             pcie_width_current=_integer(row.get("pcie.link.width.current")),
-            utilization=_number(row.get("utilization.gpu")),
-            mig=_value(row.get("mig.mode.current")),
+            utilization=smi.number(row.get("utilization.gpu")),
+            mig=smi.value(row.get("mig.mode.current")),
         ))
     return gpus
 
@@ -350,20 +317,20 @@ def _get(raw: Mapping[str, Any], *keys: str) -> Any:
 def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
     """Parse what :func:`orchestrate.hostside.hostfacts.gather` returned on one host."""
     problems: list[str] = []
-    smi = _get(raw, "nvidia_smi") or {}
-    said = smi.get("status")
+    asked = _get(raw, "nvidia_smi") or {}
+    said = asked.get("status")
     status: GpuStatus = "ok" if said == "ok" else "failed" if said == "failed" else "missing"
     gpus: tuple[GpuFact, ...] = ()
-    error = smi.get("error")
+    error = asked.get("error")
     if status == "ok":
-        gpus = tuple(parse_gpu_query(smi.get("query") or "", smi.get("fields")))
+        gpus = tuple(parse_gpu_query(asked.get("query") or "", asked.get("fields")))
         if not gpus:
             status, error = "failed", "nvidia-smi listed no GPU"
     if status == "failed":
         problems.append(f"nvidia-smi failed: {error}")
-    link = gpu_link(gpus, smi.get("topo"))
-    if gpus and smi.get("topo_error"):
-        problems.append(f"nvidia-smi topo -m failed: {smi.get('topo_error')}")
+    link = gpu_link(gpus, asked.get("topo"))
+    if gpus and asked.get("topo_error"):
+        problems.append(f"nvidia-smi topo -m failed: {asked.get('topo_error')}")
     raw_hcas = _get(raw, "net", "infiniband") or []
     hcas = hcas_of(raw_hcas)
     nics = nics_of(_get(raw, "net", "interfaces") or [])

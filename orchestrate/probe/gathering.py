@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orchestrate.hostside.hostfacts
+import orchestrate.hostside.smi
 from orchestrate.hostside.shipping import Manifest, program
 
 #: The program's entry: the bound first, then what ``hostfacts.main`` takes.
@@ -50,7 +51,7 @@ sys.exit(main(args))
 """
 
 #: The gatherer: the fact-finding module alone.
-GATHERER = Manifest("gatherer", (orchestrate.hostside.hostfacts,))
+GATHERER = Manifest("gatherer", (orchestrate.hostside.smi, orchestrate.hostside.hostfacts))
 
 #: The interpreter a node runs the probe with unless told otherwise (as the SSH backend).
 DEFAULT_PYTHON = "python3"

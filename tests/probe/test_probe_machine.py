@@ -80,3 +80,25 @@ def test_without_nvidia_smi_the_machine_is_cpu_slots(tmp_path: Path) -> None:
         assert probe_gpus() == []
     assert not node.gpus and node.gpu_link == "none"
     assert node.slots is not None and node.slots >= 1 and node.slots == node.cpus
+
+
+def test_gpus_shows_the_models_a_job_names_and_a_job_copying_them_plans(tmp_path: Path) -> None:
+    """The field notes' round trip: ``orchestrate gpus`` printed nvidia-smi's ``NVIDIA A100
+    80GB PCIe``, which ``gpu_model:`` refuses. It prints the probe's names, the raw one beside."""
+    with machine(tmp_path, "ambers-a100-a6000"):
+        table = cli("gpus")
+        listed = cli("gpus", "--json")
+        assert table.code == 0 and listed.code == 0, table.err + listed.err
+        gpus = json.loads(listed.out)["gpus"]
+        models = {g["model"]: g["name"] for g in gpus}
+        assert models == {"A100-80GB": "NVIDIA A100 80GB PCIe", "RTX-A6000": "NVIDIA RTX A6000"}
+        rows = [" ".join(line.replace("│", " ").split()) for line in table.out.splitlines()]
+        assert "0 A100-80GB NVIDIA A100 80GB PCIe 0.0 / 80.0 GB 0% free" in rows
+        assert "7 RTX-A6000 NVIDIA RTX A6000 0.0 / 48.0 GB 0% free" in rows
+        for model, count in (("A100-80GB", 2), ("RTX-A6000", 6)):
+            job = tmp_path / f"{model}.yaml"
+            job.write_text(f"name: g\nbackend: local\nresources: {{nodes: 1, gpus_per_node: "
+                           f"{count}, gpu_model: {model}}}\ncommand: [python, -c, pass]\n")
+            result = cli("plan", job, "--json")
+            assert result.code == 0, result.err
+            assert json.loads(result.out)["nodes"][0]["gpu_models"] == [model] * count

@@ -233,7 +233,7 @@ def _worker_end(end: RankEnd, run_dir: str) -> RankEnd:
     return worker_end(end, lines)
 
 
-class Verdict:
+class StepVerdict:
     """What the batch script does after the step."""
 
     def __init__(self, verdict: str, status: int, reason: str = "", wait_s: float = 0.0,
@@ -256,16 +256,16 @@ def mark(run_dir: str, checkpoint_dir: str, marker: str) -> None:
 
 def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_dir: str,
                marker: str, checkpoint_dir: str, expects_markers: bool, stalled: str = ""
-               ) -> Verdict:
+               ) -> StepVerdict:
     """The verdict on one run of the step (see the module docstring), noted in the log.
     ``stalled`` is the file the stall watch wrote if it stopped the step."""
     ends = [_worker_end(end, run_dir) for end in rank_ends(exit_dir)]
     stall = _read_stall(stalled) if stalled else None
     if not ends and stall is None:
-        return Verdict("NONE", 0)
+        return StepVerdict("NONE", 0)
     first = first_failure(ends)
     if first is None and stall is None:
-        return Verdict("COMPLETED", 0)
+        return StepVerdict("COMPLETED", 0)
     failed = [end.exit for end in ends if not end.exit.ok]
     if stall is not None:
         nodes = stall.get("nodes") or []
@@ -294,8 +294,8 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
     _write(os.path.join(exit_dir, "REASON"), reason)
     status = (first.exit.status if first is not None else 0) or EXIT_FAILED
     if decision.restart:
-        return Verdict("REQUEUE", status, reason, decision.wait_s, decision.exclude)
-    return Verdict("FAILED", status, reason)
+        return StepVerdict("REQUEUE", status, reason, decision.wait_s, decision.exclude)
+    return StepVerdict("FAILED", status, reason)
 
 
 def _read_stall(path: str) -> dict[str, Any] | None:

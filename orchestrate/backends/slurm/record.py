@@ -29,7 +29,7 @@ from orchestrate.run.store import JobRecord
 
 
 @dataclass(frozen=True)
-class Run:
+class BatchRun:
     """One run of the batch script: its start line and, if it got that far, its end line."""
 
     restart: int
@@ -42,7 +42,7 @@ class Run:
         return str(self.start.get("hosts", "")).split()
 
 
-def read_runs(run_dir: Path) -> list[Run]:
+def read_runs(run_dir: Path) -> list[BatchRun]:
     """Every run of the batch script so far, oldest first (unreadable lines are skipped)."""
     starts: dict[int, dict[str, Any]] = {}
     ends: dict[int, dict[str, Any]] = {}
@@ -61,7 +61,7 @@ def read_runs(run_dir: Path) -> list[Run]:
             ends.pop(restart, None)  # the same restart count again: a fresh start
         elif event.get("event") == "end":
             ends[restart] = event
-    return [Run(r, starts[r], ends.get(r)) for r in sorted(starts)]
+    return [BatchRun(r, starts[r], ends.get(r)) for r in sorted(starts)]
 
 
 def rank_exits(run_dir: Path, restart: int) -> dict[int, RankEnd]:
@@ -78,7 +78,7 @@ def job_failure(run_dir: Path, exits: dict[int, RankEnd]) -> Failure | None:
     return Failure.of(first, last_lines(rank_log(run_dir, first.rank), 10))
 
 
-def attempts_of(run_dir: Path, runs: list[Run], job: JobRecord) -> list[Attempt]:
+def attempts_of(run_dir: Path, runs: list[BatchRun], job: JobRecord) -> list[Attempt]:
     """Every run of the job as an attempt: when it started and ended, and why it ended (what
     monitor.py decided, or the end event's outcome), kept in the run directory, so requeues
     by Slurm itself (which knows nothing of them) lose nothing."""

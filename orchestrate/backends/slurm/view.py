@@ -1,5 +1,5 @@
 """A Slurm job's state: what ``scontrol`` (or, once it forgot the job, accounting and the run
-directory) says, as a :class:`View`, and that view recorded in the store.
+directory) says, as a :class:`JobView`, and that view recorded in the store.
 
 States are Slurm's names (PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, CANCELLED, TIMEOUT,
 NODE_FAIL, PREEMPTED, ...), with two additions: a job waiting to run again after a requeue is
@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrate.backends.slurm.ctl import FINAL_STATES, SlurmClient
 from orchestrate.backends.slurm.record import (
-    Run,
+    BatchRun,
     attempts_of,
     job_failure,
     rank_exits,
@@ -44,7 +44,7 @@ SUBMITTING: JobState = "SUBMITTING"
 
 
 @dataclass(frozen=True)
-class View:
+class JobView:
     """What the job looks like now: its state, why, and the failing rank if one failed."""
 
     state: JobState
@@ -58,7 +58,8 @@ class View:
         return self.state in FINAL_STATES
 
 
-def view_of(job: JobRecord, info: dict[str, str], runs: list[Run], client: SlurmClient) -> View:
+def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
+            client: SlurmClient) -> JobView:
     """The job's state from ``scontrol show job`` and the run directory."""
     named = info.get("JobState", "UNKNOWN")
     state = job_state(named)  # one this version does not know is UNKNOWN; the reason names it
@@ -73,36 +74,36 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[Run], client: Slurm
     max_restarts = job.plan.restart.max
     if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
         why = _requeue_reason(end, failure, last, client)
-        return View(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
+        return JobView(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
                     f"(waiting: {slurm_reason})", None, restarts)
     if state == "PENDING":
         waiting = "queued" if slurm_reason == "None" else f"waiting: {slurm_reason}"
-        return View(state, f"Slurm job {job.external_id} {waiting}", None, restarts)
+        return JobView(state, f"Slurm job {job.external_id} {waiting}", None, restarts)
     again = f" (run {restarts + 1}, after {restarts} requeue(s))" if restarts else ""
     if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING",
                  "SIGNALING", "STAGE_OUT"):
-        return View(state, f"Slurm job {job.external_id}{again}", None, restarts)
+        return JobView(state, f"Slurm job {job.external_id}{again}", None, restarts)
     if state == "COMPLETED":
-        return View(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
+        return JobView(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
     if state == "FAILED":
-        return View(state, _failed_reason(failure, end, job, last) + again, failure, restarts)
+        return JobView(state, _failed_reason(failure, end, job, last) + again, failure, restarts)
     # Cancelled, out of time, a node lost: the ranks were stopped, none of them failed.
     if state == "CANCELLED":
-        return View(state, "cancelled" + again, None, restarts)
+        return JobView(state, "cancelled" + again, None, restarts)
     if state == "TIMEOUT":
-        return View(state, f"time limit ({info.get('TimeLimit', '?')}) reached" + again,
+        return JobView(state, f"time limit ({info.get('TimeLimit', '?')}) reached" + again,
                     None, restarts)
     if state == "NODE_FAIL":
         down = _down_nodes(last, info, client)
         not_requeued = "" if requeue else "; not requeued (slurm.requeue_on_node_failure: false)"
-        return View(state, f"node failure ({down}){not_requeued}" + again, None, restarts)
+        return JobView(state, f"node failure ({down}){not_requeued}" + again, None, restarts)
     if state in FINAL_STATES:
-        return View(state, f"Slurm: {named} ({slurm_reason})" + again, failure, restarts)
-    return View(state, f"Slurm: {named} ({slurm_reason})", None, restarts)
+        return JobView(state, f"Slurm: {named} ({slurm_reason})" + again, failure, restarts)
+    return JobView(state, f"Slurm: {named} ({slurm_reason})", None, restarts)
 
 
 def _requeue_reason(end: dict[str, Any] | None, failure: Failure | None,
-                    last: Run | None, client: SlurmClient) -> str:
+                    last: BatchRun | None, client: SlurmClient) -> str:
     if end is not None and end.get("outcome") == "REQUEUED":
         who = f"rank {failure.rank}" if failure else "the ranks"
         return f"requeued: {who} checkpointed on the stop signal and asked to resume"
@@ -116,7 +117,7 @@ def _requeue_reason(end: dict[str, Any] | None, failure: Failure | None,
     return "requeued by Slurm (node failure, preemption or `scontrol requeue`)"
 
 
-def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> str:
+def _down_nodes(last: BatchRun | None, info: dict[str, str], client: SlurmClient) -> str:
     hosts = last.hosts if last is not None else []
     states = client.node_states(hosts) if hosts else {}
     down = [n for n, s in states.items() if s not in ("allocated", "idle", "mixed", "completing")]
@@ -126,7 +127,7 @@ def _down_nodes(last: Run | None, info: dict[str, str], client: SlurmClient) -> 
 
 
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
-                   job: JobRecord, last: Run | None) -> str:
+                   job: JobRecord, last: BatchRun | None) -> str:
     decided = _decided(Path(job.run_dir), last)
     if decided.startswith(("stalled: ", "wrong world: ")):
         # The stall watch (or the world check) stopped the step: the ranks' ends are its
@@ -147,7 +148,7 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
     return "the batch script failed before starting the ranks (see orchestrate logs JOB)"
 
 
-def _decided(run_dir: Path, last: Run | None) -> str:
+def _decided(run_dir: Path, last: BatchRun | None) -> str:
     """What monitor.py decide said of the last run (its REASON file), or ""."""
     if last is None:
         return ""
@@ -158,7 +159,7 @@ def _decided(run_dir: Path, last: Run | None) -> str:
         return ""
 
 
-def record_view(job: JobRecord, store: Store, view: View, runs: list[Run]) -> JobRecord:
+def record_view(job: JobRecord, store: Store, view: JobView, runs: list[BatchRun]) -> JobRecord:
     """Record the view; the ranks' table too when the state changes."""
     run_dir = Path(job.run_dir)
     fields: EndFields = {}
@@ -193,7 +194,7 @@ def record_view(job: JobRecord, store: Store, view: View, runs: list[Run]) -> Jo
     return store.get(job.id) or job
 
 
-def _update_ranks(job: JobRecord, store: Store, runs: list[Run], view: View) -> None:
+def _update_ranks(job: JobRecord, store: Store, runs: list[BatchRun], view: JobView) -> None:
     if not runs:
         return
     run_dir = Path(job.run_dir)
@@ -230,30 +231,30 @@ def _first_step(run_dir: Path) -> float | None:
         return None
 
 
-def forgotten_view(job: JobRecord, runs: list[Run], client: SlurmClient) -> View:
+def forgotten_view(job: JobRecord, runs: list[BatchRun], client: SlurmClient) -> JobView:
     """The controller no longer knows the job: accounting if it works, else the run dir."""
     assert job.external_id is not None
     accounted = client.accounted(job.external_id)
     if accounted is not None and accounted[0] in FINAL_STATES:
         state, code = accounted
-        return View(job_state(state), f"from accounting: {state} {code}", None)
+        return JobView(job_state(state), f"from accounting: {state} {code}", None)
     last = runs[-1] if runs else None
     forgotten = "the controller forgot the job and there is no accounting to ask"
     if last is None:
-        return View("FAILED", f"{forgotten}; it left no sign of having started", None)
+        return JobView("FAILED", f"{forgotten}; it left no sign of having started", None)
     exits = rank_exits(Path(job.run_dir), last.restart)
     failure = job_failure(Path(job.run_dir), exits)
     end = last.end
     if end is None:
-        return View("FAILED", f"{forgotten}; its last run (restart {last.restart}) never "
+        return JobView("FAILED", f"{forgotten}; its last run (restart {last.restart}) never "
                     "finished (the batch host was lost, or it was killed)", failure)
     outcome = str(end.get("outcome"))
     if outcome == "COMPLETED":
-        return View("COMPLETED", f"all {len(job.ranks)} rank(s) exited 0 (the controller "
+        return JobView("COMPLETED", f"all {len(job.ranks)} rank(s) exited 0 (the controller "
                     "has forgotten the job; decided from its run directory)", None)
     if outcome == "FAILED":
-        return View("FAILED", _failed_reason(failure, end, job, last), failure)
-    return View("FAILED", f"{forgotten}; its last run ended {outcome}", failure)
+        return JobView("FAILED", _failed_reason(failure, end, job, last), failure)
+    return JobView("FAILED", f"{forgotten}; its last run ended {outcome}", failure)
 
 
 def _int(value: str | None) -> int:

@@ -197,10 +197,11 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def present(found: dict[str, Any]) -> dict[str, Any]:
-    """Which GPUs nvidia-smi lists (the plan's must be there), in :func:`host.gpus`' shape."""
+    """Which GPUs nvidia-smi lists (the plan's must be there): ``{"ok": True, "present":
+    [[index, nvidia-smi's name, memory MiB], ...]}``, or ``{"ok": False, "detail": why}``."""
     if not found.get("ok"):
         return {"ok": False, "missing": bool(found.get("missing")), "detail": found["detail"]}
-    return {"ok": True, "present": [[g["index"], g["model"], g["memory_total_mib"] or 0.0]
+    return {"ok": True, "present": [[g["index"], g["name"], g["memory_total_mib"] or 0.0]
                                     for g in found["gpus"]]}
 
 

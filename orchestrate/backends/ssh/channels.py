@@ -35,6 +35,7 @@ import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leases
+import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
@@ -53,9 +54,10 @@ _MARK = MARK.encode()
 #: The SSH agent, one per host and job: the host's own mechanisms (kill-by-tag, containment,
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
-    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.gpuuse,
-    orchestrate.hostside.bookdir, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
-    orchestrate.core.exits, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
+    orchestrate.hostside.watchdog, orchestrate.core.exits, orchestrate.core.plan.outcome,
+    orchestrate.core.plan.restart,
     orchestrate.backends.ssh.agent))
 
 

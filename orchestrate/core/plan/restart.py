@@ -97,7 +97,7 @@ class Ending:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RestartDecision:
     """Restart or not, when, avoiding which nodes, and why (a sentence for the log)."""
 
     restart: bool
@@ -134,28 +134,28 @@ def ending_of(failed: list[Exit], first: Exit | None, node: str | None, reason: 
 
 
 def decide(policy: Policy, ending: Ending, restarts_done: int,
-           progressed: bool | None) -> Decision:
+           progressed: bool | None) -> RestartDecision:
     """Whether to start the job again after ``ending`` (see the module docstring)."""
     if ending.kind == "user_error":
-        return Decision(False, "not restarted: exit 2 is a user or configuration error")
+        return RestartDecision(False, "not restarted: exit 2 is a user or configuration error")
     if ending.kind in ("completed", "cancelled", "timeout"):
-        return Decision(False, f"not restarted: the job was {ending.kind}")
+        return RestartDecision(False, f"not restarted: the job was {ending.kind}")
     code = ending.exit.code if ending.exit is not None else None
     if ending.kind not in policy.on and (code is None or code not in policy.on):
-        return Decision(False, f"not restarted: restart.on does not include {ending.kind}"
+        return RestartDecision(False, f"not restarted: restart.on does not include {ending.kind}"
                         + (f" or exit code {code}" if code not in (None, EXIT_REQUEUE) else ""))
     if restarts_done >= policy.max:
-        return Decision(False, f"not restarted: the restart budget is spent "
+        return RestartDecision(False, f"not restarted: the restart budget is spent "
                         f"({restarts_done} of restart.max = {policy.max})")
     if progressed is False:
-        return Decision(False, "not restarted: the attempt made no progress (no newer "
+        return RestartDecision(False, "not restarted: the attempt made no progress (no newer "
                         "checkpoint and no later step than the attempt before it), so another "
                         "would most likely fail the same way")
     exclude: tuple[str, ...] = ()
     if policy.exclude_failed_node and ending.kind in NODE_ENDINGS and ending.node:
         exclude = (ending.node,)
     wait = policy.wait_s(restarts_done)
-    return Decision(True, f"restart {restarts_done + 1} of at most {policy.max} in {wait:g}s"
+    return RestartDecision(True, f"restart {restarts_done + 1} of at most {policy.max} in {wait:g}s"
                     + (f", without {', '.join(exclude)}" if exclude else ""), wait, exclude)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrate.doctor.checkup.result import Failure
+from orchestrate.doctor.checkup.result import CheckupFailure
 
 #: How a rank failed: ``wrong`` (a checked result differed), ``local`` (an error outside any
 #: collective: device, memory, arguments), ``collective`` (a collective raised, usually because a
@@ -103,14 +103,14 @@ def locate(
 def never_joined(
     missing: Sequence[int], node_of: Mapping[int, str], world_size: int, waited_s: float,
     master: str,
-) -> Failure:
+) -> CheckupFailure:
     """The failure when ranks did not reach rank 0's store in time."""
     text = (
         f"{who(missing, node_of)} never joined: {len(missing)} of {world_size} rank(s) did not "
         f"reach the master {master} within {waited_s:g} s (not started, crashed on start, or "
         "cannot connect to MASTER_ADDR:MASTER_PORT)"
     )
-    return Failure(
+    return CheckupFailure(
         tier="smoke",
         step="join",
         detail=text,
@@ -127,7 +127,7 @@ def blame(
     silent: Sequence[int],
     last_step: Mapping[int, str],
     node_of: Mapping[int, str],
-) -> Failure:
+) -> CheckupFailure:
     """The failure of ``step`` from each failing rank's report and the ranks that said nothing.
 
     ``last_step`` is the step each silent rank had entered last (when it could be read).
@@ -155,7 +155,7 @@ def blame(
             if culprits:
                 where = reports[culprits[0]].step
             text = f"{who(culprits, node_of)} failed in {where}: {_common(reports)}"
-    return Failure(
+    return CheckupFailure(
         tier=tier,
         step=where,
         detail=text,

@@ -21,7 +21,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from orchestrate.doctor.checkup.blame import Kind, Report, blame, one_line
-from orchestrate.doctor.checkup.result import Failure
+from orchestrate.doctor.checkup.result import CheckupFailure
 
 if TYPE_CHECKING:
     from orchestrate.doctor.checkup.control import Control
@@ -35,7 +35,7 @@ LINGER_S = GRACE_S + 8.0
 
 #: Writes a failure as this rank's result: ``(failure, own_file)`` where ``own_file`` means
 #: this rank's own result file (a rank other than 0), not the checkup's.
-Record = Callable[[Failure, bool], None]
+Record = Callable[[CheckupFailure, bool], None]
 
 
 class FailurePath:
@@ -115,12 +115,12 @@ class FailurePath:
         self.record(failure, self.rank != 0)
         print(f"checkup: {failure.detail}", file=sys.stderr, flush=True)
 
-    def _own(self, tier: str, step: str, detail: str) -> Failure:
-        return Failure(tier=tier, step=step,
+    def _own(self, tier: str, step: str, detail: str) -> CheckupFailure:
+        return CheckupFailure(tier=tier, step=step,
                        detail=f"rank {self.rank} ({self.node}) failed in {step}: {detail}",
                        ranks=(self.rank,), nodes=(self.node,), per_rank={self.rank: detail})
 
-    def _collect(self, tier: str, step: str) -> Failure:
+    def _collect(self, tier: str, step: str) -> CheckupFailure:
         """Rank 0: stop everyone, wait for their reports, and decide whom to blame."""
         with suppress(Exception):
             self.control.stop_all(f"rank 0 stopped the checkup: a rank failed in {step}")

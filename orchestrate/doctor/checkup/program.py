@@ -60,7 +60,7 @@ from orchestrate.doctor.checkup.options import (
     parse_size,
     round_bound,
 )
-from orchestrate.doctor.checkup.result import CheckupResult, Failure, figures_of, summary
+from orchestrate.doctor.checkup.result import CheckupFailure, CheckupResult, figures_of, summary
 from orchestrate.doctor.checkup.schedule import pair_rounds
 from orchestrate.train.env import DistEnv, parse_dist_env
 
@@ -168,7 +168,7 @@ class Checkup:
         except OSError as exc:
             print(f"checkup: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
-    def _result(self, failure: Failure | None, **figures: Any) -> CheckupResult:
+    def _result(self, failure: CheckupFailure | None, **figures: Any) -> CheckupResult:
         nodes = tuple(dict.fromkeys(m["node"] for m in self.roster)) or (self.node,)
         return CheckupResult(
             tiers=self.options.tiers,
@@ -288,7 +288,7 @@ class Checkup:
                                 f"{one_line(exc)}")
             raise _Stop(EXIT_FAILED) from None
         if not roster.get("ok"):
-            failure = Failure.from_json(roster["failure"])
+            failure = CheckupFailure.from_json(roster["failure"])
             self.failures.failing = True
             print(f"checkup: rank {self.rank} ({self.node}) stopped: {failure.detail}",
                   file=sys.stderr, flush=True)
@@ -429,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except ImportError as exc:  # no torch for this python: say so where the doctor looks
         detail = f"rank {place.rank} ({node}) cannot import torch: {one_line(exc)}"
-        failure = Failure(tier="smoke", step="start", detail=detail, ranks=(place.rank,),
+        failure = CheckupFailure(tier="smoke", step="start", detail=detail, ranks=(place.rank,),
                           nodes=(node,), per_rank={place.rank: one_line(exc)})
         transcript.emit({"kind": "rank", "rank": place.rank, "node": node, "ok": False,
                          "tiers": [t for t in options.tiers if t in RANK_TIERS],

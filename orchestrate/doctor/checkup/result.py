@@ -131,7 +131,7 @@ class PairMatrix:
 
 
 @dataclass(frozen=True)
-class Failure:
+class CheckupFailure:
     """Where the checkup stopped, and whom it blames."""
 
     tier: str  # "smoke" or "bandwidth"
@@ -152,7 +152,7 @@ class Failure:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Failure:
+    def from_json(cls, data: Mapping[str, Any]) -> CheckupFailure:
         return cls(
             tier=str(data["tier"]),
             step=str(data["step"]),
@@ -177,7 +177,7 @@ class CheckupResult:
     world: Sweep | None = None
     intra: dict[str, Sweep] = field(default_factory=dict)
     pairs: PairMatrix | None = None
-    failure: Failure | None = None
+    failure: CheckupFailure | None = None
 
     @property
     def ok(self) -> bool:
@@ -228,7 +228,7 @@ class CheckupResult:
                 for n, s in dict(bandwidth.get("intra_node") or {}).items()
             },
             pairs=None if not pairs else PairMatrix.from_json(pairs),
-            failure=None if not failure else Failure.from_json(failure),
+            failure=None if not failure else CheckupFailure.from_json(failure),
         )
 
 

@@ -15,7 +15,13 @@ from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_in
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.doctor import floors
 from orchestrate.doctor.bandwidth import judge_bandwidth
-from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, SizeTiming, Sweep
+from orchestrate.doctor.checkup.result import (
+    CheckupFailure,
+    CheckupResult,
+    PairMatrix,
+    SizeTiming,
+    Sweep,
+)
 from orchestrate.doctor.grading import (
     ConnectAttempt,
     JobShape,
@@ -269,7 +275,7 @@ def test_smoke_rows() -> None:
     (row,) = judge_checkup(ok, job)
     assert row.status == "pass" and row.nodes == ("n1", "n2")
     assert row.measured == "join 0.20 s, init 0.10 s, all_reduce 0.01 s"
-    failed = CheckupResult(("smoke",), "gloo", 4, ("n1", "n2"), (), 5.0, failure=Failure(
+    failed = CheckupResult(("smoke",), "gloo", 4, ("n1", "n2"), (), 5.0, failure=CheckupFailure(
         "smoke", "join", "rank 3 (node n2) never joined: ...", (3,), ("n2",),
         {3: "never joined"}))
     (row,) = judge_checkup(failed, job)

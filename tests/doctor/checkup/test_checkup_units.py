@@ -10,7 +10,13 @@ from orchestrate.core.errors import UserError
 from orchestrate.doctor.checkup.blame import Member, Report, blame, locate, never_joined, ranks_text
 from orchestrate.doctor.checkup.measure import expected_sums
 from orchestrate.doctor.checkup.options import human, parse_options, parse_size
-from orchestrate.doctor.checkup.result import CheckupResult, Failure, PairMatrix, Sweep, combine
+from orchestrate.doctor.checkup.result import (
+    CheckupFailure,
+    CheckupResult,
+    PairMatrix,
+    Sweep,
+    combine,
+)
 from orchestrate.doctor.checkup.schedule import pair_rounds, plan_iters
 
 pytestmark = pytest.mark.unit
@@ -130,7 +136,7 @@ def test_result_json_round_trip() -> None:
         ranks=({"rank": 0, "node": "a"},), elapsed_s=3.25, steps_s={"join": 0.5},
         world=world, intra={"a": Sweep(2, 1, (combine(1 << 20, 10, [0.002, 0.003], 2),))},
         pairs=PairMatrix(("a", "b"), 1 << 24, ((None, 1.5), (1.25, None))),
-        failure=Failure("bandwidth", "pairs round 1", "text", (2,), ("b",), {2: "silent"}),
+        failure=CheckupFailure("bandwidth", "pairs round 1", "text", (2,), ("b",), {2: "silent"}),
     )
     data = result.to_json()
     assert data["bandwidth"]["all_reduce"]["sizes"][0]["time_s"] == pytest.approx(0.003)
