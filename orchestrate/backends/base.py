@@ -153,7 +153,10 @@ def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:
 
 
 def new_record(prepared: Prepared, state: JobState, submitted_at: float) -> JobRecord:
-    """The store record of a job about to be launched."""
+    """The store record of a job about to be launched (with the lease books it uses, so that
+    stopping it never needs its files again)."""
+    from orchestrate.backends.sharing import lease_books
+
     plan = prepared.plan
     return JobRecord(
         id=plan.job_id,
@@ -166,6 +169,7 @@ def new_record(prepared: Prepared, state: JobState, submitted_at: float) -> JobR
         hosts=[n.address for n in plan.nodes],
         ranks=[RankRecord(rank=r.rank, node=r.node) for r in plan.ranks],
         attempts=[Attempt(1, submitted_at)],
+        lease_books=lease_books(prepared),
     )
 
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.placement import wanted_gpus
 from orchestrate.core.plan.strategy import model_facts, placement_need
+from orchestrate.core.spec.backendtraits import traits
 from orchestrate.core.spec.job import wait_seconds
 from orchestrate.hostside.containment import user_name
 from orchestrate.hostside.leases import BookError
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import NodePlan
+    from orchestrate.run.jobrecord import LeaseBooks
     from orchestrate.run.prepare import Prepared
 
 
@@ -38,6 +40,14 @@ def lease_dir(prepared: Prepared, node: str) -> str | None:
     """The inventory's ``lease_dir`` for ``node`` (None: the host's default book)."""
     spec = prepared.inventory.node(node)
     return spec.lease_dir if spec is not None else None
+
+
+def lease_books(prepared: Prepared) -> LeaseBooks | None:
+    """The book each node of the plan leases in, for the job's record (None: the backend
+    leases in no book)."""
+    if not traits(prepared.plan.backend).lease_book:
+        return None
+    return {node.name: lease_dir(prepared, node.name) for node in prepared.plan.nodes}
 
 
 def wait_limit(prepared: Prepared) -> float | None:

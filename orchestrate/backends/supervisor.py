@@ -185,7 +185,8 @@ class Supervisor(ABC):
         else:
             self.store.reopen(self.job_id, Attempt(self.first, self.handshake.submitted_at))
             self.store.update(self.job_id, reason=reason, supervisor_pid=os.getpid(),
-                              supervisor_host=socket.gethostname())
+                              supervisor_host=socket.gethostname(),
+                              lease_books=record.lease_books)
 
     def _give_up(self, exc: BaseException) -> int:
         """A waiting job that will not run after all: cancelled, out of time, or refused for
@@ -236,11 +237,14 @@ class Supervisor(ABC):
     def _record(self, prepared: Prepared, attempt: int) -> None:
         """The job in the store: a new record, ``resume``'s next attempt of the old one, or a
         restart's new plan (the restart policy reopened the attempt already)."""
+        from orchestrate.backends.sharing import lease_books
+
         plan, names = prepared.plan, self.hostnames()
         pid, here = os.getpid(), socket.gethostname()
+        books = lease_books(prepared)  # a restart on other nodes leases in their books
         if attempt == self.first and self.pending is not None:  # recorded while it waited
             self.store.update(self.job_id, plan=plan, hosts=[n.address for n in plan.nodes],
-                              reason="")
+                              reason="", lease_books=books)
             for r in plan.ranks:
                 self.store.update_rank(self.job_id, r.rank, node=r.node, host=names.get(r.node))
             return
@@ -255,9 +259,9 @@ class Supervisor(ABC):
         if attempt == self.first:
             self.store.reopen(self.job_id, Attempt(attempt, self.handshake.submitted_at))
             self.store.update(self.job_id, plan=plan, hosts=hosts, supervisor_pid=pid,
-                              supervisor_host=here)
+                              supervisor_host=here, lease_books=books)
         else:
-            self.store.update(self.job_id, plan=plan, hosts=hosts)
+            self.store.update(self.job_id, plan=plan, hosts=hosts, lease_books=books)
         for r in plan.ranks:  # a rank may have moved (a node excluded)
             self.store.update_rank(self.job_id, r.rank, node=r.node, host=names.get(r.node))
 

@@ -20,6 +20,7 @@ import click
 
 from orchestrate.cli.tables import console
 from orchestrate.core.layout import SSH_HOSTS
+from orchestrate.core.spec.backendtraits import traits
 from orchestrate.diagnosis.evidence import Collection, read_diagnosis, read_heartbeats
 from orchestrate.diagnosis.hangwatch import Evidence, RunDirEvidence
 from orchestrate.diagnosis.ranktable import idle_s, rank_table
@@ -32,8 +33,9 @@ def _source(job: JobRecord) -> tuple[Evidence, Any]:
     """Where this job's evidence is, and what to close afterwards."""
     run_dir = Path(job.run_dir)
     ranks = [r.rank for r in job.plan.ranks]
-    if job.backend != "ssh":
+    if not traits(job.backend).files_on_hosts:
         return RunDirEvidence(run_dir, ranks), None
+    # Read on each host (SSH, the one backend whose hosts keep their own run directories).
     from orchestrate.backends.ssh.connections import Links, Target
     from orchestrate.backends.ssh.evidence import RemoteEvidence
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import DOCTOR_FILE, rank_log
+from orchestrate.core.spec.backendtraits import traits
 from orchestrate.doctor import findings, grading
 from orchestrate.doctor.checkup import transcript
 
@@ -81,8 +82,9 @@ def checkup_argv(plan: Plan, settings: Settings, with_deadline: bool = True) -> 
             "--connect-window-s", _num(settings.window_s),
             "--join-timeout-s", _num(settings.join_timeout_s),
             "--timeout-s", _num(settings.timeout_s)]
-    if plan.backend != "slurm":
-        # Slurm chooses the hosts: there each rank names its node itself (SLURMD_NODENAME).
+    if not traits(plan.backend).scheduler_allocates:
+        # A scheduler (Slurm) chooses the hosts: there each rank names its node itself
+        # (SLURMD_NODENAME).
         argv += ["--node-names", ",".join(n.name for n in plan.nodes)]
     if settings.sizes:
         argv += ["--sizes", settings.sizes]
@@ -122,13 +124,14 @@ def derive(loaded: Loaded, plan: Plan, settings: Settings) -> Loaded:
 
     job = loaded.job
     limit = bound_s(plan, settings)
-    if job.backend == "slurm":
+    kind = traits(job.backend)
+    if kind.signals_before_limit:
         # Slurm sends the job's stop signal this long before the limit (it would end the
         # checkup early): the limit leaves room for it.
         limit += job.slurm.signal_seconds_before
     minutes = max(1, math.ceil(limit / 60))
     resources: dict[str, Any] = {"time": str(minutes)}
-    if job.backend != "slurm":
+    if not kind.scheduler_allocates:
         resources["node_names"] = [n.name for n in plan.nodes]
     derived = job.model_copy(update={
         "train": None,

@@ -41,6 +41,10 @@ _RANK_STATES: frozenset[str] = frozenset(get_args(RankState))
 RESTARTING: JobState = "RESTARTING"
 #: The state of a rank the job stopped itself (see :data:`RankState`).
 STOPPED: RankState = "STOPPED"
+#: The lease book each node of a job leased in, by node name: the folder the inventory's
+#: ``lease_dir`` named, or None for the host's default book (:mod:`orchestrate.hostside.leases`).
+#: What stops the job releases its lease there without reading the job's files again.
+LeaseBooks = dict[str, str | None]
 
 
 def job_state(text: str) -> JobState:
@@ -69,6 +73,7 @@ class EndFields(TypedDict, total=False):
     first_step_at: float | None
     attempts: list[Attempt]
     diagnosis: dict[str, Any] | None
+    lease_books: LeaseBooks | None
 
 
 class JobFields(EndFields, total=False):
@@ -129,6 +134,8 @@ class JobRecord:
     finished_at: float | None = None
     attempts: list[Attempt] = field(default_factory=list)
     diagnosis: dict[str, Any] | None = None
+    #: None: not recorded (a backend without lease books, or a job recorded before they were).
+    lease_books: LeaseBooks | None = None
     ranks: list[RankRecord] = field(default_factory=list)
 
     @property

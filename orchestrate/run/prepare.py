@@ -23,6 +23,7 @@ from typing import Any
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.memory import ModelFacts
 from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
+from orchestrate.core.spec.backendtraits import traits
 from orchestrate.core.spec.inventory import (
     Inventory,
     InventorySpec,
@@ -190,7 +191,7 @@ def plan_job(
         run_dir=str(loaded.run_dir(job_id)),
         workdir=str(loaded.workdir),
         source=loaded.source,
-        python=sys.executable if loaded.job.backend == "local" else "python3",
+        python=default_python(loaded.job),
         param_count=loaded.param_count,
         occupancy=occupancy,
         debug=loaded.debug,
@@ -199,6 +200,12 @@ def plan_job(
     if loaded.notes:
         plan = replace(plan, notes=(*plan.notes, *loaded.notes))
     return Prepared(loaded, plan)
+
+
+def default_python(job: JobSpec) -> str:
+    """The interpreter of the job's nodes whose inventory names none: this one, where the
+    backend runs ranks under the submitting interpreter, else ``python3`` on the node's PATH."""
+    return sys.executable if traits(job.backend).default_python == "submitter" else "python3"
 
 
 def prepare(
@@ -228,7 +235,7 @@ def _inventory(
     job: JobSpec, base: Path, source: str
 ) -> tuple[Inventory, InventorySpec, str]:
     if job.inventory is None:
-        if job.backend != "local":
+        if traits(job.backend).needs_inventory:
             raise UserError.single(
                 f"the {job.backend} backend needs an inventory",
                 source=source,

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: How long the CLI waits for a locked store before saying so (testing knob: run/knobs.py).
 PATIENCE_S = seconds("ORCHESTRATE_STORE_PATIENCE_S", 30.0)
 #: How long a supervisor keeps trying to record its job's progress and end.
@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     first_step_at REAL,
     finished_at REAL,
     attempts TEXT NOT NULL DEFAULT '[]',
-    diagnosis TEXT
+    diagnosis TEXT,
+    lease_books TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name, submitted_at);
 CREATE TABLE IF NOT EXISTS ranks (
@@ -90,10 +91,12 @@ CREATE TABLE IF NOT EXISTS ranks (
     PRIMARY KEY (job_id, rank)
 );
 """
-#: From each version to the next (version 1 had no attempts or diagnosis).
+#: From each version to the next (version 1 had no attempts or diagnosis, version 2 no lease
+#: books: its jobs read as not recorded).
 _MIGRATIONS = {
     1: "ALTER TABLE jobs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]';"
        "ALTER TABLE jobs ADD COLUMN diagnosis TEXT;",
+    2: "ALTER TABLE jobs ADD COLUMN lease_books TEXT;",
 }
 
 
@@ -112,9 +115,9 @@ def home() -> Path:
 _JOB_COLUMNS = (
     "id", "name", "backend", "state", "reason", "run_dir", "plan", "external_id",
     "supervisor_pid", "supervisor_host", "hosts", "failure", "submitted_at", "started_at",
-    "first_step_at", "finished_at", "attempts", "diagnosis",
+    "first_step_at", "finished_at", "attempts", "diagnosis", "lease_books",
 )
-_JSON_COLUMNS = ("plan", "hosts", "failure", "attempts", "diagnosis")
+_JSON_COLUMNS = ("plan", "hosts", "failure", "attempts", "diagnosis", "lease_books")
 _RANK_COLUMNS = (
     "rank", "node", "host", "pid", "state", "exit_code", "signal", "started_at", "finished_at",
 )

@@ -2,13 +2,15 @@
 
 Through the real CLI, on real processes (and, for SSH, the real test hosts): once ``submit``
 returns, the job's record names its run directory, which holds ``plan.json`` and
-``loaded.json``, and a live supervisor is recorded; ``cancel`` ends the job CANCELLED within the
-one cancel grace with nothing of it left running; a supervisor killed with SIGKILL is reported
-FAILED ("supervisor process vanished") by the next ``status``, with nothing left running.
+``loaded.json``, and each node's lease book, and a live supervisor is recorded; ``cancel`` ends
+the job CANCELLED within the one cancel grace with nothing of it left running; a supervisor
+killed with SIGKILL is reported FAILED ("supervisor process vanished") by the next ``status``,
+with nothing left running.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -117,6 +119,15 @@ def _submitted(backend: Backend) -> tuple[dict[str, Any], int]:
     raise AssertionError(f"the ranks never all ran: {status}")
 
 
+def _lease_books(backend: Backend) -> dict[str, str | None]:
+    """The lease book of each node, as the job's record names them (what stops the job uses)."""
+    with sqlite3.connect(backend.home / "jobs.db") as db:
+        (books,) = db.execute("SELECT lease_books FROM jobs WHERE id = ?",
+                              [backend.job_id]).fetchone()
+    found: dict[str, str | None] = json.loads(books)
+    return found
+
+
 def _gone_within(backend: Backend, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while (left := backend.left(backend.job_id)) and time.monotonic() < deadline:
@@ -129,6 +140,7 @@ def _gone_within(backend: Backend, seconds: float) -> list[int]:
 def test_submit_records_the_run_dir_and_cancel_ends_it_within_the_grace(backend: Backend) -> None:
     status, supervisor = _submitted(backend)
     assert backend.left(backend.job_id), "the job's ranks should be running"
+    assert set(_lease_books(backend)) == {r["node"] for r in status["ranks"]}
     started = time.monotonic()
     out = backend.run("cancel", backend.job_id, check=True, timeout=CANCEL_GRACE_S + 60).stdout
     took = time.monotonic() - started

@@ -63,17 +63,23 @@ class LocalBackend(DetachedBackend):
 
 
 def _lease_root(job: JobRecord) -> str | None:
-    """The book the job leased in: its inventory's lease_dir for the node, else the default."""
+    """The book the job leased in: its inventory's lease_dir for the node, else the default.
+    As the job's record names it; a record from before lease books were recorded asks the job's
+    ``loaded.json`` (and, unreadable, the default book)."""
     from orchestrate.backends.base import reloaded
     from orchestrate.backends.sharing import lease_dir
     from orchestrate.run.prepare import Prepared
 
+    if not job.plan.nodes:
+        return None
+    node = job.plan.nodes[0].name
+    if job.lease_books is not None and node in job.lease_books:
+        return job.lease_books[node]
     try:
         loaded = reloaded(job)
     except UserError:
         return None
-    return lease_dir(Prepared(loaded, job.plan), job.plan.nodes[0].name) if job.plan.nodes \
-        else None
+    return lease_dir(Prepared(loaded, job.plan), node)
 
 
 def _this_machine_names() -> set[str]:

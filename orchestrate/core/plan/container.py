@@ -38,18 +38,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.spec.backendtraits import traits
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import
     from orchestrate.core.spec.container import ContainerSpec, Mount
     from orchestrate.core.spec.inventory import Node
     from orchestrate.core.spec.job import JobSpec
 
-#: Runtimes by backend, the default first.
-RUNTIMES: dict[str, tuple[str, ...]] = {
-    "local": ("podman", "docker"),
-    "ssh": ("podman", "docker"),
-    "slurm": ("pyxis", "apptainer", "podman"),
-}
 #: Runtimes whose node container orchestrate starts, enters and removes itself.
 NODE_CONTAINER = ("podman", "docker")
 #: The variable each rank's processes carry inside, so its launcher finds them from the host.
@@ -128,7 +123,8 @@ def runtime_for(job: JobSpec, node: Node, found: tuple[str, ...] | None, source:
     backend's default; a runtime the backend cannot use, or the node lacks, is refused."""
     spec = job.container
     assert spec is not None
-    allowed = RUNTIMES[job.backend]
+    kind = traits(job.backend)
+    allowed = kind.container_runtimes
     known = found if found is not None else node.containers
     if spec.runtime is not None:
         if spec.runtime not in allowed:
@@ -144,8 +140,8 @@ def runtime_for(job: JobSpec, node: Node, found: tuple[str, ...] | None, source:
                 hint="install it there, choose another runtime, or correct the inventory's "
                 "containers for the node (inventory probe records them)")
         return spec.runtime
-    if job.backend == "slurm":
-        return "pyxis"
+    if kind.container_default is not None:
+        return kind.container_default
     if known is None:
         notes.append(f"container runtime on {node.name}: podman assumed (not known; "
                      "submit checks it, `inventory probe` records it)")
@@ -226,8 +222,8 @@ def _node_container(job: JobSpec, spec: ContainerSpec, info: NodeInfo, runtime: 
         start += ["--ulimit=memlock=-1:-1", "--device=/dev/infiniband", "--cap-add=IPC_LOCK"]
     start += [f"--volume={_mount_text(m)}" for m in mounts]
     start += spec.options
-    slurm = job.backend == "slurm"
-    gpus = () if slurm else info.gpus
+    kind = traits(job.backend)
+    gpus = () if kind.scheduler_allocates else info.gpus
     if gpus:
         start += _gpu_flags(runtime, gpus)
     enter = [runtime, "exec", f"--workdir={workdir}",
@@ -236,14 +232,15 @@ def _node_container(job: JobSpec, spec: ContainerSpec, info: NodeInfo, runtime: 
     if inside is not None:
         enter.append(f"--env=CUDA_VISIBLE_DEVICES={inside}")
     enter += [f"--env={n}" for n in env if n != "CUDA_VISIBLE_DEVICES" or inside is None]
-    if slurm:
+    if kind.scheduler_env == "slurm":
         enter.append("--env=SLURM*")  # podman reads a trailing * as every such variable
     remove = [runtime, "rm", "--force", *(("--time=0",) if runtime == "podman" else ())]
     return ContainerPlan(
         runtime=runtime, image=image, name=name, start=tuple(start),
         keeper=("--entrypoint=sleep", image, "infinity"), enter=tuple(enter),
         remove=tuple(remove), sources=tuple(m.source for m in spec.parsed_mounts()), env=env,
-        gpus=gpus, gpus_from_task=slurm and bool(info.gpus), cuda_visible_devices=inside,
+        gpus=gpus, gpus_from_task=kind.scheduler_allocates and bool(info.gpus),
+        cuda_visible_devices=inside,
         ipc=spec.ipc, shm_size=shm, memlock=memlock, python=spec.python,
         host_checks=bool(info.gpus), options=tuple(spec.options))
 
@@ -285,9 +282,7 @@ def _env_names(job: JobSpec, plan_names: Sequence[str], runtime: str) -> tuple[s
     assert job.container is not None
     names: list[str] = []
     wanted = [*plan_names, "RANK", "LOCAL_RANK", "ORCHESTRATE_ATTEMPT", *job.secret_env,
-              *job.container.env]
-    if job.backend == "slurm":
-        wanted.append("ORCHESTRATE_EXIT_DIR")
+              *job.container.env, *traits(job.backend).container_env]
     for name in wanted:
         if name in names or (name == "ORCHESTRATE_JOB_ID" and runtime in NODE_CONTAINER):
             continue
@@ -342,5 +337,5 @@ def shm_for(nproc: int) -> int:
     return max(1, nproc) * GiB
 
 
-__all__ = ["NODE_CONTAINER", "RANK_MARK", "RUNTIMES", "ContainerPlan", "NodeInfo",
+__all__ = ["NODE_CONTAINER", "RANK_MARK", "ContainerPlan", "NodeInfo",
            "container_name", "plan_container", "runtime_for", "shm_for"]

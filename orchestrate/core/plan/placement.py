@@ -24,6 +24,7 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
 from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
 from orchestrate.core.spec import hostlist
+from orchestrate.core.spec.backendtraits import traits
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
     # supervisor and `status` read a stored plan; docs/performance.md)
@@ -96,9 +97,9 @@ def place(
     """Choose the nodes and GPUs for ``job``, or raise :class:`UserError` saying why not
     (``busy`` when only what other jobs hold stands in the way)."""
     res = job.resources
-    if job.backend == "local" and res.nodes > 1:
+    if not traits(job.backend).multi_node and res.nodes > 1:
         raise UserError.single(
-            "the local backend runs on this machine only",
+            f"the {job.backend} backend runs on this machine only",
             source=source,
             field="resources.nodes",
             got=res.nodes,
@@ -145,9 +146,10 @@ def place(
 def check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
                      busy: Busy, source: str) -> None:
     """``restart.exclude_failed_node`` needs a node to go to: one more than the job uses."""
-    if job.backend == "local":
+    if not traits(job.backend).multi_node:
         raise UserError.single(
-            "the local backend runs on this machine only: there is no other node to restart on",
+            f"the {job.backend} backend runs on this machine only: there is no other node to "
+            "restart on",
             source=source, field="restart.exclude_failed_node", got=True,
             hint="leave it out (a restart reuses this machine)",
         )

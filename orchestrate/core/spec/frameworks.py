@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.spec.backendtraits import traits
 
 Framework = Literal["none", "lightning-fabric", "lightning-trainer", "accelerate"]
 
@@ -40,7 +41,7 @@ LIGHTNING_INTERACTIVE_NAMES = ("bash", "interactive")
 def common_env(backend: str, job_id: str, any_gpu: bool) -> dict[str, str]:
     """Variables every rank of the plan gets, on top of the torchrun contract."""
     env: dict[str, str] = {}
-    if backend != "slurm":
+    if traits(backend).scheduler_env == "torchelastic":
         # torchrun sets it to the rendezvous id; Lightning takes it as "ranks come from RANK &c".
         env["TORCHELASTIC_RUN_ID"] = job_id
     if not any_gpu:
@@ -50,7 +51,7 @@ def common_env(backend: str, job_id: str, any_gpu: bool) -> dict[str, str]:
 
 def node_env(backend: str, node_rank: int, nproc: int) -> dict[str, str]:
     """Variables of one node's ranks: under Slurm, the plan's node and count in Slurm's names."""
-    if backend != "slurm":
+    if traits(backend).scheduler_env != "slurm":
         return {}
     return {"SLURM_NODEID": str(node_rank), "SLURM_NTASKS_PER_NODE": str(nproc)}
 
@@ -74,7 +75,8 @@ def check(
     uneven = len(set(counts)) > 1
     shown = ", ".join(f"{name}: {n}" for name, n in nodes)
     trainer = framework == "lightning-trainer"
-    if backend == "slurm" and job_name in LIGHTNING_INTERACTIVE_NAMES:
+    slurm = traits(backend).scheduler_env == "slurm"
+    if slurm and job_name in LIGHTNING_INTERACTIVE_NAMES:
         raise UserError.single(
             f"Lightning ignores Slurm's variables in a job named '{job_name}' (its interactive "
             "mode) and numbers ranks from devices x num_nodes instead",
@@ -95,7 +97,7 @@ def check(
             hint="give every node the same count (resources.gpus_per_node), or use "
             "Lightning Fabric on Slurm, or accelerate (docs/frameworks.md)",
         )
-    if uneven and backend != "slurm":
+    if uneven and not slurm:
         raise UserError.single(
             f"Lightning Fabric reads the torchrun variables on the {backend} backend and "
             f"requires devices x num_nodes = WORLD_SIZE, which nodes with different rank counts "
@@ -106,7 +108,7 @@ def check(
             hint="give every node the same count (resources.gpus_per_node), or run on Slurm, "
             "where Lightning accepts a count per node (docs/frameworks.md)",
         )
-    where = "SLURMEnvironment" if backend == "slurm" else "TorchElasticEnvironment"
+    where = "SLURMEnvironment" if slurm else "TorchElasticEnvironment"
     if uneven:
         devices = "int(os.environ['LOCAL_WORLD_SIZE']) (" + shown + ")"
         warnings.append(

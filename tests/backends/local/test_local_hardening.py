@@ -209,6 +209,51 @@ def test_a_cancelled_jobs_ranks_are_stopped_not_failed(cli: Cli) -> None:
     assert [r["state"] for r in status["ranks"]] == ["STOPPED", "STOPPED"]  # type: ignore[union-attr]
 
 
+def _watchdog_of(job: str) -> int:
+    """The job's watchdog (``python -S -c ... watch(..., 'JOB', ...)``), found in /proc."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-S" in argv and any(b"watch(" in a and repr(job).encode() in a for a in argv):
+            return int(proc.name)
+    raise AssertionError(f"no watchdog for {job}")
+
+
+@pytest.mark.timeout(60)
+def test_cancel_releases_the_lease_in_the_recorded_book_without_the_job_files(
+    cli: Cli,
+) -> None:
+    """The inventory names a lease_dir; supervisor and watchdog are gone and ``loaded.json``
+    is unreadable: ``cancel`` stops the rank and releases the lease in that book, the one the
+    job's record names (review C9: it used to open the default book and leave the lease)."""
+    book, default = cli.work / "book", cli.work / "default-book"
+    cli.env["ORCHESTRATE_LEASES"] = str(default)
+    cli.write("inv.yaml", f"""
+        name: booked
+        nodes:
+          - {{name: localhost, address: 127.0.0.1, slots: 1, lease_dir: {book}}}
+        """)
+    job = cli.write("booked.yaml", """
+        name: booked
+        inventory: inv.yaml
+        resources: {nodes: 1}
+        command: [sleep, "60"]
+        """)
+    job_id = cli.id("booked")
+    cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True)
+    status = _wait_running(cli, job_id)
+    assert len(list(book.glob(f"*/{job_id}@*.json"))) == 1
+    for pid in (_watchdog_of(job_id), _supervisor_pid(cli, job_id)):
+        os.kill(pid, signal.SIGKILL)
+    (Path(str(status["run_dir"])) / "loaded.json").write_text("{not json")
+    cli.run("cancel", job_id, check=True)
+    assert _gone_within(job_id, 5), host.job_pids(job_id)
+    assert not list(book.glob(f"*/{job_id}@*.json"))
+    assert not list(default.glob(f"*/{job_id}@*.json"))
+
+
 # ---- bad input: exit 2, the field, a hint, nothing launched or written -----------------------
 
 

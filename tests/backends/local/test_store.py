@@ -107,6 +107,24 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
         Store(path)
 
 
+def test_the_lease_books_are_recorded_and_an_older_store_reads_none(tmp_path: Path) -> None:
+    """A job's lease books go in and come back (None: the host's default book); a job of a
+    version-2 store, from before they were recorded, reads as not recorded."""
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    store = Store(path)
+    store.add(_job("new-1", "new", 1.0))
+    store.update("new-1", lease_books={"n1": "/shared/leases", "n2": None})
+    found = store.get("new-1")
+    assert found is not None and found.lease_books == {"n1": "/shared/leases", "n2": None}
+    with sqlite3.connect(path) as db:  # the store as version 2 wrote it
+        db.execute("ALTER TABLE jobs DROP COLUMN lease_books")
+        db.execute("PRAGMA user_version = 2")
+    old = Store(path).get("new-1")
+    assert old is not None and old.lease_books is None and old.id == "new-1"
+
+
 def _writer(path: str, worker: int, count: int) -> None:
     store = Store(Path(path))
     for i in range(count):
