@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.reportruns import SLOW_ITEM_S, make_cli, pace_job, reap_all
 
-from tests.backends.local.conftest import Cli
-from tests.report.conftest import SLOW_ITEM_S, make_cli, pace_job, reap_all
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -22,9 +22,7 @@ from orchestrate.run.store import Store
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = pytest.mark.slurm
 

@@ -11,15 +11,12 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.containers import container_section, containers_of
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = pytest.mark.slurm
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from orchestrate.hostside.outputlog import LINE_MAX
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = pytest.mark.slurm
 

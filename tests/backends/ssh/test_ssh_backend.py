@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from orchestrate.core.plan.ports import derive_port
-from tests.backends.local.conftest import fake_nvidia_smi
-from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
+from tests.support.fakesmi import fake_nvidia_smi
 from tests.support.output import merged_text
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
 #: This checkout (what the tests test, wherever orchestrate is installed).
