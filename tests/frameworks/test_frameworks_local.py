@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
+from tests.support.frameworkprobes import PROBES, assert_believes_plan, copy_probes, job_text
 from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.frameworks]

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.frameworks.probes import assert_believes_plan, copy_probes, job_text
 from tests.support.clusters import BRING_UP
+from tests.support.frameworkprobes import assert_believes_plan, copy_probes, job_text
 from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.frameworks]

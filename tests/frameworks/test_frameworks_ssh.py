@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
+from tests.support.frameworkprobes import PROBES, assert_believes_plan, copy_probes, job_text
 from tests.support.sshcli import SshCli
 from tests.support.sshhosts import tagged_on
 
