@@ -4,6 +4,7 @@ a private job store; the fixture ``ocli`` (tests/conftest.py) makes one per test
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.slurmcluster import SlurmCluster
+
+#: What ``submit`` says on stderr once the job is recorded (orchestrate/cli/jobs.py).
+SUBMITTED = re.compile(r"^job (\S+) submitted \(", re.MULTILINE)
+
+
+def submitted_id(proc: subprocess.CompletedProcess[str]) -> str:
+    """The id of the job a ``submit`` announced; an error showing its output if it named none."""
+    found = SUBMITTED.search(proc.stderr)
+    if found is None:
+        raise AssertionError(f"submit named no job (exit {proc.returncode}):\n{proc.stdout}\n"
+                             f"{proc.stderr}")
+    return found.group(1)
 
 
 @dataclass
@@ -45,6 +58,18 @@ class OrchestrateCli:
     def submit(self, job: Path, *args: str) -> str:
         """Submit detached; the job id."""
         return self.run("submit", str(job), "--detach", *args, check=True).stdout.strip()
+
+    def submitted(self, job: Path, states: Collection[str], timeout: float = 90
+                  ) -> tuple[str, dict[str, Any]]:
+        """Submit ``job`` detached and wait until it is in one of ``states``: its id and status."""
+        job_id = self.submit(job)
+        return job_id, self.wait(job_id, states, timeout)
+
+    def followed(self, job: Path, timeout: float) -> tuple[subprocess.CompletedProcess[str], str]:
+        """``submit --follow`` to the job's end: the process, and the id of the job it
+        submitted (from its ``job <id> submitted (...)`` line)."""
+        proc = self.run("submit", str(job), "--follow", timeout=timeout)
+        return proc, submitted_id(proc)
 
     def status(self, job: str) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.run("status", job, "--json", check=True).stdout)

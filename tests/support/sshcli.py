@@ -63,6 +63,11 @@ class SshCli:
             time.sleep(0.2)
         raise AssertionError(f"job {job} never ran all ranks: {self.status(job)}")
 
+    def submitted(self, job: Path, job_id: str, timeout: float = 60) -> dict[str, Any]:
+        """Submit ``job`` detached as ``job_id`` and wait until every rank runs: its status."""
+        self.run("submit", str(job), "--detach", "--job-id", job_id, check=True)
+        return self.wait_running(job_id, timeout)
+
     def write(self, name: str, text: str) -> Path:
         path = self.work / name
         path.write_text(textwrap.dedent(text))
