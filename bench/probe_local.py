@@ -24,12 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "probe"))
-
-from probe_support import machine  # noqa: E402
 
 from orchestrate.probe.facts import parse_facts  # noqa: E402
 from orchestrate.probe.inventoryfile import ProbedNode, merge_inventory, render_inventory  # noqa: E402
+from tests.support.probemachine import machine  # noqa: E402
 
 
 def host_side(tmp: Path, runs: int, torch: bool) -> tuple[float, dict[str, object]]:

@@ -9,7 +9,7 @@ help is shown; the group's help lists every command from :data:`COMMANDS` withou
 The command modules define plain click commands (``@click.command()``) and never import this
 group, so no module imports the package that imports it back. A command is added by writing it
 in its module and naming it in :data:`COMMANDS` with its one-line help;
-tests/core/test_core_cli_group.py checks that the table and the commands agree.
+tests/cli/test_cli_group.py checks that the table and the commands agree.
 """
 
 from __future__ import annotations

@@ -26,8 +26,9 @@ import pytest
 from orchestrate.backends import detached
 from orchestrate.backends.detached import CANCEL_GRACE_S
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli
-from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace
+from tests.support.localcli import Cli
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import stop_tagged, tagged_by_namespace
 
 SLEEPER = '[bash, -c, "sleep 300 & sleep 300; wait"]'
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from core_support import REPO, TEST_INVENTORIES
 
 from orchestrate.core.spec import backendtraits
 from orchestrate.core.spec.backendtraits import TRAITS, traits
 from orchestrate.core.spec.inventory import load_inventory_spec
 from orchestrate.core.spec.job import Backend, JobSpec
 from orchestrate.run.prepare import load_spec, plan_job
+from tests.support.corecli import REPO, TEST_INVENTORIES
 
 pytestmark = pytest.mark.unit
 

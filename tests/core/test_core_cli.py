@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from core_support import CORE, INVENTORIES, REPO, cli, cli_process, shellcheck, write_yaml
 
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
+from tests.support.corecli import CORE, INVENTORIES, REPO, cli, cli_process, shellcheck, write_yaml
 
 pytestmark = pytest.mark.unit
 

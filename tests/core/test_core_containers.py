@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import cli, write_yaml
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.container import ContainerPlan
 from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
+from tests.support.corecli import cli, write_yaml
 
 pytestmark = pytest.mark.unit
 
@@ -220,7 +220,7 @@ def test_the_podman_golden_never_has_host_ipc_and_shm_size_together() -> None:
 
 
 def test_plan_shows_the_image_and_runtime_per_node() -> None:
-    from core_support import CORE
+    from tests.support.corecli import CORE
 
     result = cli("plan", CORE / "jobs" / "container-podman-ssh.yaml")
     assert result.code == 0, result.err

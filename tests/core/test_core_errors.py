@@ -12,7 +12,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from core_support import CORE, Result, cli, cli_process
+
+from tests.support.corecli import CORE, Result, cli, cli_process
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from core_support import CORE, cli
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.exits import EXIT_BUSY, EXIT_USER_ERROR
@@ -21,6 +20,7 @@ from orchestrate.core.plan.plan import Occupancy, make_plan
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.hostside import leases
+from tests.support.corecli import CORE, cli
 
 pytestmark = pytest.mark.unit
 

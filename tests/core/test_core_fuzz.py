@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from core_support import CORE, INVENTORIES, cli, write_yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.corecli import CORE, INVENTORIES, cli, write_yaml
 
 pytestmark = pytest.mark.unit
 

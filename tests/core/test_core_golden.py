@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from core_support import CORE, cli, compare_golden, normalise, shellcheck
+
+from tests.support.corecli import CORE, cli, compare_golden, normalise, shellcheck
 
 pytestmark = pytest.mark.unit
 

@@ -105,7 +105,7 @@ def test_restart_on_given_is_honoured_exactly_and_nothing_written_keeps_the_defa
 
 
 def test_plan_says_what_the_policy_will_and_will_not_restart(tmp_path: Path) -> None:
-    from core_support import CORE, cli
+    from tests.support.corecli import CORE, cli
 
     job = CORE / "jobs" / "cpu-local.yaml"
     default = cli("plan", job)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import TEST_INVENTORIES, shellcheck, write_yaml
 
 from orchestrate.backends import rendered
 from orchestrate.run.prepare import Prepared, prepare
+from tests.support.corecli import TEST_INVENTORIES, shellcheck, write_yaml
 
 pytestmark = pytest.mark.process
 

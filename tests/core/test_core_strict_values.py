@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import CORE, cli
 from pydantic import BaseModel, ValidationError
 
 from orchestrate.core.spec.inventory import InventorySpec
 from orchestrate.core.spec.job import JobSpec
+from tests.support.corecli import CORE, cli
 
 pytestmark = pytest.mark.unit
 

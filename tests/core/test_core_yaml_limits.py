@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from core_support import CORE, cli, cli_process
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.spec.loader import ALIAS_LIMIT, MAX_DEPTH, MAX_FILE_BYTES, parse_yaml
+from tests.support.corecli import CORE, cli, cli_process
 
 pytestmark = pytest.mark.unit
 

@@ -6,14 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from diag_harness import Starter
+
+from tests.support.diagranks import Starter
+from tests.support.ranks import killed_at_end
 
 
 @pytest.fixture
 def starter(tmp_path: Path) -> Iterator[Starter]:
     """Start ranks with the sidecar installed as sitecustomize; all are killed at the end."""
-    jobs = Starter(tmp_path)
-    try:
-        yield jobs
-    finally:
-        jobs.kill_all()
+    yield from killed_at_end(Starter(tmp_path))

@@ -4,16 +4,16 @@ Issue #25 item 1: with ``stall_s: 10``, two gloo ranks of a plain program
 (tests/diagnosis/programs/steps.py) that compute for 22 s in one step with no collective, or
 whose rank 1 computes alone while rank 0 waits in a barrier, or whose rank 1 reads slow
 storage (programs/slowstore.py: its main thread sleeps in read(2) on a file) were named as
-stalls. The driver plays the launcher (diag_harness.drive), as in test_diag_stalls.py, and
-also keeps the notice the watch gives when busy ranks hold a stall off.
+stalls. The driver plays the launcher (tests/support/diagranks.drive), as in
+test_diag_stalls.py, and also keeps the notice the watch gives when busy ranks hold a stall off.
 """
 
 from __future__ import annotations
 
 import pytest
-from diag_harness import Starter, drive
 
 from orchestrate.diagnosis import evidence
+from tests.support.diagranks import Starter, drive
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from diag_harness import PROGRAMS, REPO, Job, Starter, install_site
 
 from orchestrate.core import layout
 from orchestrate.core.plan.outcome import Exit, Failure, RankEnd
@@ -22,6 +21,7 @@ from orchestrate.diagnosis import evidence, rankpackage, sidecar
 from orchestrate.diagnosis.diagfiles import DiagFiles
 from orchestrate.hostside.shipping import module_source
 from orchestrate.run.logsink import last_lines
+from tests.support.diagranks import PROGRAMS, REPO, Job, Starter, install_site
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

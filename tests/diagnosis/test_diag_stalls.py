@@ -3,8 +3,8 @@
 Each test starts 3 ranks of a plain Python program (tests/diagnosis/programs/steps.py: no
 orchestrate import; the sidecar arrives as sitecustomize), makes one rank misbehave, and plays the
 launcher
-(diag_harness.drive). What a user would check: the kind, the rank, that the one sentence names
-it, and that it came within ``stall_s + 30`` s of the trouble.
+(tests/support/diagranks.drive). What a user would check: the kind, the rank, that the one
+sentence names it, and that it came within ``stall_s + 30`` s of the trouble.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from diag_harness import PROGRAMS, Starter, drive
 
 from orchestrate.diagnosis import evidence
+from tests.support.diagranks import PROGRAMS, Starter, drive
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 

@@ -8,9 +8,9 @@ import json
 import sys
 
 import pytest
-from diag_harness import DIGITS, PROGRAMS, REPO, Starter, drive
 
 from orchestrate.core.spec.trainspec import TrainSpec
+from tests.support.diagranks import DIGITS, PROGRAMS, REPO, Starter, drive
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from diag_harness import REPO, expand, install_site
 
 from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat
 from orchestrate.diagnosis.ranktable import idle_s, rank_table
 from orchestrate.diagnosis.stacks import frame_kind, innermost_user_frame, parse_stacks
 from orchestrate.diagnosis.stall import Diagnosis, classify
 from orchestrate.diagnosis.stallrule import Stall, StallWatch, format_ranks
+from tests.support.diagranks import REPO, expand, install_site
 from tests.support.python38 import python38 as _python38
 
 pytestmark = pytest.mark.unit

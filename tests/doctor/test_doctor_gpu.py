@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from tests.backends.local.conftest import Cli
 from tests.support.gpus import GPUS, needs_gpu
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(400)]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.local.conftest import Cli
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

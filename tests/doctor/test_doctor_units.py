@@ -29,7 +29,7 @@ from orchestrate.doctor.grading import JobShape, PlannedNode
 from orchestrate.doctor.static_tier import from_host
 from orchestrate.hostside import hostfacts
 from orchestrate.run.prepare import Loaded, plan_job
-from tests.probe.probe_support import machine
+from tests.support.probemachine import machine
 
 pytestmark = pytest.mark.unit
 

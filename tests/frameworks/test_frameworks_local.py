@@ -7,10 +7,8 @@ import json
 
 import pytest
 
-from tests.backends.local.conftest import Cli, cli
-from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
-
-__all__ = ["cli"]  # the fixture, imported for this module
+from tests.support.frameworkprobes import PROBES, assert_believes_plan, copy_probes, job_text
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.frameworks]
 

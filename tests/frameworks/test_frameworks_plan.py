@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.core_support import TEST_INVENTORIES, cli
+from tests.support.corecli import TEST_INVENTORIES, cli
 
 pytestmark = pytest.mark.unit
 

@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.backends.slurm.conftest import OrchestrateCli, ocli, slurm_cluster
-from tests.frameworks.probes import assert_believes_plan, copy_probes, job_text
 from tests.support.clusters import BRING_UP
-
-__all__ = ["ocli", "slurm_cluster"]  # the fixtures, imported for this module
+from tests.support.frameworkprobes import assert_believes_plan, copy_probes, job_text
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.frameworks]
 

@@ -8,13 +8,12 @@ import json
 
 import pytest
 
-from tests.backends.conftest import ssh_hosts
-from tests.backends.ssh.conftest import SshCli, no_stray_remote_processes, ssh_cli, tagged_on
-from tests.frameworks.probes import PROBES, assert_believes_plan, copy_probes, job_text
+from tests.support.frameworkprobes import PROBES, assert_believes_plan, copy_probes, job_text
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import tagged_on
 
-__all__ = ["no_stray_remote_processes", "ssh_cli", "ssh_hosts"]  # fixtures, for this module
-
-pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.frameworks]
+pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.frameworks,
+              pytest.mark.usefixtures("no_stray_remote_processes")]
 
 RUN = 300  # ranks importing torch and Lightning on a small shared machine
 

@@ -9,7 +9,6 @@ import socket
 from pathlib import Path
 
 import pytest
-from probe_support import cli, machine
 
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.probe.drift import node_drift
@@ -17,6 +16,7 @@ from orchestrate.probe.facts import parse_facts
 from orchestrate.probe.gathering import Unreachable
 from orchestrate.probe.machine import gather_local
 from orchestrate.probe.write import check
+from tests.support.probemachine import cli, machine
 
 pytestmark = pytest.mark.process
 

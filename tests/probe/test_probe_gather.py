@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from probe_support import FIXTURES, REPO, machine
 
 from orchestrate.hostside import hostfacts
+from tests.support.probemachine import FIXTURES, REPO, machine
 from tests.support.python38 import python38 as _python38
 
 pytestmark = pytest.mark.process

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from probe_support import check_golden, cli, machine, normalise
 
 from orchestrate.cli.inventory import write_probed
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.probe.gathering import Unreachable
 from orchestrate.probe.machine import gather_local
+from tests.support.probemachine import check_golden, cli, machine, normalise
 
 pytestmark = pytest.mark.process
 

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
-from probe_support import cli, machine
 
 from orchestrate.core.spec.inventory import Gpu, load_inventory
 from orchestrate.doctor.floors import intra_node_floor
 from orchestrate.probe.machine import local_inventory, probe_gpus
+from tests.support.probemachine import cli, machine
 
 pytestmark = pytest.mark.process  # the stand-in nvidia-smi is a process
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from probe_support import FIXTURES
 
 from orchestrate.probe.facts import (
     gpu_link,
@@ -16,6 +15,7 @@ from orchestrate.probe.facts import (
     parse_topo_matrix,
 )
 from orchestrate.probe.network import HcaPort, NicFact, choose_network
+from tests.support.probemachine import FIXTURES
 
 pytestmark = pytest.mark.unit
 

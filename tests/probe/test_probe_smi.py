@@ -5,10 +5,10 @@ value or a process name with a comma mean the same in both."""
 from __future__ import annotations
 
 import pytest
-from probe_support import FIXTURES
 
 from orchestrate.hostside import gpuuse, hostfacts, smi
 from orchestrate.probe.facts import parse_gpu_query
+from tests.support.probemachine import FIXTURES
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from probe_support import HERE, cli, machine
 
 from orchestrate.backends.slurm.ctl import parse_show_node
 from orchestrate.backends.slurm.probe import Group, SlurmNode, blocker, read_tasks, srun_argv
@@ -26,10 +25,11 @@ from orchestrate.probe.gathering import (
     read_facts,
     shell_command,
 )
+from tests.support.probemachine import PROBE_TESTS, cli, machine
 
 pytestmark = pytest.mark.unit
 
-OUTPUTS = HERE / "slurm_outputs"
+OUTPUTS = PROBE_TESTS / "slurm_outputs"
 
 
 def run_as_sshd_would(argv: list[str]) -> subprocess.CompletedProcess[str]:

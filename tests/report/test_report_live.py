@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.local.conftest import Cli
-from tests.report.conftest import SLOW_ITEM_S, make_cli, pace_job, reap_all
+from tests.support.localcli import Cli
+from tests.support.reportruns import SLOW_ITEM_S, make_cli, pace_job, reap_all
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

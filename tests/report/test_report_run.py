@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.report.conftest import EPOCHS, STEPS_PER_EPOCH, Run, Runs, chromium
+from tests.support.reportruns import EPOCHS, STEPS_PER_EPOCH, Run, Runs, chromium
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

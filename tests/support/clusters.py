@@ -1,5 +1,5 @@
-"""What the tests of the real test clusters share (tests/clusters/*.sh, the session fixtures in
-tests/backends/slurm/conftest.py and tests/backends/ssh/conftest.py)."""
+"""What the tests of the real test clusters share (tests/clusters/*.sh, brought up by
+tests/support/slurmcluster.py and tests/support/sshhosts.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Real rank processes for the tests: started with the torchrun variables, watched, killed.
 
-One starter for every harness that runs ranks by hand (tests/train/train_harness.py,
-tests/doctor/checkup/checkup_harness.py): each rank is a real process whose stdout and stderr
+One starter for every harness that runs ranks by hand (tests/support/trainranks.py,
+tests/support/checkupranks.py): each rank is a real process whose stdout and stderr
 go to files (``rank<N>.out``, ``rank<N>.err``) so nothing blocks on a full pipe, and a group of
 ranks can be waited for with a deadline, its logs read in one piece, and killed, stopped ranks
 included, so that no process outlives the test that started it.
@@ -13,9 +13,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 #: The variables that place a rank in a job (what torchrun sets, and orchestrate's own):
 #: never inherited from the test's environment.
@@ -112,3 +113,21 @@ def without_place(environ: Mapping[str, str], also: Sequence[str] = ()) -> dict[
     """``environ`` without the variables that place a rank (and ``also``)."""
     drop = {*PLACE_VARS, *also}
     return {k: v for k, v in environ.items() if k not in drop}
+
+
+class Starts(Protocol):
+    """A starter of rank processes (tests/support/trainranks.py, diagranks.py, checkupranks.py)."""
+
+    def kill_all(self) -> None: ...
+
+
+StarterT = TypeVar("StarterT", bound=Starts)
+
+
+def killed_at_end(starter: StarterT) -> Iterator[StarterT]:
+    """The body of every starter fixture: the test gets ``starter``, and every process it started
+    is killed when the test (or the module, for a module fixture) ends, whatever happened."""
+    try:
+        yield starter
+    finally:
+        starter.kill_all()

@@ -6,24 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from train_harness import Launcher
+
+from tests.support.ranks import killed_at_end
+from tests.support.trainranks import Launcher
 
 
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     """Start ranks; all of them are killed when the test ends."""
-    starter = Launcher(tmp_path)
-    try:
-        yield starter
-    finally:
-        starter.kill_all()
+    yield from killed_at_end(Launcher(tmp_path))
 
 
 @pytest.fixture(scope="module")
 def module_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     """Like ``launcher``, for runs shared by several tests of a module."""
-    starter = Launcher(tmp_path_factory.mktemp("runs"))
-    try:
-        yield starter
-    finally:
-        starter.kill_all()
+    yield from killed_at_end(Launcher(tmp_path_factory.mktemp("runs")))

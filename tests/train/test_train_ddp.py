@@ -18,7 +18,8 @@ import digits
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
-from train_harness import Launch, Launcher
+
+from tests.support.trainranks import Launch, Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from train_harness import DIGITS, Launch, Launcher
+
+from tests.support.trainranks import DIGITS, Launch, Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from train_harness import DIGITS, Launch, Launcher, base_env, digits_config, write_config
+
+from tests.support.trainranks import DIGITS, Launch, Launcher, base_env, digits_config, write_config
 
 pytestmark = pytest.mark.process
 

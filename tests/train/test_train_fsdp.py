@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from train_harness import REPO, Launch, Launcher, base_env
+
+from tests.support.trainranks import REPO, Launch, Launcher, base_env
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -15,9 +15,9 @@ import torch
 from test_train_memory import TRAIN, estimate_gb
 from test_train_shares import _config as shares_config
 from test_train_shares import _weights
-from train_harness import Launcher
 
 from tests.support.gpus import GPUS, needs_gpu
+from tests.support.trainranks import Launcher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(600)]
 

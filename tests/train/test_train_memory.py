@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from train_harness import HERE, Launcher, base_env
 
 from orchestrate.core.plan.memory import GB, RankShape, rank_estimate
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.train.modelfacts import probe
+from tests.support.trainranks import TRAIN_TESTS, Launcher, base_env
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -38,7 +38,7 @@ def estimate_gb(strategy: str, world: int) -> tuple[float, str]:
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = base_env()["PYTHONPATH"]  # the factories' modules, as for ranks
     try:
-        facts, note = probe(job, HERE, "job.yaml")
+        facts, note = probe(job, TRAIN_TESTS, "job.yaml")
     finally:
         if saved is None:
             del os.environ["PYTHONPATH"]

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
-from train_harness import DIGITS, base_env, digits_config, write_config
 
 from orchestrate.core.spec.trainspec import SchedulerSpec
 from orchestrate.train.optimizer import lr_factor
+from tests.support.trainranks import DIGITS, base_env, digits_config, write_config
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

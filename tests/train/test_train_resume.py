@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from train_harness import Launch, Launcher
+
+from tests.support.trainranks import Launch, Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from train_harness import Launcher
+
+from tests.support.trainranks import Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

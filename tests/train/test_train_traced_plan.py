@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from train_harness import DIGITS, HERE, REPO, base_env
+
+from tests.support.trainranks import DIGITS, REPO, TRAIN_TESTS, base_env
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
@@ -37,7 +38,8 @@ def _job(tmp_path: Path, train: dict[str, Any], **resources: Any) -> Path:
 
 def _plan(path: Path, *args: str, env: dict[str, str] | None = None
           ) -> subprocess.CompletedProcess[str]:
-    environ = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(DIGITS), str(HERE)])}
+    environ = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(DIGITS),
+                                                          str(TRAIN_TESTS)])}
     return subprocess.run([sys.executable, "-m", "orchestrate", "plan", str(path), *args],
                           capture_output=True, text=True, env=environ | (env or {}),
                           cwd=path.parent, timeout=180)

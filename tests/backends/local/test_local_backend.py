@@ -13,7 +13,8 @@ import pytest
 
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli, fake_nvidia_smi
+from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli
 from tests.support.containers import container_section, containers_of
+from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
 

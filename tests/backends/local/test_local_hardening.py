@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli, fake_nvidia_smi
+from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.backends.local.conftest import Cli
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from orchestrate.hostside.outputlog import LINE_MAX
-from tests.backends.local.conftest import Cli
+from tests.support.localcli import Cli
 from tests.support.output import merged_bytes
 
 pytestmark = pytest.mark.process

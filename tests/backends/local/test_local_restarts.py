@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli
 from tests.support.checkpoints import differing_parameters, latest_state
+from tests.support.localcli import Cli
 from tests.support.output import merged_text
 from tests.support.sharded import FSDP_TRAIN, exported_loads, sharded_checkpoint
 

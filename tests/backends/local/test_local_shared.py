@@ -3,7 +3,7 @@ outside orchestrate, waiting jobs (``submit --wait``), ``orchestrate gpus``, a h
 ``nvidia-smi``, and a rank's double-forked daemon that drops the job tag.
 
 The machine is the lab server of the issue (2x A100 + 6x A6000), replayed by the stand-in
-``nvidia-smi`` (conftest.fake_nvidia_smi); the "foreign" compute processes it lists are real
+``nvidia-smi`` (tests/support/fakesmi.py); the "foreign" compute processes it lists are real
 processes started here, so their pid, owner and name are what ``ps`` says. Two real Unix users
 are in test_local_users.py.
 """
@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from orchestrate.hostside import host
-from tests.backends.local.conftest import Cli, fake_nvidia_smi, set_compute_apps
+from tests.support.fakesmi import fake_nvidia_smi, set_compute_apps
+from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.backends.local.conftest import Cli
 from tests.support import mixedwork, throttle
 from tests.support.checkpoints import differing_parameters, latest_state
+from tests.support.localcli import Cli
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.backends.local.conftest import Cli
+from tests.support.localcli import Cli
 from tests.support.output import merged_text
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timing]

@@ -11,14 +11,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.clusters import BRING_UP
-
-if TYPE_CHECKING:  # the fixture's type; conftest is not importable by a stable name
-    from conftest import SlurmCluster
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

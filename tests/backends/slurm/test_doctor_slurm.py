@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.clusters import BRING_UP
-
-if TYPE_CHECKING:  # the fixture's type; conftest is not importable by a stable name
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

@@ -8,16 +8,14 @@ is the node's). A drained node is reported with Slurm's reason and not probed.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 
 from orchestrate.backends.slurm.ctl import parse_show_node
 from orchestrate.core.spec.inventory import load_inventory
 from tests.support.clusters import BRING_UP
-
-if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
-    from conftest import OrchestrateCli, SlurmCluster
+from tests.support.slurmcli import OrchestrateCli
+from tests.support.slurmcluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -22,9 +22,7 @@ from orchestrate.run.store import Store
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = pytest.mark.slurm
 
@@ -155,9 +153,8 @@ def test_ddp_job_on_two_nodes_gets_the_plans_ranks(ocli: OrchestrateCli) -> None
         distributed: {timeout_s: 60}
         """)
     plan = plan_json(ocli, job)
-    proc = ocli.run("submit", str(job), "--follow", timeout=150)
+    proc, job_id = ocli.followed(job, timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = proc.stderr.split()[1]
     status = ocli.status(job_id)
     assert status["state"] == "COMPLETED"
     assert status["external_id"]
@@ -258,10 +255,9 @@ def test_first_failing_rank_is_named_and_the_others_stop(ocli: OrchestrateCli) -
         command: [python, failing.py]
         """)
     started = time.monotonic()
-    proc = ocli.run("submit", str(job), "--follow", timeout=90)
+    proc, job_id = ocli.followed(job, timeout=90)
     took = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    job_id = proc.stderr.split()[1]
     status = ocli.status(job_id)
     assert status["state"] == "FAILED"
     failure = status["failure"]
@@ -289,8 +285,7 @@ def test_cancel_leaves_nothing_running(ocli: OrchestrateCli) -> None:
         resources: {nodes: 2, gpus_per_node: 2}
         command: [sleep, "600"]
         """)
-    job_id = ocli.submit(job)
-    status = ocli.wait(job_id, {"RUNNING"}, timeout=30)
+    job_id, status = ocli.submitted(job, {"RUNNING"}, timeout=30)
     slurm_id = status["external_id"]
     deadline = time.monotonic() + 20
     while len(job_processes(slurm_id)[0]) < 8:  # each rank: its shell and its sleep
@@ -321,8 +316,7 @@ def test_state_without_accounting_and_after_the_controller_forgot(ocli: Orchestr
         resources: {nodes: 2, gpus_per_node: 2}
         command: [python, failing.py]
         """)
-    job_id = ocli.submit(job)
-    status = ocli.wait(job_id, {"FAILED"}, timeout=60)
+    job_id, status = ocli.submitted(job, {"FAILED"}, timeout=60)
     sacct = ocli.cluster.run("sacct", "-j", status["external_id"], check=False)
     assert sacct.returncode != 0  # no accounting: the state above came from scontrol
     assert status["failure"]["rank"] == 2
@@ -469,8 +463,7 @@ def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli)
         slurm: {signal_seconds_before: 60}
         restart: {max: 1}
         """)
-    job_id = ocli.submit(job)
-    done = ocli.wait(job_id, {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
+    _, done = ocli.submitted(job, {"COMPLETED", "FAILED", "TIMEOUT"}, timeout=150)
     log = merged_text(Path(done["run_dir"]))
     assert done["state"] == "COMPLETED", log
     assert "got the stop signal" in log and "resumed" in log

@@ -11,15 +11,12 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.support.containers import container_section, containers_of
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli, submitted_id
 
 pytestmark = pytest.mark.slurm
 
@@ -53,7 +50,7 @@ def test_ranks_start_in_podman_under_srun(ocli: OrchestrateCli) -> None:
         """)
     proc = ocli.run("submit", str(job), "--follow", timeout=200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    job_id = proc.stderr.split()[1]
+    job_id = submitted_id(proc)
     status = ocli.status(job_id)
     assert status["state"] == "COMPLETED"
     log = merged_text(Path(status["run_dir"]))

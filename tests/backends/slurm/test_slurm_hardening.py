@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from orchestrate.hostside.outputlog import LINE_MAX
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-
-if TYPE_CHECKING:  # the fixtures' types; conftest is not importable by a stable name
-    from conftest import OrchestrateCli
+from tests.support.slurmcli import OrchestrateCli, submitted_id
 
 pytestmark = pytest.mark.slurm
 
@@ -52,7 +49,7 @@ def test_a_secret_reaches_every_rank_and_no_file_of_the_cluster(ocli: Orchestrat
     proc = ocli.run("submit", str(job), "--follow", timeout=150, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok-0" in proc.stdout and "ok-1" in proc.stdout, proc.stdout
-    job_id = proc.stderr.split()[1]
+    job_id = submitted_id(proc)
     status = ocli.status(job_id)
     run_dir = Path(status["run_dir"])
     # slurmctld's state (StateSaveLocation: each job's script and environment), every slurmd's

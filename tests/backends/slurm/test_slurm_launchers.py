@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.backends.slurm.conftest import OrchestrateCli
 from tests.support.output import merged_text
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

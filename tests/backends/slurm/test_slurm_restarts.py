@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.slurm.conftest import OrchestrateCli
 from tests.backends.slurm.test_slurm_backend import REPO, TRAIN_JOB
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

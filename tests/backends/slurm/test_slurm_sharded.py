@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.slurm.conftest import OrchestrateCli
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
 from tests.support.sharded import DIGITS, FSDP_TRAIN, exported_loads, sharded_checkpoint
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

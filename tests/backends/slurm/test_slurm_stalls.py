@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.slurm.conftest import OrchestrateCli
 from tests.support.output import merged_text
+from tests.support.slurmcli import OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.timing]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli
+from tests.support.sshcli import SshCli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 

@@ -22,7 +22,7 @@ import fabric
 import paramiko
 import pytest
 
-from tests.backends.ssh.conftest import SshHosts, alive
+from tests.support.sshhosts import SshHosts, alive
 
 pytestmark = pytest.mark.ssh
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrate.core.spec.inventory import load_inventory
-from tests.backends.ssh.conftest import SshCli, SshHosts
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import SshHosts
 
 pytestmark = pytest.mark.ssh
 

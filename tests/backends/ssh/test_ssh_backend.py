@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from orchestrate.core.plan.ports import derive_port
-from tests.backends.local.conftest import fake_nvidia_smi
-from tests.backends.ssh.conftest import SshCli, stop_tagged, tagged_by_namespace, tagged_on
+from tests.support.fakesmi import fake_nvidia_smi
 from tests.support.output import merged_text
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
 #: This checkout (what the tests test, wherever orchestrate is installed).
@@ -141,8 +142,7 @@ def test_uneven_three_plus_two(ssh_cli: SshCli) -> None:
 def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])
     job = _ddp_job(ssh_cli, "victim", nodes=2, hold_s=120)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "victim-1", check=True)
-    status = ssh_cli.wait_running("victim-1")
+    status = ssh_cli.submitted(job, "victim-1")
     run = Path(status["run_dir"])
     deadline = time.monotonic() + 60
     while merged_text(run).count('"sum"') < 4 and time.monotonic() < deadline:
@@ -179,8 +179,7 @@ def test_lost_host_fails_the_job_naming_it_and_the_others_are_stopped(ssh_cli: S
     hosts = ssh_cli.hosts
     ssh_cli.inventory([{"name": n, "slots": 2} for n, _ in hosts.hosts])
     job = ssh_cli.write("sleepy.yaml", SLEEPY)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "lost-1", check=True)
-    ssh_cli.wait_running("lost-1")
+    ssh_cli.submitted(job, "lost-1")
     assert set(tagged_by_namespace(hosts, "lost-1")) == {"h1", "h2", "h3"}
     try:
         os.kill(hosts.init_pid("h2"), signal.SIGKILL)
@@ -221,8 +220,7 @@ def test_a_host_cut_off_the_network_is_named_within_seconds(ssh_cli: SshCli) -> 
         command: [bash, -c, "sleep 300"]
         restart: {max: 0}
         """)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "cut-1", check=True)
-    ssh_cli.wait_running("cut-1")
+    ssh_cli.submitted(job, "cut-1")
     veth = "orch-v2"
     subprocess.run(["ip", "link", "set", veth, "down"], check=True)
     cut_at = time.monotonic()
@@ -254,8 +252,7 @@ def test_cancel_with_a_cut_off_host_returns_within_seconds(ssh_cli: SshCli) -> N
         resources: {nodes: 2, gpus_per_node: 1}
         command: [bash, -c, "sleep 300"]
         """)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "cutcancel-1", check=True)
-    ssh_cli.wait_running("cutcancel-1")
+    ssh_cli.submitted(job, "cutcancel-1")
     subprocess.run(["ip", "link", "set", "orch-v2", "down"], check=True)
     try:
         started = time.monotonic()
@@ -287,8 +284,7 @@ SLEEPY = """
 def test_killed_supervisor_leaves_nothing_on_any_host(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": n, "slots": 2} for n, _ in ssh_cli.hosts.hosts])
     job = ssh_cli.write("sleepy.yaml", SLEEPY)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "orphan-1", check=True)
-    status = ssh_cli.wait_running("orphan-1")
+    status = ssh_cli.submitted(job, "orphan-1")
     time.sleep(0.5)
     assert set(tagged_on(ssh_cli.hosts, "orphan-1")) == {"h1", "h2", "h3"}
     assert [r["state"] for r in status["ranks"]] == ["RUNNING"] * 6
@@ -314,8 +310,7 @@ def _supervisor_pid(cli: SshCli, job: str) -> int:
 def test_cancel_stops_every_process_on_every_host(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": n, "slots": 2} for n, _ in ssh_cli.hosts.hosts])
     job = ssh_cli.write("sleepy.yaml", SLEEPY)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "sleepy-1", check=True)
-    ssh_cli.wait_running("sleepy-1")
+    ssh_cli.submitted(job, "sleepy-1")
     started = time.monotonic()
     out = ssh_cli.run("cancel", "sleepy-1", check=True).stdout
     assert "CANCELLED" in out
@@ -357,8 +352,7 @@ def test_cancel_without_a_supervisor_kills_by_tag_on_every_host(ssh_cli: SshCli)
         resources: {nodes: 3, gpus_per_node: 1}
         command: [bash, -c, "trap '' HUP; sleep 300 & sleep 300; wait"]
         """)
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", "stubborn-1", check=True)
-    status = ssh_cli.wait_running("stubborn-1")
+    status = ssh_cli.submitted(job, "stubborn-1")
     # Each rank's agent on its host; the pids in `status` are the hosts' own.
     agents = [_parent(ssh_cli.hosts.root_pid(r["node"], r["pid"])) for r in status["ranks"]]
     supervisor = _supervisor_pid(ssh_cli, "stubborn-1")

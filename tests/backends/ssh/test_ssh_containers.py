@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli, tagged_on
 from tests.support.containers import container_section, containers_of
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import tagged_on
 
 pytestmark = pytest.mark.ssh
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.backends.ssh.conftest import SshCli
+from tests.support.sshcli import SshCli
 
 pytestmark = pytest.mark.ssh
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli
 from tests.support.output import merged_text
+from tests.support.sshcli import SshCli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -172,7 +172,7 @@ def test_a_killed_worker_on_h2_fails_the_job_naming_it(ssh_cli: SshCli) -> None:
 def test_cancel_leaves_no_worker_on_any_host(ssh_cli: SshCli) -> None:
     import time
 
-    from tests.backends.ssh.conftest import tagged_by_namespace
+    from tests.support.sshhosts import tagged_by_namespace
 
     job = f"wcxl-{os.getpid()}"
     path, out = _job(ssh_cli, "wcxl", "per_node", "spawn_train.py", gpus=2,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli, tagged_on
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.output import merged_text
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import tagged_on
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli, tagged_on
 from tests.support.output import merged_text
 from tests.support.sharded import DIGITS, FSDP_TRAIN, REPO, exported_loads, sharded_checkpoint
+from tests.support.sshcli import SshCli
+from tests.support.sshhosts import tagged_on
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.local.conftest import set_compute_apps
-from tests.backends.ssh.conftest import SshCli
 from tests.backends.ssh.test_ssh_backend import _assert_nothing_left, _gpu_node, _gpu_python
+from tests.support.fakesmi import set_compute_apps
+from tests.support.sshcli import SshCli
 
 pytestmark = pytest.mark.ssh
 

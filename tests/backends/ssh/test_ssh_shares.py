@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli
 from tests.support import mixedwork, throttle
+from tests.support.sshcli import SshCli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timing]
 

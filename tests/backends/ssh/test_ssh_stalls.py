@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.backends.ssh.conftest import SshCli
 from tests.support.output import merged_text
+from tests.support.sshcli import SshCli
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch, pytest.mark.timing]
 

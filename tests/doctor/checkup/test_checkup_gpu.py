@@ -8,9 +8,9 @@ when the model and link are known.
 from __future__ import annotations
 
 import pytest
-from checkup_harness import Starter
 
 from orchestrate.doctor.checkup.result import CheckupResult
+from tests.support.checkupranks import Starter
 from tests.support.gpus import GPUS, needs_gpu
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(300)]

@@ -12,9 +12,9 @@ import socket
 import time
 
 import pytest
-from checkup_harness import Starter, free_port
 
 from orchestrate.doctor.checkup.result import CheckupResult
+from tests.support.checkupranks import Starter, free_port
 
 pytestmark = [pytest.mark.process, pytest.mark.torch, pytest.mark.timeout(150), pytest.mark.timing]
 

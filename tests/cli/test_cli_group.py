@@ -10,9 +10,9 @@ import sys
 
 import click
 import pytest
-from core_support import REPO, cli
 
 from orchestrate.cli.group import COMMANDS, LazyGroup
+from tests.support.corecli import REPO, cli
 
 pytestmark = pytest.mark.unit
 

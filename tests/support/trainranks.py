@@ -1,4 +1,5 @@
-"""Launching real ranks of ``python -m orchestrate.train`` for the tests (fixtures: conftest.py).
+"""Launching real ranks of ``python -m orchestrate.train`` for the tests (fixtures:
+tests/train/conftest.py).
 
 Each rank is a real process with the torchrun environment (or only Slurm's), talking gloo over
 loopback; stdout and stderr go to files beside the run so nothing blocks on a full pipe. Every
@@ -21,9 +22,9 @@ from tests.support.ranks import Rank, RankGroup, free_port, start_rank, torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "examples" / "digits"
-HERE = Path(__file__).resolve().parent
+TRAIN_TESTS = REPO / "tests" / "train"  # train_probe.py, importable by the ranks
 
-for _path in (str(DIGITS), str(HERE)):
+for _path in (str(DIGITS), str(TRAIN_TESTS)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
@@ -31,7 +32,7 @@ for _path in (str(DIGITS), str(HERE)):
 def base_env() -> dict[str, str]:
     """The environment of a rank before its place in the job is added."""
     env = {k: v for k, v in without_place(os.environ).items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DIGITS), str(HERE)])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(DIGITS), str(TRAIN_TESTS)])
     env["OMP_NUM_THREADS"] = "1"
     env["ORCHESTRATE_TIMEOUT_S"] = "60"
     env["PYTHONUNBUFFERED"] = "1"

@@ -1,7 +1,6 @@
 """The framework probes of examples/frameworks, as the tests run and judge them.
 
-(A module of its own, not conftest.py: every test folder has a conftest, so ``conftest`` is not
-an importable name.) Each probe rank prints ``probe {...}``: what its framework believes next
+Each probe rank prints ``probe {...}``: what its framework believes next
 to the variables orchestrate set, a checked all-reduce, whether the DDP replicas agree after a
 few steps, and its process (pid, parent command, children). The tests hold that against the
 plan of ``orchestrate plan --json``.

@@ -1,8 +1,5 @@
 """Helpers for the core's tests: run the real CLI, write job files, compare goldens.
 
-(A module of its own, not conftest.py: every test folder has a conftest, so ``conftest`` is not
-an importable name.)
-
 The CLI runs in-process through :func:`orchestrate.cli.main` (what ``orchestrate`` and
 ``python -m orchestrate`` call) for speed, and as a real process where the exit status and
 stderr of a separate interpreter are the point (no traceback ever reaches a user).
@@ -28,7 +25,7 @@ import yaml
 from orchestrate.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-CORE = Path(__file__).resolve().parent
+CORE = REPO / "tests" / "core"
 INVENTORIES = REPO / "inventory"
 TEST_INVENTORIES = CORE / "inventories"
 GOLDEN = CORE / "golden"

@@ -1,5 +1,5 @@
 """Starting real ranks of ``python -m orchestrate.doctor.checkup`` on loopback (fixtures:
-conftest.py).
+tests/doctor/checkup/conftest.py).
 
 Each rank is a real process with the environment the planner gives a rank (the torchrun
 variables, GROUP_RANK, ORCHESTRATE_NODE_NAMES, ORCHESTRATE_RUN_DIR, GLOO_SOCKET_IFNAME=lo),
@@ -29,7 +29,7 @@ from tests.support.ranks import (
     without_place,
 )
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # The harness reads rank 0's store while rank 0 may still be importing torch: keep c10d's
 # connection-retry lines out of the test output.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")

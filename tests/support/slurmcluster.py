@@ -1,4 +1,5 @@
-"""The real Slurm test cluster (tests/clusters/slurm.sh) as a session fixture.
+"""The real Slurm test cluster (tests/clusters/slurm.sh): what a test needs to talk to it, and
+its bring-up, the body of the session fixture ``slurm_cluster`` (tests/conftest.py).
 
 Why a fixture that brings the cluster up itself: the Slurm tests must prove the backend works
 against real slurmctld/slurmd daemons, so a missing cluster is a failure, never a skip. A cluster
@@ -7,21 +8,18 @@ that was already up before the session (a developer's `slurm.sh up`) is used and
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "clusters" / "slurm.sh"
 STATE_DIR = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
 
@@ -130,8 +128,10 @@ def _read_env_sh(path: Path) -> dict[str, str]:
     return exported
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[SlurmCluster]:
+
+def cluster_up() -> Iterator[SlurmCluster]:
+    """The test cluster for the whole session: brought up unless it already was, and then
+    brought down again."""
     was_up = _script("status", timeout=30).returncode == 0
     started = time.monotonic()
     up = _script("up", timeout=600)
@@ -157,95 +157,3 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             assert down.returncode == 0, f"slurm.sh down failed:\n{down.stdout}\n{down.stderr}"
 
 
-# ---- the orchestrate CLI against the cluster (tests/backends/slurm/test_slurm_backend.py)
-# -------------
-
-
-@dataclass
-class OrchestrateCli:
-    """``python -m orchestrate`` with a private job store, pointed at the test cluster.
-
-    ``work`` holds the job files and the inventory; run directories go to ``work/runs`` (a
-    path every node sees: the nodes share this machine's file system, as a cluster shares one).
-    """
-
-    cluster: SlurmCluster
-    home: Path
-    work: Path
-    env: dict[str, str]
-
-    def run(self, *args: str, timeout: float = 120, check: bool = False,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrate", *args], cwd=self.work, env=env or self.env,
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"orchestrate {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n"
-                f"{proc.stderr}"
-            )
-        return proc
-
-    def submit(self, job: Path, *args: str) -> str:
-        """Submit detached; the job id."""
-        return self.run("submit", str(job), "--detach", *args, check=True).stdout.strip()
-
-    def status(self, job: str) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(self.run("status", job, "--json", check=True).stdout)
-        return result
-
-    def wait(self, job: str, states: Collection[str], timeout: float = 90) -> dict[str, Any]:
-        """Poll ``orchestrate status`` until the job is in one of ``states``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self.status(job)
-            if status["state"] in states:
-                return status
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job} not in {sorted(states)} after {timeout}s: "
-                                     f"{status['state']} ({status['reason']})\n"
-                                     + self.run("logs", job).stdout[-3000:])
-            time.sleep(0.3)
-
-    def write(self, name: str, text: str) -> Path:
-        path = self.work / name
-        path.write_text(textwrap.dedent(text))
-        return path
-
-    def inventory(self, name: str = "inventory.yaml", slots: Mapping[str, int] | None = None
-                  ) -> Path:
-        """The test cluster as an inventory: CPU nodes, partition debug, this interpreter."""
-        interface = "eth0" if self.cluster.layout == "netns" else "lo"
-        nodes = "\n".join(
-            f"  - {{name: {n}, slots: {(slots or {}).get(n, 4)}}}" for n in self.cluster.nodes
-        )
-        return self.write(name, f"""\
-name: test-slurm
-defaults:
-  python: {sys.executable}
-  cpus: 4
-  network: {{interface: {interface}}}
-  slurm: {{partition: debug}}
-nodes:
-{nodes}
-""")
-
-
-@pytest.fixture
-def ocli(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[OrchestrateCli]:
-    home = tmp_path / "home"
-    work = tmp_path / "work"
-    work.mkdir()
-    env = dict(slurm_cluster.env, ORCHESTRATE_HOME=str(home),
-               ORCHESTRATE_RUNS=str(work / "runs"))
-    for name in ("ORCHESTRATE_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    slurm_cluster.heal()
-    cli = OrchestrateCli(slurm_cluster, home, work, env)
-    yield cli
-    # A test that failed half way must not leave its jobs to the next one.
-    for line in slurm_cluster.run("squeue", "-h", "-o", "%i %o", check=False).stdout.splitlines():
-        job_id, _, command = line.partition(" ")
-        if command.startswith(str(work)):
-            slurm_cluster.run("scancel", job_id, check=False)

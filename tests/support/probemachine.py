@@ -19,10 +19,10 @@ from typing import Any
 
 from orchestrate.cli import main
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-FIXTURES = HERE / "fixtures"
-GOLDEN = HERE / "golden"
+REPO = Path(__file__).resolve().parents[2]
+PROBE_TESTS = REPO / "tests" / "probe"
+FIXTURES = PROBE_TESTS / "fixtures"
+GOLDEN = PROBE_TESTS / "golden"
 UPDATE_GOLDEN = os.environ.get("ORCHESTRATE_UPDATE_GOLDEN") == "1"
 
 
@@ -48,7 +48,7 @@ def install_nvidia_smi(bin_dir: Path) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "nvidia-smi"
     script.write_text(
-        f"#!{sys.executable}\n" + (HERE / "fake_nvidia_smi.py").read_text(), encoding="utf-8"
+        f"#!{sys.executable}\n" + (PROBE_TESTS / "fake_nvidia_smi.py").read_text(), encoding="utf-8"
     )
     script.chmod(0o755)
     return script

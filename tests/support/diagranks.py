@@ -35,8 +35,7 @@ from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.stallrule import Stall, StallWatch
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-PROGRAMS = HERE / "programs"
+PROGRAMS = REPO / "tests" / "diagnosis" / "programs"
 DIGITS = REPO / "examples" / "digits"
 
 _PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",

@@ -1,7 +1,7 @@
 """The shared lease book's files and folder (hostside/leases.py, bookdir.py), one user: the
 permissions it makes and refuses, its bounded lock, leases it cannot read, first come first
 served tickets, the last holder leaving and survivors. Files only (unit tier); two real users
-are in test_local_users.py and tests/backends/ssh/test_ssh_users.py."""
+are in tests/backends/local/test_local_users.py and tests/backends/ssh/test_ssh_users.py."""
 
 from __future__ import annotations
 
