@@ -58,11 +58,40 @@ class Supervisor(ABC):
     handshake_type: ClassVar[type[Handshake]] = Handshake
 
     def __init__(self, job_id: str, store_path: Path) -> None:
+        from orchestrate.run.supervise import StopRequest
+
         self.job_id = job_id
         self.store_path = store_path
         self.started = time.monotonic()
         #: How long the launch steps took: sent in the verdict, and logged.
         self.timings: dict[str, float] = {}
+        # The job's state, in the order this process comes to know it.
+        #: What ``submit`` wrote on stdin: the job loaded and planned, the attempt to run.
+        self.handshake: Handshake = self._read_handshake()
+        #: The first attempt this process runs (``resume``'s next one, else 1).
+        self.first: int = self.handshake.attempt or 1
+        #: A cancel or a stop signal, once asked for (its handlers installed by :meth:`main`).
+        self.stop: StopRequest = StopRequest()
+        #: What the job waits for (``resources.wait``) once it waits; None until then.
+        self.pending: str | None = None
+        # Opened and decoded by :meth:`main` (what fails there refuses the submit): the
+        # properties :attr:`store` and :attr:`submitted`.
+        self._store: Store | None = None
+        self._submitted: Prepared | None = None
+        #: The attempt made ready last: the one that runs (None before the first is).
+        self.prepared: Prepared | None = None
+
+    @property
+    def store(self) -> Store:
+        """The job store (the CLI's patience until the verdict, then the supervisor's)."""
+        assert self._store is not None, "main() opens the store first"
+        return self._store
+
+    @property
+    def submitted(self) -> Prepared:
+        """The job as ``submit`` loaded and planned it."""
+        assert self._submitted is not None, "main() decodes the job first"
+        return self._submitted
 
     # ---- what differs ----------------------------------------------------------------------
 
@@ -91,7 +120,8 @@ class Supervisor(ABC):
 
     @abstractmethod
     def progress(self, plan: Plan) -> dict[str, int | None]:
-        """How far training got (for the restart policy)."""
+        """How far training got (for the restart policy: :class:`orchestrate.run.supervise
+        .Attempts`)."""
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """The verdict for a backend's own way of refusing (None: the usual one)."""
@@ -109,22 +139,18 @@ class Supervisor(ABC):
 
     def main(self) -> int:
         """The supervisor process's body; its exit status (0: the job completed)."""
-        from orchestrate.run.supervise import StopRequest, run_with_restarts
+        from orchestrate.run.supervise import run_with_restarts
 
-        self.handshake = self._read_handshake()
         verdict = VerdictLine()
-        self.stop: StopRequest = StopRequest()
-        self.first = self.handshake.attempt or 1
-        self.pending: str | None = None  # what the job waits for, once it waits
         try:
             self.begin(self.handshake)
             self.stop.install()
             # Until its verdict it writes for a CLI that waits: a store locked for longer than
             # the CLI's patience refuses the submit, as it would refuse any command.
-            self.store = Store(self.store_path, patience_s=PATIENCE_S)
+            self._store = Store(self.store_path, patience_s=PATIENCE_S)
             from orchestrate.run.prepare import Prepared
 
-            self.submitted = Prepared(self.handshake.loaded_job(), self.handshake.plan)
+            self._submitted = Prepared(self.handshake.loaded_job(), self.handshake.plan)
             prepared = self._first_attempt(verdict)
             self.prepared = prepared
         except BaseException as exc:
@@ -137,7 +163,7 @@ class Supervisor(ABC):
         self.store.patience_s = SUPERVISOR_PATIENCE_S  # from now on, the job's fate is recorded
         try:
             outcome = run_with_restarts(self.job_id, self.run_dir, self.store, prepared.plan,
-                                        self.stop, STOP_GRACE_S, self._attempt, self.progress)
+                                        self.stop, STOP_GRACE_S, self)
         finally:
             self.end()
         return 0 if outcome.state == "COMPLETED" else 1
@@ -223,15 +249,17 @@ class Supervisor(ABC):
         self._record(prepared, attempt)
         return prepared
 
-    def _attempt(self, attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
-        """An attempt's ranks (the first one was made ready before the verdict). A restart
-        that cannot be made ready releases what it claimed (the job then ends, saying why)."""
+    def launch(self, attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
+        """An attempt's ranks (the first one was made ready before the verdict), for
+        :class:`orchestrate.run.supervise.Attempts`. A restart that cannot be made ready
+        releases what it claimed (the job then ends, saying why)."""
         if attempt != self.first:
             try:
                 self.prepared = self._prepare(attempt, excluded) or self.prepared
             except BaseException:
                 self.abort()
                 raise
+        assert self.prepared is not None, "main() made the first attempt ready"
         return self.prepared.plan, self.start_workers(self.prepared, attempt)
 
     def _record(self, prepared: Prepared, attempt: int) -> None:

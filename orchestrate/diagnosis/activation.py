@@ -61,11 +61,17 @@ def activate(environ: Any) -> Any:
 
     rank = str(environ.get("RANK", "")).strip()
     if not rank.isdigit() or owner_elsewhere(environ):
-        watch(run_dir, environ)  # a rank's children, a launcher and its workers
+        watch(run_dir, environ, start_sidecar)  # a rank's children, a launcher and its workers
         return None
+    return start_sidecar(run_dir, int(rank))
+
+
+def start_sidecar(run_dir: str, rank: int) -> Any:
+    """Start this process's sidecar as ``rank`` (imported here: it and its records load only in
+    a process that is a rank, or becomes one)."""
     from orchestrate.diagnosis.sidecar import start
 
-    return start(run_dir, int(rank))
+    return start(run_dir, rank)
 
 
 def run_as_sitecustomize(entry: str) -> None:

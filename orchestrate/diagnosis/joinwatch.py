@@ -30,7 +30,11 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
+
+    #: Starts this process's sidecar as rank R: ``start(run_dir, rank)`` (the sidecar's own,
+    #: passed in by :mod:`orchestrate.diagnosis.activation`; the sidecar imports this module).
+    Starter = Callable[[str, int], Any]
 
 ENV_ATTEMPT = "ORCHESTRATE_ATTEMPT"
 ENV_LAUNCHER = "ORCHESTRATE_LAUNCHER"
@@ -109,28 +113,29 @@ def record(run_dir: str, rank: int, world_size: int, heartbeats: bool) -> None:
             pass
 
 
-def watch(run_dir: str, environ: Any) -> None:
-    """Start this process's join watch (once per process; see the module docstring)."""
+def watch(run_dir: str, environ: Any, start: Starter) -> None:
+    """Start this process's join watch (once per process; see the module docstring); ``start``
+    starts the sidecar of a process that becomes the rank it joined as."""
     if _watching == [os.getpid()]:
         return
     _watching[:] = [os.getpid()]
     upgrade = str(environ.get(ENV_LAUNCHER, "ranks")) != "ranks" and not owner_elsewhere(environ)
-    thread = threading.Thread(target=_run, args=(run_dir, upgrade), daemon=True,
+    thread = threading.Thread(target=_run, args=(run_dir, upgrade, start), daemon=True,
                               name="orchestrate-joinwatch")
     thread.start()
     if not _fork_hook and hasattr(os, "register_at_fork"):
         _fork_hook.append(True)
-        os.register_at_fork(after_in_child=lambda: _after_fork(run_dir))
+        os.register_at_fork(after_in_child=lambda: _after_fork(run_dir, start))
 
 
-def _after_fork(run_dir: str) -> None:
+def _after_fork(run_dir: str, start: Starter) -> None:
     try:  # noqa: SIM105 - contextlib would be an import in every process of the job
-        watch(run_dir, os.environ)
+        watch(run_dir, os.environ, start)
     except Exception:
         pass
 
 
-def _run(run_dir: str, upgrade: bool) -> None:
+def _run(run_dir: str, upgrade: bool, start: Starter) -> None:
     try:
         while True:
             time.sleep(LOOK_S)
@@ -140,8 +145,6 @@ def _run(run_dir: str, upgrade: bool) -> None:
             if joined is None:
                 continue
             if upgrade:
-                from orchestrate.diagnosis.sidecar import start
-
                 start(run_dir, joined[0])  # its first heartbeat records the join
             else:
                 record(run_dir, joined[0], joined[1], heartbeats=False)

@@ -358,19 +358,24 @@ class Launched:
     evidence: Evidence | None = None  # where the stall watch reads heartbeats
 
 
-#: Readies attempt N's ranks, avoiding the excluded nodes: ``launch(n, excluded) -> (plan, ranks)``.
-Launch = Callable[[int, tuple[str, ...]], tuple[Plan, Launched]]
+class Attempts(Protocol):
+    """What :func:`run_with_restarts` asks of the backend, the one place where control climbs
+    from ``run`` to ``backends`` (:class:`orchestrate.backends.supervisor.Supervisor` is it)."""
+
+    def launch(self, attempt: int, excluded: tuple[str, ...]) -> tuple[Plan, Launched]:
+        """Ready ``attempt``'s ranks without the ``excluded`` nodes (re-planning where the
+        backend must: other hosts, a node excluded); its plan and its ranks."""
+
+    def progress(self, plan: Plan) -> dict[str, int | None]:
+        """How far training got (:func:`orchestrate.core.plan.restart.progress_marker`, on the
+        right host)."""
 
 
 def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop: StopRequest,
-                      grace_s: float, launch: Launch,
-                      progress: Callable[[Plan], dict[str, int | None]]) -> Outcome:
+                      grace_s: float, attempts: Attempts) -> Outcome:
     """Run the job's attempts until one ends for good; record the job's end.
 
-    ``launch(attempt, excluded_nodes)`` readies an attempt's ranks (re-planning where the
-    backend must: other hosts, a node excluded) and returns its plan; ``progress(plan)`` reads
-    how far training got (:func:`orchestrate.core.plan.restart.progress_marker`, on the right
-    host). The restart policy of :mod:`orchestrate.core.plan.restart` decides between attempts; a
+    The restart policy of :mod:`orchestrate.core.plan.restart` decides between attempts; a
     cancel during the wait ends the job for good.
     """
     record = store.get(job_id)
@@ -378,10 +383,10 @@ def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop
     restarts = 0
     excluded: tuple[str, ...] = ()
     expects = plan.train_config is not None
-    before = progress(plan)
+    before = attempts.progress(plan)
     while True:
         try:
-            plan, launched = launch(attempt, excluded)
+            plan, launched = attempts.launch(attempt, excluded)
         except Exception as exc:  # a restart that cannot launch ends the job, saying why
             why = f"attempt {attempt} could not start: {_launch_error(exc)}"
             store.end_attempt(job_id, time.time(), why)
@@ -391,7 +396,7 @@ def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop
             return Outcome("FAILED", why, None)
         outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
                             launched.cleanup, launched.sink, launched.evidence)
-        after = progress(plan)
+        after = attempts.progress(plan)
         if stop.reason and outcome.state != "CANCELLED":
             outcome = Outcome("CANCELLED", stop.reason, None)
         decision = decide(plan.restart, outcome.ending(), restarts,

@@ -11,6 +11,10 @@ over its final name with ``os.replace``; ``latest`` is replaced the same way aft
 at any moment (SIGKILL after the grace period) therefore leaves either the old or the new
 checkpoint, never a torn one; stray temporaries are deleted on the next start.
 
+:func:`load` reads either kind in one process (a sharded folder's weights gathered into one
+plain state dict: ``orchestrate export``, ``init_from``); writing and restoring the sharded kind,
+every rank its own shards, is :mod:`orchestrate.train.distcp`'s, built on this module.
+
 The model is saved as ``model.module.state_dict()``, without DDP's ``module.`` prefix, so the file
 loads into a plain model. Loading accepts either form, because other tools save the prefixed one.
 """
@@ -27,7 +31,7 @@ from typing import IO, Any
 
 import torch
 
-from orchestrate.train.failure import TrainFailure
+from orchestrate.train.failure import TrainFailure, first_line
 
 #: Version of the checkpoint dictionary's layout (see docs/train.md).
 FORMAT = 1
@@ -35,6 +39,8 @@ LATEST = "latest"
 _NAME = re.compile(r"step-(\d+)(\.pt)?")
 #: A sharded checkpoint's folder is complete once torch.distributed.checkpoint wrote this.
 SHARDED_METADATA = ".metadata"
+#: The trainer's own state inside a sharded checkpoint's folder (orchestrate.train.distcp).
+SIDE = "trainer.pt"
 _TEMPORARY = re.compile(r"\..+\.tmp-\d+")
 _PREFIX = "module."
 
@@ -186,9 +192,7 @@ def load(path: Path) -> dict[str, Any]:
     """Load a checkpoint or state-dict file onto the CPU, refusing pickled code (a sharded
     checkpoint: its model's weights under ``model``, and the trainer's state)."""
     if path.is_dir():
-        from orchestrate.train import distcp
-
-        return distcp.read(path)
+        return _read_sharded(path)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -201,6 +205,43 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise TrainFailure(f"{path} holds a {type(loaded).__name__}, not a dict")
     return loaded
+
+
+def sharded_side(path: Path) -> dict[str, Any]:
+    """The trainer's state stored beside a sharded checkpoint's shards (:data:`SIDE`)."""
+    try:
+        side = torch.load(path / SIDE, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TrainFailure(
+            f"checkpoint {path} has no {SIDE} (checkpoint_dir must be on a filesystem every "
+            "node sees)") from None
+    except Exception as exc:
+        raise TrainFailure(f"cannot load {path / SIDE}: {first_line(exc)}") from exc
+    if not isinstance(side, dict):
+        raise TrainFailure(f"{path / SIDE} holds a {type(side).__name__}, not a dict")
+    return side
+
+
+def _read_sharded(path: Path) -> dict[str, Any]:
+    """A sharded checkpoint as one plain dict in this process: the trainer's state, with the
+    whole model's weights under ``model`` (the optimizer state is left on disk). Writing and
+    restoring one, every rank its shards, is :mod:`orchestrate.train.distcp`'s."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    if not is_sharded(path):
+        raise TrainFailure(f"{path} is a folder but not a complete sharded checkpoint (no "
+                           f"{SHARDED_METADATA})")
+    loaded: dict[str, Any] = {}
+    try:
+        _load_state_dict(loaded, storage_reader=FileSystemReader(str(path)),
+                         planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
+                         no_dist=True)
+    except Exception as exc:
+        raise TrainFailure(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
+    side = sharded_side(path) if (path / SIDE).is_file() else {}
+    return {**side, "model": dict(loaded.get("model", {}))}
 
 
 def model_state_of(loaded: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -18,8 +18,8 @@ temporary that the next start deletes.
 
 Loading reshards: the index says where each piece of each tensor is, and every rank reads the
 pieces of its own shards, so a checkpoint written on 2 ranks resumes on 3 (checked to 0.0 in
-docs/train.md's tests). :func:`read` gathers a sharded checkpoint's weights into one plain state
-dict in this process (``orchestrate export``, ``init_from``).
+docs/train.md's tests). Reading one in a single process (``orchestrate export``, ``init_from``)
+is :func:`orchestrate.train.checkpoint.load`'s, like every other checkpoint file.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ from torch import nn
 
 from orchestrate.train import checkpoint
 from orchestrate.train.failure import TrainFailure, first_line
-
-#: The trainer's own state inside a sharded checkpoint.
-SIDE = "trainer.pt"
 
 
 def _states(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -66,8 +63,8 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, side: Mapping[str, 
     if rank != 0:
         return None
     try:
-        checkpoint.write_atomic(temporary / SIDE, lambda h: torch.save(dict(side), h),
-                                sync_dir=False)
+        checkpoint.write_atomic(temporary / checkpoint.SIDE,
+                                lambda h: torch.save(dict(side), h), sync_dir=False)
         if final.exists():  # the same step written before (a rerun of a finished stop)
             checkpoint.remove(final)
         os.replace(temporary, final)
@@ -89,7 +86,7 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path,
     )
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    side = _side(path)
+    side = checkpoint.sharded_side(path)
     states = _states(model, optimizer)
     try:
         dcp_load(states, checkpoint_id=str(path), process_group=group)
@@ -100,38 +97,3 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path,
             f"checkpoint {path} does not fit the model or the optimizer "
             f"({first_line(exc)}); was the model changed?") from exc
     return side
-
-
-def _side(path: Path) -> dict[str, Any]:
-    try:
-        side = torch.load(path / SIDE, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise TrainFailure(
-            f"checkpoint {path} has no {SIDE} (checkpoint_dir must be on a filesystem every "
-            "node sees)") from None
-    except Exception as exc:
-        raise TrainFailure(f"cannot load {path / SIDE}: {first_line(exc)}") from exc
-    if not isinstance(side, dict):
-        raise TrainFailure(f"{path / SIDE} holds a {type(side).__name__}, not a dict")
-    return side
-
-
-def read(path: Path) -> dict[str, Any]:
-    """A sharded checkpoint as one plain dict in this process: the trainer's state, with the
-    whole model's weights under ``model`` (the optimizer state is left on disk)."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    if not checkpoint.is_sharded(path):
-        raise TrainFailure(f"{path} is a folder but not a complete sharded checkpoint (no "
-                           f"{checkpoint.SHARDED_METADATA})")
-    loaded: dict[str, Any] = {}
-    try:
-        _load_state_dict(loaded, storage_reader=FileSystemReader(str(path)),
-                         planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
-                         no_dist=True)
-    except Exception as exc:
-        raise TrainFailure(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
-    side = _side(path) if (path / SIDE).is_file() else {}
-    return {**side, "model": dict(loaded.get("model", {}))}

@@ -1,123 +1,175 @@
 """Taking a checkpoint of a training run: what it holds, and who writes it.
 
-Every rank sends its RNG states and running loss to rank 0 (on the control group), and every
-rank says whether its weights are finite: a checkpoint of NaN weights would rotate the last good
-ones out, so then nothing is written and training stops. Under DDP rank 0 alone writes one file
-(:func:`orchestrate.train.checkpoint.save`); under FSDP every rank writes its shards into one
-folder and rank 0 adds the rest (:mod:`orchestrate.train.distcp`). The layout of what is kept
-is in docs/train.md ("Checkpoints").
+Every rank sends its part (:class:`RankPart`: its RNG states and running loss) to rank 0 on the
+control group, and says whether its loss and weights are finite: a checkpoint of NaN weights
+would rotate the last good ones out, so then nothing is written and training stops. Under DDP
+rank 0 alone writes one file (:func:`orchestrate.train.checkpoint.save`); under FSDP every rank
+writes its shards into one folder and rank 0 adds the rest (:mod:`orchestrate.train.distcp`).
+The layout of what is kept is in docs/train.md ("Checkpoints").
+
+The trainer and this module meet at two values: the trainer hands a :class:`TrainState` (what a
+checkpoint reads of it, its running sums folded in) to its :class:`Checkpointer`, which owns
+where checkpoints go and which one was taken last. The state is asked for only once a
+checkpoint will be written: folding the sums waits for the device.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 
 from orchestrate.core.metricrecord import MetricRecord
+from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import checkpoint, rng
+from orchestrate.train import checkpoint, distcp, rng
+from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import NonFiniteLoss
+from orchestrate.train.metrics import MetricsLog
 
-if TYPE_CHECKING:
-    from orchestrate.train.trainer import Trainer
-
-
-def _gather(trainer: Trainer) -> list[Any]:
-    """Every rank's part of the checkpoint, in rank order."""
-    mine = {
-        "rng": rng.capture(trainer.cluster.device.type == "cuda"),
-        "train_loss_sum": trainer.totals.loss_sum,
-        "train_samples": trainer.totals.samples,
-        # Never a checkpoint of NaN weights: it would rotate the last good ones out.
-        "finite": math.isfinite(trainer.totals.loss_sum) and trainer._weights_finite(),
-        "pid": os.getpid(),
-    }
-    ranks: list[Any] = [None] * trainer.cluster.world_size
-    if trainer.cluster.control is not None:
-        dist.all_gather_object(ranks, mine, group=trainer.cluster.control)
-    else:
-        ranks = [mine]
-    return ranks
+#: Where training is: ``(epoch, batches done in it, optimizer steps)``.
+Where = tuple[int, int, int]
 
 
-def _side_state(trainer: Trainer, ranks: list[Any]) -> dict[str, Any]:
-    """Everything but the model and the optimizer: the schedule, the position, the ranks."""
-    spec, p = trainer.spec, trainer.position
-    scaler = trainer.precision.scaler
-    return {
-        "format": checkpoint.FORMAT,
-        "scheduler": None if trainer.scheduler is None else trainer.scheduler.state_dict(),
-        "scaler": None if scaler is None else scaler.state_dict(),
-        "epoch": p.epoch,
-        "batch_in_epoch": p.batch,
-        "step": p.step,
-        "world_size": trainer.cluster.world_size,
-        "batch_size": spec.batch_size,
-        "batch_shares": None if trainer.shares is None else list(trainer.shares),
-        "strategy": "fsdp" if trainer.sharded else "ddp",
-        "sampler": {"epoch": p.epoch, "seed": spec.seed,
-                    "samples_done_per_rank": p.batch * spec.batch_size},
-        "ranks": ranks,
-        "config": spec.model_dump(mode="json"),
-        "time": time.time(),
-    }
+@dataclass(frozen=True)
+class TrainState:
+    """The trainer at one position, as a checkpoint reads it."""
+
+    spec: TrainSpec
+    model: torch.nn.Module  # DDP's wrapper, or the FSDP-sharded module
+    module: torch.nn.Module  # the user's model (inside DDP's wrapper, or the sharded one)
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR | None
+    scaler: torch.amp.GradScaler | None
+    sharded: bool
+    epoch: int  # 0-based
+    batch: int  # batches of ``epoch`` done
+    step: int  # optimizer steps done
+    loss_sum: float  # this rank's loss sum over the epoch so far
+    samples: int  # and its sample count
+    # This rank's running loss and every weight it holds are finite: never a checkpoint of
+    # NaN weights, it would rotate the last good ones out.
+    finite: bool
+    shares: tuple[int, ...] | None  # every rank's share of the global batch
 
 
-def save(trainer: Trainer, *, barrier: bool) -> None:
-    """Checkpoint the trainer's position (a collective on every rank).
+@dataclass(frozen=True)
+class RankPart:
+    """One rank's part of a checkpoint, as every rank gathers it: what is kept of it (``ranks[R]``
+    in the checkpoint, read back by :func:`orchestrate.train.build.restore`) and what is only
+    looked at (whether it is finite; its pid, rank 0's names the temporary folder)."""
 
-    With ``barrier`` no rank returns before the checkpoint is on disk: after a stop signal a
-    launcher may kill every rank as soon as one of them exits.
-    """
-    control = trainer.cluster.control
-    if trainer.last_saved == trainer._where:  # e.g. a periodic checkpoint at the stop step
+    generators: rng.RngState
+    loss_sum: float
+    samples: int
+    finite: bool
+    pid: int
+
+    @classmethod
+    def of(cls, state: TrainState, cuda: bool) -> RankPart:
+        """This rank's part (its generators' states now)."""
+        return cls(rng.capture(cuda), state.loss_sum, state.samples, state.finite, os.getpid())
+
+    def kept(self) -> dict[str, Any]:
+        """What the checkpoint keeps of it (plain values: it loads with ``weights_only``)."""
+        return {"rng": self.generators, "train_loss_sum": self.loss_sum,
+                "train_samples": self.samples}
+
+
+@dataclass
+class Checkpointer:
+    """Takes a rank's checkpoints (a collective on every rank) and remembers the last one."""
+
+    cluster: Cluster
+    directory: Path
+    keep: int  # checkpoints kept (keep_checkpoints)
+    metrics: MetricsLog
+    last_saved: Where | None = None  # the position of the last checkpoint (resumed from one)
+    last: Path | None = None  # the newest checkpoint (rank 0 knows it)
+
+    def save(self, where: Where, take: Callable[[], TrainState], *, barrier: bool) -> None:
+        """Checkpoint the trainer at ``where``; ``take`` gives its state (called only when a
+        checkpoint is written: not twice at one position).
+
+        With ``barrier`` no rank returns before the checkpoint is on disk: after a stop signal a
+        launcher may kill every rank as soon as one of them exits.
+        """
+        control = self.cluster.control
+        if self.last_saved == where:  # e.g. a periodic checkpoint at the stop step
+            if barrier and control is not None:
+                dist.barrier(group=control)
+            return
+        sidecar.phase("checkpoint", where[2])
+        state = take()
+        ranks = self._gather(state)
+        bad = [rank for rank, part in enumerate(ranks) if not part.finite]
+        if bad:
+            raise NonFiniteLoss(state.epoch + 1, state.step, bad, self.last)
+        side = self._side_state(state, ranks) if self.cluster.rank == 0 else {}
+        path = self._write(state, side, tag=ranks[0].pid)
+        if path is not None:
+            self._announce(state, path)
         if barrier and control is not None:
             dist.barrier(group=control)
-        return
-    sidecar.phase("checkpoint", trainer.position.step)
-    trainer._fold()
-    ranks = _gather(trainer)
-    bad = [rank for rank, state in enumerate(ranks) if not state.pop("finite")]
-    if bad:
-        raise NonFiniteLoss(trainer.position.epoch + 1, trainer.position.step, bad,
-                            trainer.last_checkpoint)
-    tag = int(ranks[0].pop("pid"))
-    for state in ranks:
-        state.pop("pid", None)
-    side = _side_state(trainer, ranks) if trainer.cluster.rank == 0 else {}
-    spec = trainer.spec
-    if trainer.sharded:
-        from orchestrate.train import distcp
+        self.last_saved = where
+        # Out of the slow phase: a rank stuck after it (in its data) must not count as busy
+        # checkpointing (docs/hangs.md, distributed.busy_s).
+        sidecar.phase("step", state.step)
 
-        path = distcp.save(trainer.model, trainer.optimizer, side,
-                           directory=trainer.checkpoint_dir, step=trainer.position.step,
-                           keep=spec.keep_checkpoints, rank=trainer.cluster.rank, tag=tag,
-                           group=control)
-    elif trainer.cluster.rank == 0:
-        state = {**side, "model": trainer.module.state_dict(),
-                 "optimizer": trainer.optimizer.state_dict()}
-        path = checkpoint.save(state, trainer.checkpoint_dir, trainer.position.step,
-                               spec.keep_checkpoints)
-    else:
-        path = None
-    if path is not None:
-        _announce(trainer, path)
-    if barrier and control is not None:
-        dist.barrier(group=control)
-    trainer.last_saved = trainer._where
-    # Out of the slow phase: a rank stuck after it (in its data) must not count as busy
-    # checkpointing (docs/hangs.md, distributed.busy_s).
-    sidecar.phase("step", trainer.position.step)
+    def _gather(self, state: TrainState) -> list[RankPart]:
+        """Every rank's part of the checkpoint, in rank order."""
+        mine = RankPart.of(state, self.cluster.device.type == "cuda")
+        if self.cluster.control is None:
+            return [mine]
+        ranks: list[Any] = [None] * self.cluster.world_size
+        dist.all_gather_object(ranks, mine, group=self.cluster.control)
+        return ranks
 
+    def _side_state(self, state: TrainState, ranks: list[RankPart]) -> dict[str, Any]:
+        """Everything but the model and the optimizer: the schedule, the position, the ranks."""
+        spec = state.spec
+        return {
+            "format": checkpoint.FORMAT,
+            "scheduler": None if state.scheduler is None else state.scheduler.state_dict(),
+            "scaler": None if state.scaler is None else state.scaler.state_dict(),
+            "epoch": state.epoch,
+            "batch_in_epoch": state.batch,
+            "step": state.step,
+            "world_size": self.cluster.world_size,
+            "batch_size": spec.batch_size,
+            "batch_shares": None if state.shares is None else list(state.shares),
+            "strategy": "fsdp" if state.sharded else "ddp",
+            "sampler": {"epoch": state.epoch, "seed": spec.seed,
+                        "samples_done_per_rank": state.batch * spec.batch_size},
+            "ranks": [part.kept() for part in ranks],
+            "config": spec.model_dump(mode="json"),
+            "time": time.time(),
+        }
 
-def _announce(trainer: Trainer, path: Any) -> None:
-    p = trainer.position
-    trainer.last_checkpoint = path
-    trainer.metrics.say(f"checkpoint {path} (epoch {p.epoch + 1}, step {p.step})")
-    done = p.epoch + (0 if p.batch == 0 else 1)
-    trainer.metrics.record(MetricRecord("checkpoint", epoch=done, step=p.step,
-                                        time=time.time(), path=str(path)))
+    def _write(self, state: TrainState, side: dict[str, Any], *, tag: int) -> Path | None:
+        """Write the checkpoint: every rank its shards under FSDP, rank 0 the file under DDP;
+        rank 0 gets its path."""
+        rank = self.cluster.rank
+        if state.sharded:
+            return distcp.save(state.model, state.optimizer, side, directory=self.directory,
+                               step=state.step, keep=self.keep, rank=rank, tag=tag,
+                               group=self.cluster.control)
+        if rank != 0:
+            return None
+        whole = {**side, "model": state.module.state_dict(),
+                 "optimizer": state.optimizer.state_dict()}
+        return checkpoint.save(whole, self.directory, state.step, self.keep)
+
+    def _announce(self, state: TrainState, path: Path) -> None:
+        self.last = path
+        self.metrics.say(f"checkpoint {path} (epoch {state.epoch + 1}, step {state.step})")
+        done = state.epoch + (0 if state.batch == 0 else 1)
+        self.metrics.record(MetricRecord("checkpoint", epoch=done, step=state.step,
+                                         time=time.time(), path=str(path)))

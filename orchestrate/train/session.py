@@ -49,6 +49,7 @@ from orchestrate.train.failure import NonFiniteLoss, TrainFailure, first_line
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.preemption import StopAgreement, StopFlag, signal_names
 from orchestrate.train.sampling import ResumableSampler, validation_shard
+from orchestrate.train.saving import Checkpointer
 from orchestrate.train.timing import StepTiming
 from orchestrate.train.trainer import Trainer
 
@@ -173,7 +174,7 @@ def _setup(
         val_loader=loaders.val,
         stop=StopAgreement(flag, cluster.control),
         metrics=log,
-        checkpoint_dir=built.checkpoint_dir,
+        checkpoints=_checkpointer(spec, cluster, built, restored, log),
         position=restored.position,
         totals=restored.totals,
         resumed_from=restored.resumed_from,
@@ -185,14 +186,20 @@ def _setup(
         rebalancer=_rebalancer(spec, cluster, model, built.module, share),
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
-    trainer.last_checkpoint = built.resume_from
     _announce(spec, cluster, built, restored, log)
     if share is not None:
         _say_shares(spec, share, trainer.rebalancer is not None, log)
-    if restored.resumed_from is not None:
-        p = restored.position
-        trainer.last_saved = (p.epoch, p.batch, p.step)
     return trainer
+
+
+def _checkpointer(spec: TrainSpec, cluster: Cluster, built: Built,
+                  restored: Restored, log: MetricsLog) -> Checkpointer:
+    """Where this run's checkpoints go; a resumed run's position is checkpointed already."""
+    p = restored.position
+    return Checkpointer(cluster, built.checkpoint_dir, spec.keep_checkpoints, log,
+                        last_saved=None if restored.resumed_from is None
+                        else (p.epoch, p.batch, p.step),
+                        last=built.resume_from)
 
 
 def _say_shares(spec: TrainSpec, share: batchshares.RankBatch, measuring: bool,

@@ -21,7 +21,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -33,7 +32,7 @@ from torch.utils.data import DataLoader
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import saving, sharding
+from orchestrate.train import sharding
 from orchestrate.train.batchshares import RankBatch, SharedBatchSampler
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.evaluate import evaluate
@@ -45,6 +44,7 @@ from orchestrate.train.precision import PrecisionPlan
 from orchestrate.train.preemption import StopAgreement
 from orchestrate.train.rebalance import Rebalancer
 from orchestrate.train.sampling import ResumableSampler
+from orchestrate.train.saving import Checkpointer, TrainState
 from orchestrate.train.timing import StepTiming
 
 GB = 1e9
@@ -93,7 +93,7 @@ class Trainer:
     val_loader: DataLoader[Any] | None
     stop: StopAgreement
     metrics: MetricsLog
-    checkpoint_dir: Path
+    checkpoints: Checkpointer  # where checkpoints go, and the last one taken
     position: Position = field(default_factory=Position)
     totals: EpochTotals = field(default_factory=EpochTotals)
     resumed_from: int | None = None
@@ -104,8 +104,6 @@ class Trainer:
     loss_scale: float = 1.0
     shares: tuple[int, ...] | None = None  # every rank's share of the global batch
     rebalancer: Rebalancer | None = None  # batch_split: measured
-    last_saved: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last checkpoint
-    last_checkpoint: Path | None = None  # the newest checkpoint file (rank 0 knows it)
     _started: bool = False
     # Loss and samples since the last fold into ``totals``; on the device, so that a step
     # never waits for the GPU just to keep a running sum.
@@ -478,11 +476,22 @@ class Trainer:
             dist.all_gather_object(flags, mine, group=self.cluster.control)
         ranks = [rank for rank, bad in enumerate(flags) if bad] or list(range(len(flags)))
         raise NonFiniteLoss(self.position.epoch + 1, self.position.step, ranks,
-                            self.last_checkpoint)
+                            self.checkpoints.last)
 
     # --- checkpoints ------------------------------------------------------------------------
 
     def save(self, *, barrier: bool) -> None:
-        """Checkpoint the current position (a collective: see :func:`orchestrate.train.saving
-        .save`)."""
-        saving.save(self, barrier=barrier)
+        """Checkpoint the current position (a collective: see
+        :meth:`orchestrate.train.saving.Checkpointer.save`)."""
+        self.checkpoints.save(self._where, self._checkpoint_state, barrier=barrier)
+
+    def _checkpoint_state(self) -> TrainState:
+        """What a checkpoint reads of this rank, the running sums folded in first."""
+        self._fold()
+        p, totals = self.position, self.totals
+        return TrainState(
+            spec=self.spec, model=self.model, module=self.module, optimizer=self.optimizer,
+            scheduler=self.scheduler, scaler=self.precision.scaler, sharded=self.sharded,
+            epoch=p.epoch, batch=p.batch, step=p.step, loss_sum=totals.loss_sum,
+            samples=totals.samples, shares=self.shares,
+            finite=math.isfinite(totals.loss_sum) and self._weights_finite())
