@@ -43,9 +43,10 @@ def add_option(parser: pytest.Parser) -> None:
 
 
 def start(config: pytest.Config) -> None:
-    """Start the session's burners, if ``--cpu-load`` asks for any; stopped at exit."""
+    """Start the session's burners, if ``--cpu-load`` asks for any; stopped at exit. Under
+    pytest-xdist only the controller starts them (each worker configures itself too)."""
     count = int(config.getoption("--cpu-load"))
-    if count <= 0:
+    if count <= 0 or hasattr(config, "workerinput"):
         return
     burners = Burners(count)
     config.add_cleanup(burners.stop)
