@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.backends.local.test_local_shared import LAB  # noqa: E402
 from tests.support.fakesmi import fake_nvidia_smi  # noqa: E402
+from tests.support.labserver import LAB  # noqa: E402
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,10 +9,10 @@ rendezvous; commands that would build worlds of their own are refused with the f
 from __future__ import annotations
 
 import pytest
-from test_core_plan import gpu_node, inventory, job, plan, refusal
 
 from orchestrate.core.plan.launch import environment_bin, launcher_in, not_found
 from orchestrate.core.plan.plan import Occupancy, Plan
+from tests.support.plans import gpu_node, inventory, job, plan, refusal
 
 pytestmark = pytest.mark.unit
 

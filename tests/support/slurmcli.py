@@ -29,6 +29,28 @@ def submitted_id(proc: subprocess.CompletedProcess[str]) -> str:
     return found.group(1)
 
 
+#: The digits example trained on 2 nodes with checkpoints and restarts, as the requeue and
+#: restart tests submit it: ``.format(name=..., workdir=<examples/digits>)``.
+TRAIN_JOB = """\
+name: {name}
+inventory: inventory.yaml
+backend: slurm
+resources: {{nodes: 2, gpus_per_node: 1, time: "10"}}
+workdir: {workdir}
+train:
+  model: digits:build_model
+  model_args: {{hidden: 64}}
+  dataset: digits:build_dataset
+  optimizer: {{name: adamw, lr: 3.0e-3}}
+  epochs: 6
+  batch_size: 32
+  seed: 777
+  checkpoint_every_steps: 20
+distributed: {{timeout_s: 60}}
+restart: {{max: 2}}
+"""
+
+
 @dataclass
 class OrchestrateCli:
     """``python -m orchestrate`` with a private job store, pointed at the test cluster.

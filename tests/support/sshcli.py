@@ -1,5 +1,6 @@
 """The real ``python -m orchestrate`` CLI pointed at the SSH test hosts (tests/support/sshhosts.py),
-with a private job store; the fixture ``ssh_cli`` (tests/conftest.py) makes one per test."""
+with a private job store; the fixture ``ssh_cli`` (tests/conftest.py) makes one per test; and the
+check that a job left no process on any host."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.sshhosts import SshHosts
+from tests.support.sshhosts import SshHosts, tagged_by_namespace, tagged_on
 
 
 @dataclass
@@ -91,3 +92,15 @@ class SshCli:
         path.write_text(json.dumps(data, indent=2) + "\n")
         return path
 
+
+def assert_nothing_left(cli: SshCli, job_id: str) -> None:
+    """No process of the job on any host, asked on each host over ssh and counted from here by
+    PID namespace; what is left is shown (root-namespace pids)."""
+    asked = tagged_on(cli.hosts, job_id)
+    seen = tagged_by_namespace(cli.hosts, job_id)
+    if asked or seen:
+        pids = ",".join(str(p) for ps in seen.values() for p in ps) or "0"
+        ps = subprocess.run(["ps", "-o", "pid,ppid,stat,cmd", "-p", pids],
+                            capture_output=True, text=True).stdout
+        raise AssertionError(f"processes of {job_id} left: hosts say {asked}; by namespace "
+                             f"{seen}:\n{ps}")

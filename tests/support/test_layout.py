@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
+BENCH = TESTS.parent / "bench"
 
 pytestmark = pytest.mark.unit
 
@@ -91,6 +92,22 @@ def test_helper_modules_are_imported_by_their_full_name() -> None:
         "\n".join(found)
 
 
+def _imports_a_test_module(name: str) -> bool:
+    """``name`` (an imported module) is a test module: what two of them share belongs in
+    tests/support/, or the importer also collects and runs the other's tests' module code and
+    depends on a file that is free to change with its own tests."""
+    return name.split(".")[-1].startswith("test_")
+
+
+def test_no_module_imports_a_test_module() -> None:
+    benches = sorted(BENCH.glob("*.py"))
+    scanned = [*_modules(), *((path, ast.parse(path.read_text(), str(path))) for path in benches)]
+    found = [f"{path.relative_to(TESTS.parent)}:{line}: imports {name}"
+             for path, tree in scanned for line, name in _imported(tree)
+             if _imports_a_test_module(name)]
+    assert not found, "move what test modules share into tests/support/:\n" + "\n".join(found)
+
+
 def test_the_checks_see_what_they_forbid() -> None:
     conftest = ast.parse("import pytest\nLIMIT = 3\n\n@pytest.fixture\ndef cli(): ...\n"
                          "def helper(): ...\nclass Runner: ...\ndef _private(): ...\n"
@@ -100,3 +117,8 @@ def test_the_checks_see_what_they_forbid() -> None:
                        "import probe_support\nfrom .rel import y\n")
     assert [name for _, name in _imported(module)] == [
         "tests.backends.local.conftest", "conftest", "probe_support"]
+    shared = ast.parse("from tests.backends.local.test_local_shared import LAB\n"
+                       "import tests.support.test_layout\nfrom tests.support.labserver import LAB\n"
+                       "from tests.support.tiers import tier_of\n")
+    assert [_imports_a_test_module(name) for _, name in _imported(shared)] == [
+        True, True, False, False]

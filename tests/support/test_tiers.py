@@ -8,10 +8,27 @@ import pytest
 
 pytestmark = pytest.mark.process  # the inner suites' refusals must not count against this test
 
+# The hooks of tests/conftest.py that wire in the tiers, from tests.support.tiers itself (a
+# conftest is pytest's, never imported: tests/support/test_layout.py).
 CONFTEST = """
-from tests.conftest import (pytest_collection_modifyitems, pytest_configure,
-                            pytest_runtest_call, pytest_runtest_setup, pytest_runtest_teardown)
+import pytest
 
+from tests.support import tiers
+
+
+def pytest_configure(config):
+    tiers.install()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    tiers.resolve(items)
+    tiers.group(items)
+
+
+pytest_runtest_setup = tiers.guarded_setup
+pytest_runtest_call = tiers.guarded_call
+pytest_runtest_teardown = tiers.guarded_teardown
 """
 
 INI = """

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_memory import TRAIN, estimate_gb
-from test_train_shares import _config as shares_config
-from test_train_shares import _weights
 
+from tests.support.checkpoints import latest_weights
 from tests.support.gpus import GPUS, needs_gpu
+from tests.support.trainjobs import TRAIN, estimate_gb, shares_config
 from tests.support.trainranks import Launcher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch, pytest.mark.timeout(600)]
@@ -47,6 +46,6 @@ def test_shares_on_gpus_end_with_one_process_parameters(launcher: Launcher, tmp_
     launcher.run(shares_config(epochs=3), tmp_path / "one", nprocs=1, timeout=300)
     launcher.run(shares_config(epochs=3, batch_shares=[48, 16]), tmp_path / "split",
                  nprocs=2, timeout=300)
-    one, split = _weights(tmp_path / "one"), _weights(tmp_path / "split")
+    one, split = latest_weights(tmp_path / "one"), latest_weights(tmp_path / "split")
     for key, value in one.items():
         assert torch.allclose(split[key], value, atol=1e-4, rtol=0), key

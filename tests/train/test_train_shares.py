@@ -7,42 +7,15 @@ FSDP for [48, 16]). A share list that does not fit the ranks stops every rank wi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
+from tests.support.checkpoints import latest_weights
+from tests.support.trainjobs import EPOCHS, shares_config
 from tests.support.trainranks import Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
 
-EPOCHS = 14  # 1,437 training samples // 64 = 22 steps an epoch: 308 steps
-
-
-def _config(**overrides: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "model": "digits:build_model",
-        "model_args": {"hidden": 64, "dropout": 0.0},
-        "dataset": "digits:build_dataset",
-        "optimizer": {"name": "adamw", "lr": 1.0e-3},
-        "epochs": EPOCHS,
-        "global_batch_size": 64,
-        "seed": 3,
-    }
-    config.update(overrides)
-    return config
-
-
-def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    directory = run_dir / "checkpoints"
-    latest = directory / (directory / "latest").read_text().strip()
-    if latest.is_dir():
-        from orchestrate.train.distcp import read
-
-        state = read(latest)["model"]
-    else:
-        state = torch.load(latest, weights_only=True)["model"]
-    return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def _steps(run_dir: Path) -> int:
@@ -54,11 +27,11 @@ def _steps(run_dir: Path) -> int:
 def test_splits_end_with_the_parameters_of_one_process(launcher: Launcher, tmp_path: Path
                                                        ) -> None:
     single = tmp_path / "single"
-    launcher.run(_config(), single, nprocs=1, timeout=240)
-    reference = _weights(single)
+    launcher.run(shares_config(), single, nprocs=1, timeout=240)
+    reference = latest_weights(single)
     assert _steps(single) == EPOCHS * (1437 // 64)
-    runs = {"48-16": _config(batch_shares=[48, 16]), "32-32": _config(),
-            "fsdp-48-16": _config(batch_shares=[48, 16], strategy="fsdp")}
+    runs = {"48-16": shares_config(batch_shares=[48, 16]), "32-32": shares_config(),
+            "fsdp-48-16": shares_config(batch_shares=[48, 16], strategy="fsdp")}
     for name, config in runs.items():
         launch = launcher.run(config, tmp_path / name, timeout=240)
         assert _steps(tmp_path / name) == _steps(single), name
@@ -68,7 +41,7 @@ def test_splits_end_with_the_parameters_of_one_process(launcher: Launcher, tmp_p
         epochs = [m for m in launch.metrics() if m["kind"] == "epoch"]
         assert len(epochs) == EPOCHS and all(m["batch_shares"] == shares for m in epochs)
         assert f"batch shares {shares} of global_batch_size 64" in launch.ranks[0].stdout
-        got = _weights(tmp_path / name)
+        got = latest_weights(tmp_path / name)
         assert got.keys() == reference.keys()
         for key, value in reference.items():
             diff = float((got[key] - value).abs().max())
@@ -81,24 +54,24 @@ def test_per_sample_weights_give_the_weighted_mean_of_the_global_batch(
     """A dataset yielding (input, target, weight): each rank's loss is scaled by its share of
     the step's weight, so [48, 16] ends where one process on the weighted global batch ends,
     and where ignoring the weights would not."""
-    weighted = _config(dataset="train_probe:build_weighted", epochs=4)
+    weighted = shares_config(dataset="train_probe:build_weighted", epochs=4)
     single = tmp_path / "single"
     launcher.run(weighted, single, nprocs=1, timeout=240)
-    reference = _weights(single)
+    reference = latest_weights(single)
     launcher.run({**weighted, "batch_shares": [48, 16]}, tmp_path / "split", timeout=240)
-    got = _weights(tmp_path / "split")
+    got = latest_weights(tmp_path / "split")
     for key, value in reference.items():
         diff = float((got[key] - value).abs().max())
         assert diff <= 1e-5, (key, diff)
-    launcher.run(_config(epochs=4), tmp_path / "unweighted", nprocs=1, timeout=240)
-    plain = _weights(tmp_path / "unweighted")
+    launcher.run(shares_config(epochs=4), tmp_path / "unweighted", nprocs=1, timeout=240)
+    plain = latest_weights(tmp_path / "unweighted")
     assert max(float((plain[k] - v).abs().max()) for k, v in reference.items()) > 1e-3
 
 
 @pytest.mark.timeout(120)
 def test_shares_that_do_not_fit_the_ranks_stop_every_rank(launcher: Launcher, tmp_path: Path
                                                           ) -> None:
-    launch = launcher.start(_config(batch_shares=[40, 16, 8]), tmp_path / "bad")
+    launch = launcher.start(shares_config(batch_shares=[40, 16, 8]), tmp_path / "bad")
     codes = launch.wait(timeout=90)
     assert all(code != 0 for code in codes), codes
     assert "do not split global_batch_size 64 over 2 ranks" in launch.logs()

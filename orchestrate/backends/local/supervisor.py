@@ -130,13 +130,21 @@ class LocalSupervisor(Supervisor):
 
     backend = LocalBackend()
 
+    def __init__(self, job_id: str, store_path: Path) -> None:
+        super().__init__(job_id, store_path)
+        #: The lease book's folder of the node, once the first attempt claims.
+        self.lease_root: str | None = None
+        #: Outlives this process by a grace period, then stops what the job left and leaves its
+        #: lease (started by the first claim).
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        #: The job's cgroup on this machine, where one can be made and joined.
+        self.group: containment.JobGroup | None = None
+        #: What outlived the last stop: while they live they hold the lease (:meth:`end`).
+        self.survivors: list[int] = []
+
     def begin(self, handshake: Handshake) -> None:
         """Become a subreaper first: whatever starts below this process stays below it."""
         containment.become_subreaper()
-        self.lease_root: str | None = None
-        self.watchdog: subprocess.Popen[bytes] | None = None
-        self.group: containment.JobGroup | None = None
-        self.survivors: list[int] = []
 
     def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared | None:
         """Lease the GPUs, slots and port, re-planned around what other jobs hold and GPUs in

@@ -49,6 +49,14 @@ class SSHSupervisor(Supervisor):
         super().__init__(job_id, store_path)
         self.pool: HostPool | None = None
         self.secrets: list[str] = []
+        # Made by each attempt's :meth:`claim`: the property :attr:`launcher`.
+        self._launcher: Launcher | None = None
+
+    @property
+    def launcher(self) -> Launcher:
+        """The attempt's launcher: its connections, preflight, claims and copies."""
+        assert self._launcher is not None, "claim() makes the launcher first"
+        return self._launcher
 
     def begin(self, handshake: Handshake) -> None:
         """Log into the hosts ``submit`` planned while this process imports and plans (the
@@ -91,8 +99,8 @@ class SSHSupervisor(Supervisor):
             def tickets(node: NodePlan) -> dict[str, Any]:
                 return ticket(self.submitted, node, submitted_at, 0, None)
 
-        self.launcher: Launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason,
-                                           self.log, tickets)
+        self._launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason, self.log,
+                                  tickets)
         self.timings = self.launcher.timings
         try:
             return self.launcher.settle()

@@ -22,13 +22,10 @@ import pytest
 
 from orchestrate.hostside import host
 from tests.support.fakesmi import fake_nvidia_smi, set_compute_apps
+from tests.support.labserver import LAB
 from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
-
-LAB = [(0, "A100-80GB", 81920), (1, "A100-80GB", 81920),
-       *[(i, "RTX-A6000", 49140) for i in range(2, 8)]]
-
 
 @pytest.fixture
 def lab(cli: Cli) -> Iterator[Cli]:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.local.test_local_shared import LAB
 from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.labserver import LAB
 from tests.support.unixusers import User, processes_of, unix_users
 
 pytestmark = pytest.mark.process

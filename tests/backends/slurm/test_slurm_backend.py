@@ -22,7 +22,7 @@ from orchestrate.run.store import Store
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-from tests.support.slurmcli import OrchestrateCli
+from tests.support.slurmcli import TRAIN_JOB, OrchestrateCli
 
 pytestmark = pytest.mark.slurm
 
@@ -375,26 +375,6 @@ def test_dry_run_prints_the_script_and_checks_it_with_test_only(ocli: Orchestrat
 
 
 # ---- requeue and resume -----------------------------------------------------------------
-
-
-TRAIN_JOB = """\
-name: {name}
-inventory: inventory.yaml
-backend: slurm
-resources: {{nodes: 2, gpus_per_node: 1, time: "10"}}
-workdir: {workdir}
-train:
-  model: digits:build_model
-  model_args: {{hidden: 64}}
-  dataset: digits:build_dataset
-  optimizer: {{name: adamw, lr: 3.0e-3}}
-  epochs: 6
-  batch_size: 32
-  seed: 777
-  checkpoint_every_steps: 20
-distributed: {{timeout_s: 60}}
-restart: {{max: 2}}
-"""
 
 
 @pytest.mark.torch

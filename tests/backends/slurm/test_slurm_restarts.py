@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.slurm.test_slurm_backend import REPO, TRAIN_JOB
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
-from tests.support.slurmcli import OrchestrateCli
+from tests.support.slurmcli import TRAIN_JOB, OrchestrateCli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+REPO = Path(__file__).resolve().parents[3]
 
 RESTARTING = TRAIN_JOB.replace("restart: {{max: 2}}",
                                "restart: {{max: 1, on: [failure], backoff_s: [0]}}")

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from orchestrate.core.plan.ports import derive_port
-from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.labserver import gpu_node, gpu_python, lease_book
 from tests.support.output import merged_text
-from tests.support.sshcli import SshCli
+from tests.support.sshcli import SshCli, assert_nothing_left
 from tests.support.sshhosts import stop_tagged, tagged_by_namespace, tagged_on
 
 pytestmark = pytest.mark.ssh
@@ -46,19 +46,6 @@ if hold:
     dist.barrier()
 dist.destroy_process_group()
 """
-
-
-def _assert_nothing_left(cli: SshCli, job_id: str) -> None:
-    """No process of the job on any host, asked on each host over ssh and counted from here by
-    PID namespace; what is left is shown (root-namespace pids)."""
-    asked = tagged_on(cli.hosts, job_id)
-    seen = tagged_by_namespace(cli.hosts, job_id)
-    if asked or seen:
-        pids = ",".join(str(p) for ps in seen.values() for p in ps) or "0"
-        ps = subprocess.run(["ps", "-o", "pid,ppid,stat,cmd", "-p", pids],
-                            capture_output=True, text=True).stdout
-        raise AssertionError(f"processes of {job_id} left: hosts say {asked}; by namespace "
-                             f"{seen}:\n{ps}")
 
 
 def _ddp_job(cli: SshCli, name: str, nodes: int, per_node: int | str = "all",
@@ -119,7 +106,7 @@ def test_two_hosts_two_ranks_each_run_as_planned(ssh_cli: SshCli) -> None:
     run_dir = Path(status["run_dir"])
     assert '"RANK": "3"' in (run_dir / "logs" / "rank-3.log").read_text()
     assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
-    _assert_nothing_left(ssh_cli, "ddp-1")
+    assert_nothing_left(ssh_cli, "ddp-1")
 
 
 @pytest.mark.torch
@@ -165,7 +152,7 @@ def test_killed_rank_fails_the_job_fast_and_leaves_nothing(ssh_cli: SshCli) -> N
     failure = final["failure"]
     assert (failure["rank"], failure["node"], failure["signal"]) == (3, "h2", signal.SIGKILL)
     assert "rank 3 on h2" in final["reason"]
-    _assert_nothing_left(ssh_cli, "victim-1")
+    assert_nothing_left(ssh_cli, "victim-1")
 
 
 @pytest.mark.timing
@@ -293,7 +280,7 @@ def test_killed_supervisor_leaves_nothing_on_any_host(ssh_cli: SshCli) -> None:
     while tagged_by_namespace(ssh_cli.hosts, "orphan-1") and time.monotonic() - killed_at < 15:
         time.sleep(0.1)
     gone_after = time.monotonic() - killed_at
-    _assert_nothing_left(ssh_cli, "orphan-1")
+    assert_nothing_left(ssh_cli, "orphan-1")
     assert gone_after < 8, f"processes outlived their controller by {gone_after:.1f}s"
     final = ssh_cli.status("orphan-1")
     assert final["state"] == "FAILED"
@@ -315,7 +302,7 @@ def test_cancel_stops_every_process_on_every_host(ssh_cli: SshCli) -> None:
     out = ssh_cli.run("cancel", "sleepy-1", check=True).stdout
     assert "CANCELLED" in out
     assert time.monotonic() - started < 10
-    _assert_nothing_left(ssh_cli, "sleepy-1")
+    assert_nothing_left(ssh_cli, "sleepy-1")
     assert ssh_cli.status("sleepy-1")["state"] == "CANCELLED"
 
 
@@ -337,7 +324,7 @@ def test_ctrl_c_on_follow_cancels_everywhere(ssh_cli: SshCli) -> None:
     assert cli.returncode != 0
     assert "cancelling job ctrlc-1" in err
     assert ssh_cli.status("ctrlc-1")["state"] == "CANCELLED"
-    _assert_nothing_left(ssh_cli, "ctrlc-1")
+    assert_nothing_left(ssh_cli, "ctrlc-1")
 
 
 @pytest.mark.timeout(120)
@@ -366,7 +353,7 @@ def test_cancel_without_a_supervisor_kills_by_tag_on_every_host(ssh_cli: SshCli)
     out = ssh_cli.run("cancel", "stubborn-1", check=True).stdout
     assert "CANCELLED" in out
     assert time.monotonic() - started < 15
-    _assert_nothing_left(ssh_cli, "stubborn-1")
+    assert_nothing_left(ssh_cli, "stubborn-1")
 
 
 def _address(cli: SshCli, host: str) -> str:
@@ -400,7 +387,7 @@ def test_unreachable_host_fails_preflight_fast_and_launches_nothing(ssh_cli: Ssh
     assert f"ghost ({ghost}): ssh: unreachable" in proc.stderr
     assert "preflight: what failed" in proc.stderr  # the table, before the errors
     assert "Traceback" not in proc.stderr
-    _assert_nothing_left(ssh_cli, "wide-1")
+    assert_nothing_left(ssh_cli, "wide-1")
     assert ssh_cli.run("status", "wide-1").returncode == 2  # never became a job
 
 
@@ -446,40 +433,9 @@ def test_busy_master_port_fixed_is_refused_and_auto_moves(ssh_cli: SshCli) -> No
     assert f"[h2:1] port={plan['master_port']}" in proc.stdout
 
 
-GPU_INVENTORY_NODE = {
-    "name": "h1",
-    "gpus": [{"model": "A100-80GB", "memory_gb": 80, "indices": [0, 1]},
-             {"model": "RTX-A6000", "memory_gb": 48, "indices": [2, 3, 4, 5, 6, 7]}],
-}
-
-
-def _gpu_python(cli: SshCli) -> str:
-    """The inventory's python for h1: a wrapper that puts a stand-in nvidia-smi on PATH (GPUs
-    cannot exist here), the way site wrappers (module load, conda activate) set PATH. The
-    stand-in answers in nvidia-smi's CSV format (tests/probe/fake_nvidia_smi.py)."""
-    bin_dir = fake_nvidia_smi(cli.work / "fakebin", [
-        *[(i, "NVIDIA A100-SXM4-80GB", 81920) for i in (0, 1)],
-        *[(i, "NVIDIA RTX A6000", 49140) for i in range(2, 8)]])
-    wrapper = bin_dir / "python"
-    wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
-def _gpu_node(cli: SshCli) -> dict[str, Any]:
-    """h1 with its GPUs and a lease book of this test's own (``lease_dir``; the default is the
-    machine's /var/tmp/orchestrate/leases, which every test session on this box would share)."""
-    return {**GPU_INVENTORY_NODE, "lease_dir": str(_book(cli).parent)}
-
-
-def _book(cli: SshCli) -> Path:
-    """h1's folder of the test's lease book."""
-    return cli.work / "book" / "h1"
-
-
 @pytest.mark.timeout(150)
 def test_two_jobs_share_a_host_on_disjoint_gpus_and_ports(ssh_cli: SshCli) -> None:
-    ssh_cli.inventory([_gpu_node(ssh_cli)], python=_gpu_python(ssh_cli))
+    ssh_cli.inventory([gpu_node(ssh_cli)], python=gpu_python(ssh_cli))
     template = """
         name: half
         backend: ssh
@@ -504,13 +460,13 @@ def test_two_jobs_share_a_host_on_disjoint_gpus_and_ports(ssh_cli: SshCli) -> No
     assert gpus[0].isdisjoint(gpus[1])
     assert gpus[0] | gpus[1] == {"2", "3", "4", "5", "6", "7"}
     assert plans[0]["master_port"] == taken != plans[1]["master_port"]
-    leases = _book(ssh_cli)
+    leases = lease_book(ssh_cli)
     held = {p.stem.split("@")[0]: json.loads(p.read_text()) for p in leases.glob("half-*.json")}
     assert set(held) == {"half-a", "half-b"}
     assert sorted(held["half-b"]["gpus"]) == sorted(int(g) for g in gpus[1])
     ssh_cli.run("cancel", "half-a", "half-b", check=True)
-    _assert_nothing_left(ssh_cli, "half-a")
-    _assert_nothing_left(ssh_cli, "half-b")
+    assert_nothing_left(ssh_cli, "half-a")
+    assert_nothing_left(ssh_cli, "half-b")
     # Released: nothing holds the GPUs as h1's agent sees it (a lease whose holders are gone
     # is stale, and h1's book drops it on that read).
     seen = json.loads(ssh_cli.run("gpus", "--json", "--inventory", str(ssh_cli.work / "inv.yaml"),
@@ -611,7 +567,7 @@ def test_dry_run_shows_every_host_and_each_failed_check(ssh_cli: SshCli) -> None
 def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
     """A lease is live while its holder process lives (same pid *and* start time) or while any
     process on the host carries its job's tag; anything else is stale and removed."""
-    ssh_cli.inventory([_gpu_node(ssh_cli)], python=_gpu_python(ssh_cli))
+    ssh_cli.inventory([gpu_node(ssh_cli)], python=gpu_python(ssh_cli))
     job = ssh_cli.write("grab.yaml", """
         name: grab
         backend: ssh
@@ -620,7 +576,7 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
         distributed: {backend: gloo}
         command: [bash, -c, 'echo "gpus=$CUDA_VISIBLE_DEVICES"']
         """)
-    leases = _book(ssh_cli)
+    leases = lease_book(ssh_cli)
     leases.mkdir(parents=True, exist_ok=True)
     # Lease holders are pids on h1, which has its own PID space: a pid that h1 used and freed.
     shell = ssh_cli.hosts.run("h1", "echo $$")
@@ -662,21 +618,21 @@ def test_stale_leases_never_block_but_live_ones_do(ssh_cli: SshCli) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
+def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_leaselease_book(
     ssh_cli: SshCli,
 ) -> None:
     """One lease format and one directory per machine, whichever backend launched the job: a
     local job run on h1 (its CLI started there) holds GPUs that an SSH job to h1 then cannot
     have; the SSH job is placed on the others, and refused when it needs the held ones."""
-    wrapper = _gpu_python(ssh_cli)
-    ssh_cli.inventory([_gpu_node(ssh_cli)], python=wrapper)
+    wrapper = gpu_python(ssh_cli)
+    ssh_cli.inventory([gpu_node(ssh_cli)], python=wrapper)
     local_inv = ssh_cli.write("local-inv.yaml", f"""
         name: h1-itself
         defaults: {{python: {wrapper}}}
         nodes:
           - name: h1
             address: 127.0.0.1
-            lease_dir: {_book(ssh_cli).parent}
+            lease_dir: {lease_book(ssh_cli).parent}
             gpus:
               - {{model: A100-80GB, memory_gb: 80, indices: [0, 1]}}
               - {{model: RTX-A6000, memory_gb: 48, indices: [2, 3, 4, 5, 6, 7]}}
@@ -701,7 +657,7 @@ def test_a_local_job_and_an_ssh_job_on_one_machine_share_its_lease_book(
         f"--job-id {local_id}", timeout=90)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        leases = _book(ssh_cli)
+        leases = lease_book(ssh_cli)
         deadline = time.monotonic() + 30
         while not (leases / f"{local_id}@{os.geteuid()}.json").exists():
             assert time.monotonic() < deadline, "the local job never leased its GPUs"

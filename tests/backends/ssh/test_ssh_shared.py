@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.ssh.test_ssh_backend import _assert_nothing_left, _gpu_node, _gpu_python
 from tests.support.fakesmi import set_compute_apps
-from tests.support.sshcli import SshCli
+from tests.support.labserver import gpu_node, gpu_python
+from tests.support.sshcli import SshCli, assert_nothing_left
 
 pytestmark = pytest.mark.ssh
 
@@ -30,8 +30,8 @@ def _on_h1(cli: SshCli, command: str) -> int:
 
 @pytest.mark.timeout(150)
 def test_a_gpu_used_outside_orchestrate_on_a_host_is_avoided_and_named(ssh_cli: SshCli) -> None:
-    wrapper = _gpu_python(ssh_cli)
-    ssh_cli.inventory([_gpu_node(ssh_cli)], python=wrapper)
+    wrapper = gpu_python(ssh_cli)
+    ssh_cli.inventory([gpu_node(ssh_cli)], python=wrapper)
     notebook = _on_h1(ssh_cli, "sleep 300")
     try:
         set_compute_apps(Path(wrapper).parent, [(notebook, "python3", 0, 30720)])
@@ -60,7 +60,7 @@ def test_a_gpu_used_outside_orchestrate_on_a_host_is_avoided_and_named(ssh_cli: 
         [lease] = gpus[1]["holders"]
         assert lease["kind"] == "job" and lease["job_id"] == "one-1"
         ssh_cli.run("cancel", "one-1", check=True)
-        _assert_nothing_left(ssh_cli, "one-1")
+        assert_nothing_left(ssh_cli, "one-1")
     finally:
         ssh_cli.hosts.run("h1", f"kill {notebook}")
 
@@ -94,7 +94,7 @@ def test_a_daemon_that_drops_the_job_tag_does_not_outlive_the_job_on_a_host(
     while _named(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _named(marker), f"the daemon {marker} outlived job {job_id} on h1"
-    _assert_nothing_left(ssh_cli, job_id)
+    assert_nothing_left(ssh_cli, job_id)
 
 
 def _named(marker: str) -> list[int]:
@@ -113,7 +113,7 @@ def _named(marker: str) -> list[int]:
 
 @pytest.mark.timeout(150)
 def test_a_waiting_job_starts_on_the_host_when_its_gpus_free(ssh_cli: SshCli) -> None:
-    ssh_cli.inventory([_gpu_node(ssh_cli)], python=_gpu_python(ssh_cli))
+    ssh_cli.inventory([gpu_node(ssh_cli)], python=gpu_python(ssh_cli))
     job = ssh_cli.write("pair.yaml", """
         name: pair
         backend: ssh
@@ -134,4 +134,4 @@ def test_a_waiting_job_starts_on_the_host_when_its_gpus_free(ssh_cli: SshCli) ->
     ssh_cli.wait_running("pair-2", timeout=30)
     assert time.monotonic() - freed < 15
     ssh_cli.run("cancel", "pair-2", check=True)
-    _assert_nothing_left(ssh_cli, "pair-2")
+    assert_nothing_left(ssh_cli, "pair-2")

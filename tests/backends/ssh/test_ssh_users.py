@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.local.test_local_shared import LAB
-from tests.backends.ssh.test_ssh_backend import GPU_INVENTORY_NODE
 from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.labserver import GPU_INVENTORY_NODE, LAB
 from tests.support.sshhosts import SshHosts
 from tests.support.unixusers import SSH_DEPENDENCIES, User, processes_of, unix_users
 
