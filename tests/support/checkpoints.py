@@ -42,9 +42,9 @@ def latest_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     directory = run_dir / "checkpoints"
     latest = directory / (directory / "latest").read_text().strip()
     if latest.is_dir():
-        from orchestrate.train.distcp import read
+        from orchestrate.train.checkpoint import load
 
-        state = read(latest)["model"]
+        state = load(latest)["model"]  # a sharded checkpoint, read in this one process
     else:
         state = torch.load(latest, weights_only=True)["model"]
     return {k.removeprefix("module."): v for k, v in state.items()}
