@@ -121,7 +121,9 @@ def memory_table(plan: Plan) -> Table:
     from rich.table import Table
 
     assert plan.memory is not None
-    table = Table(title=f"memory per rank (estimate; the plan runs {plan.memory.layout})")
+    table = Table(title=f"memory per rank (estimate; the plan runs {plan.memory.layout})",
+                  caption="GB: 10^9 bytes; a GPU's capacity is the inventory's memory_gb, "
+                          "which is GiB (nvidia-smi's MiB / 1024): 48 GiB = 51.5 GB")
     for column in ("strategy", "GPU model", "peak GB", "capacity GB", "fits", "method",
                    "weights / grads / optimizer / working set / activations / overhead GB"):
         table.add_column(column)
@@ -134,7 +136,7 @@ def memory_table(plan: Plan) -> Table:
         mark = "yes" if e.fits else "no" if e.fits is False else "?"
         table.add_row(e.strategy + (" *" if e.strategy == plan.memory.layout else ""),
                       e.gpu_model, f"{e.peak_gb:.2f}",
-                      "-" if e.capacity_gb is None else f"{e.capacity_gb:g}", mark, e.method,
+                      "-" if e.capacity_gb is None else f"{e.capacity_gb:.1f}", mark, e.method,
                       split)
     return table
 

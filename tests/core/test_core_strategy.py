@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.plan.memory import GB, ModelFacts, TracedPeak, formula
+from orchestrate.core.plan.memory import GB, ModelFacts, TracedPeak, capacity_bytes, formula
 from orchestrate.core.plan.plan import Plan, make_plan
 from orchestrate.core.plan.shares import apportion, known_speed
 from orchestrate.core.spec.inventory import load_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.core.spec.trainspec import TrainSpec
+from orchestrate.probe.facts import memory_gb
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +70,8 @@ def test_auto_picks_fsdp_for_the_6b_model_on_the_mixed_server() -> None:
     assert rows["ddp", "A100-80GB"].fits is False and rows["ddp", "RTX-A6000"].fits is False
     # FSDP over 8 ranks: 107.2 / 8 = 13.4 GB of shards + the gathered units + activations
     fsdp = rows["fsdp", "RTX-A6000"]
-    assert fsdp.fits and fsdp.capacity_gb == 48 and fsdp.method == "formula"
+    # the inventory's 48 (GiB, nvidia-smi's 49,140 MiB / 1024) is 48 x 2^30 = 51.54e9 bytes
+    assert fsdp.fits and fsdp.capacity_gb == 51.54 and fsdp.method == "formula"
     assert fsdp.parts["weights"] + fsdp.parts["gradients"] + fsdp.parts["optimizer"] == (
         pytest.approx(13.4))
     assert p.train_config is not None and p.train_config["strategy"] == "fsdp"
@@ -107,7 +109,8 @@ def test_nothing_fits_shows_every_layouts_numbers() -> None:
     assert "fits no layout the job allows" in message
     for layout in ("ddp:", "fsdp:", "fsdp+ac:"):
         assert layout in message
-    assert "1122.0 GB of 80" in message and "GB of 48" in message
+    # 70e9 x 16 bytes = 1120 GB + the 2 GB allowance, against 80 GiB = 80 x 2^30 = 85.9e9
+    assert "1122.0 GB of 85.9 GB (80 GiB)" in message and "GB of 51.5 GB (48 GiB)" in message
 
 
 def test_explicit_ddp_keeps_the_old_refusal_and_names_fsdp() -> None:
@@ -136,6 +139,20 @@ def test_a_traced_peak_follows_the_world_size_and_the_batch() -> None:
     # 8 ranks as traced: shards unchanged; 8 samples instead of 4: activations doubled;
     # plus the GPU's CUDA context and NCCL buffers
     assert row.peak_gb == pytest.approx(1 + 1 + 2 + 0.5 + 8 + 1.5)
+
+
+def test_capacity_is_the_probes_mib_in_bytes() -> None:
+    # nvidia-smi's memory.total in MiB -> the inventory's memory_gb (GiB) -> the planner's bytes
+    for mib, gib in ((49_140, 48), (81_920, 80)):
+        assert memory_gb(mib) == gib
+        # 49,140 MiB x 2^20 = 51.53e9 bytes; the inventory's whole 48 GiB = 51.54e9 (12 MiB more)
+        assert capacity_bytes(memory_gb(mib)) == pytest.approx(mib * 2**20, rel=3e-4)
+    assert capacity_bytes(48) == 48 * 2**30 == pytest.approx(51.54e9, abs=0.01e9)
+    assert capacity_bytes(80) == pytest.approx(85.90e9, abs=0.01e9)
+    p = plan(job({"strategy": "fsdp", "model_params": 1e6}, allow_mixed_gpus=True))
+    assert p.memory is not None
+    shown = {e.gpu_model: e.capacity_gb for e in p.memory.estimates}
+    assert shown == {"A100-80GB": 85.899, "RTX-A6000": 51.54}
 
 
 # ---------------------------------------------------------------- bad input
@@ -207,8 +224,12 @@ def test_splits_that_cannot_be_made_are_refused(train: dict[str, Any], says: str
 
 
 def test_a_global_batch_the_memory_cannot_hold_is_refused() -> None:
+    # DDP, 1e9 parameters: 16 GB of states; 45 GB of activations for the equal share of
+    # 4096 / 8 = 512 samples: 0.0879 GB a sample. An A6000 (51.54 GB) holds
+    # floor(35.54 / 0.0879) = 404 samples, an A100 (85.90 GB) floor(69.90 / 0.0879) = 795:
+    # 6 x 404 + 2 x 795 = 4014 < 4096
     message = refusal(job({"global_batch_size": 4096, "batch_split": "proportional",
-                           "model_params": 1e9, "activation_memory_gb": 40.0}))
+                           "model_params": 1e9, "activation_memory_gb": 45.0}))
     assert "fits no layout" in message and "fewer than the global batch of 4096" in message
 
 

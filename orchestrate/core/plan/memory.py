@@ -31,7 +31,24 @@ if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (
     from orchestrate.core.spec.trainspec import TrainSpec
 
 
-GB = 1e9  # decimal gigabytes, as GPU vendors count them
+#: The unit every number the plan shows is in: decimal gigabytes (10^9 bytes), so that "16 bytes
+#: per parameter x 6.7e9 = 107.2 GB" reads straight off the arithmetic, and the trainer's measured
+#: peaks (``peak_memory_gb``) compare with the plan's.
+GB = 1e9
+#: What the inventory's ``memory_gb`` and ``host_memory_gb`` count: GiB, nvidia-smi's MiB / 1024
+#: (an RTX A6000's 49,140 MiB is ``memory_gb: 48``, 51.5 GB), /proc/meminfo's KiB / 2^20.
+GIB = float(2**30)
+
+
+def capacity_bytes(memory_gb: float) -> float:
+    """Bytes of an inventory's ``memory_gb`` (GiB): 48 -> 51.5e9, 80 -> 85.9e9."""
+    return memory_gb * GIB
+
+
+def capacity_text(capacity: float) -> str:
+    """A capacity as the plan shows it: ``51.5 GB (48 GiB)``."""
+    return f"{capacity / GB:.1f} GB ({capacity / GIB:.3g} GiB)"
+
 #: What a trace on the CPU cannot see on a GPU: the CUDA context (0.5-0.9 GiB) and NCCL's
 #: buffers after the first collective (~1-2 GiB, measured +1.45 GiB; ml-engineering's notes).
 GPU_OVERHEAD = 1.5 * GB
@@ -354,12 +371,15 @@ def remedies(train: TrainSpec) -> str:
 
 __all__ = [
     "GB",
+    "GIB",
     "GPU_OVERHEAD",
     "HostNeed",
     "MemoryEstimate",
     "ModelFacts",
     "RankShape",
     "TracedPeak",
+    "capacity_bytes",
+    "capacity_text",
     "count_text",
     "estimate",
     "formula",

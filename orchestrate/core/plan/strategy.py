@@ -28,6 +28,8 @@ from orchestrate.core.plan.memory import (
     MemoryEstimate,
     ModelFacts,
     RankShape,
+    capacity_bytes,
+    capacity_text,
     count_text,
     host_need,
     max_batch,
@@ -252,9 +254,9 @@ def _try(train: TrainSpec, facts: ModelFacts, slots: Sequence[Slot], layout: str
         if short:
             slot, worst = max(short, key=lambda pair: pair[1].total)
             over.append(f"{len(short)} {kind} rank(s) need up to {worst.total / GB:.1f} GB of "
-                        f"{(slot.capacity or 0) / GB:g}")
+                        f"{capacity_text(slot.capacity or 0)}")
     over += [f"node {h.node} needs {h.need / GB:.1f} GB of host memory to load the model, "
-             f"has {(h.capacity or 0) / GB:.0f}" for h in hosts if not h.fits]
+             f"has {capacity_text(h.capacity or 0)}" for h in hosts if not h.fits]
     if over:
         numbers = "; ".join(over[:4])
         problem = f"{problem} (at an equal share: {numbers})" if problem else numbers
@@ -359,7 +361,7 @@ def slots_for(numbered: Sequence[Any]) -> list[Slot]:
     slots: list[Slot] = []
     for nr in numbered:
         node, gpus, nproc = nr.choice.node, nr.choice.gpus, nr.choice.nproc
-        host = None if node.host_memory_gb is None else node.host_memory_gb * GB
+        host = None if node.host_memory_gb is None else capacity_bytes(node.host_memory_gb)
         for rank in nr.ranks:
             gpu = gpus[rank.local_rank] if gpus else None
             if gpu is None:
@@ -368,7 +370,7 @@ def slots_for(numbered: Sequence[Any]) -> list[Slot]:
                                   nr.node_rank, nproc, host))
                 continue
             speed = gpu.tflops if gpu.tflops is not None else batch.known_speed(gpu.model)
-            slots.append(Slot(rank.rank, node.name, gpu.model, gpu.memory_gb * GB, speed,
+            slots.append(Slot(rank.rank, node.name, gpu.model, capacity_bytes(gpu.memory_gb), speed,
                               nr.node_rank, nproc, host))
     return slots
 
