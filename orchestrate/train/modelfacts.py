@@ -98,7 +98,8 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
     try:
         child.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
         child.stdin.close()
-        return _collect(lines, time.monotonic() + limit, limit, len(requests) - 1, source)
+        return _collect(lines, time.monotonic() + limit, limit,
+                        [str(r["trace"]) for r in requests[1:]], source)
     except BrokenPipeError:
         return None, "memory check skipped: the model probe exited before it was asked"
     finally:
@@ -118,8 +119,8 @@ def _next(lines: queue.Queue[str | None], deadline: float) -> dict[str, Any] | N
     return answer
 
 
-def _collect(lines: queue.Queue[str | None], deadline: float, limit: float, traces: int,
-             source: str) -> tuple[ModelFacts | None, str]:
+def _collect(lines: queue.Queue[str | None], deadline: float, limit: float,
+             layouts: list[str], source: str) -> tuple[ModelFacts | None, str]:
     first = _next(lines, deadline)
     if first is None:
         return None, (f"memory check skipped: building the model on the meta device took over "
@@ -129,17 +130,21 @@ def _collect(lines: queue.Queue[str | None], deadline: float, limit: float, trac
     if "error" in first:
         return None, f"memory check skipped: counting the model failed ({first['error']})"
     facts = _facts(first["facts"], source)
-    notes: list[str] = []
-    for _ in range(traces):
+    failed: dict[str, list[str]] = {}  # the reason -> the layouts it stopped
+    for index, layout in enumerate(layouts):
         answer = _next(lines, deadline)
         if answer is None:
-            notes.append(f"tracing stopped at the {limit:g} s limit ({_FIELD}); the "
-                         "layouts not traced are estimated by the formula")
+            notes = [f"tracing stopped at the {limit:g} s limit ({_FIELD}) before "
+                     f"{', '.join(layouts[index:])}: estimated by the formula"]
             break
         if "error" in answer:
-            notes.append(f"tracing failed ({answer['error']}); estimated by the formula")
+            failed.setdefault(str(answer["error"]), []).append(layout)
             continue
         facts = facts.with_trace(TracedPeak.from_json(answer["traced"]))
+    else:
+        notes = []
+    notes[:0] = [f"tracing {', '.join(which)} failed ({why}): estimated by the formula"
+                 for why, which in failed.items()]
     if notes:
         facts = ModelFacts(**{**facts.__dict__, "notes": (*facts.notes, *notes)})
     return facts, ""

@@ -138,6 +138,30 @@ def _zero_gradients(optimizer: Any) -> None:
         param.grad = torch.zeros_like(param)
 
 
+def _cast(model: Any, dtype: Any) -> None:
+    """``model.to(dtype=dtype)`` for a model of fake tensors (``bf16-true``).
+
+    ``Module.to`` swaps every fake parameter in place (``torch.utils.swap_tensors``), which fake
+    tensors refuse ("Couldn't swap Embedding.weight": the fake mode keeps weak references to
+    them); new parameters are put in their place instead, one per parameter so that tied
+    weights stay tied, and floating-point buffers are cast as ``to`` casts them.
+    """
+    import torch
+
+    made: dict[int, Any] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_floating_point():
+                continue
+            if id(param) not in made:
+                made[id(param)] = torch.nn.Parameter(param.detach().to(dtype),
+                                                     requires_grad=param.requires_grad)
+            module._parameters[name] = made[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
+
+
 def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...]
           ) -> dict[str, Any]:
     """One rank's traced peak (bytes by what holds them) under ``layout``."""
@@ -162,7 +186,7 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         model = _made(spec)
         if precision.param_dtype != torch.float32:
-            model.to(dtype=precision.param_dtype)
+            _cast(model, precision.param_dtype)
         if strategy == "fsdp":
             sharding.shard(model, spec, mesh, device)
         else:
