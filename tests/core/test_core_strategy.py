@@ -249,3 +249,56 @@ def test_apportion_never_exceeds_a_cap_and_sums_to_the_batch() -> None:
     assert shares == [40, 30, 30]
     assert apportion(7, [1.0, 1.0, 1.0], [None] * 3) == [3, 2, 2]
     assert apportion(3, [100.0, 1.0, 1.0], [None] * 3) == [1, 1, 1]
+
+
+# ---------------------------------------------------------------- advice, autocast (#34)
+
+
+def test_the_refusals_hint_lists_only_layouts_the_planner_found_to_fit() -> None:
+    # 13e9 under bf16-mixed FSDP on ambers' six A6000s (51.54 GB each): per rank
+    # 13e9 x 16 / 6 = 34.67 GB of states; the gathered units (5% of the model each: 0.65e9)
+    # 2 x 0.65e9 x 4 (fp32 gathers) + 2 x 0.65e9 x 4 (unsharded grads) = 10.4 GB; 2 GB of
+    # activations; autocast's bf16 copy of every weight 2 x 13e9 = 26 GB: 73.1 GB, refused
+    message = refusal(job({"strategy": "fsdp", "model_params": 13e9, "batch_size": 1,
+                           "precision": "bf16-mixed"}, gpu_model="RTX-A6000"))
+    assert "need up to 73.1 GB of 51.5 GB (48 GiB)" in message
+    assert "the biggest part: autocast cache 26.0 GB of 73.1" in message
+    hint = message.split("hint:")[1]
+    # checkpointing drops the copies and keeps a third of the allowance:
+    # 34.67 + 10.4 + 0.67 = 45.7
+    assert "`strategy: auto` -> fsdp+ac: 45.7 GB of 51.5 GB (48 GiB) on RTX-A6000" in hint
+    # FSDP's own mixed precision: no autocast; gathers in bf16: 2 x 0.65e9 x 2 + 5.2 = 7.8:
+    # 34.67 + 7.8 + 2 = 44.5
+    assert "fsdp: {mixed_precision: bf16}` -> fsdp: 44.5 GB" in hint
+    # bf16 weights and AdamW state: 13e9 x 8 / 6 = 17.33; gathers 2 x 0.65e9 x (2 + 2) = 5.2;
+    # + 2 = 24.5
+    assert "precision: bf16-true (bf16 weights and AdamW state)` -> fsdp: 24.5 GB" in hint
+    assert "(formula)" in hint and "(traced)" not in hint
+
+
+def test_nothing_else_fits_says_so_instead_of_guessing() -> None:
+    message = refusal(job({"strategy": "auto", "model_params": 200e9, "batch_size": 1},
+                          gpu_model="RTX-A6000"))
+    assert "no other layout the planner knows fits either" in message.split("hint:")[1]
+    assert "bf16-true" not in message.split("hint:")[1].split("(sharding")[0]
+
+
+def test_autocasts_copies_do_not_grow_with_the_batch() -> None:
+    # traced at world 2, batch 1, bf16-mixed: 17.04 GB of activations at the end of forward, of
+    # which 2 x 6.74e9 = 13.48 GB are autocast's copies; at batch 2 the rest doubles
+    traced = TracedPeak("fsdp", world_size=2, batch=1, weights=13.48 * GB, gradients=0.4 * GB,
+                        optimizer=26.95 * GB, gathered=3.48 * GB, activations=17.04 * GB)
+    facts = ModelFacts(params=6.74e9, traced=(traced,))
+    p = plan(job({"strategy": "fsdp", "precision": "bf16-mixed", "batch_size": 2},
+                 gpu_model="A100-80GB"), model=facts)
+    assert p.memory is not None
+    row = p.memory.estimates[0]
+    assert row.parts["autocast"] == pytest.approx(13.48)
+    assert row.parts["activations"] == pytest.approx((17.04 - 13.48) * 2)
+    # 2 ranks as traced: 13.48 + 0.4 + 26.95 + 3.48 + 13.48 + 7.12 + 1.5 = 66.41
+    assert row.peak_gb == pytest.approx(66.41)
+    from orchestrate.cli.tables import decision_line
+
+    line = decision_line(p)
+    assert line is not None
+    assert line.endswith("the biggest part of its peak: optimizer state, 26.9 GB of 66.4")

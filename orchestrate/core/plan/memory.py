@@ -160,6 +160,7 @@ class MemoryEstimate:
     overhead: float = 0.0
     option: str = "ddp"
     method: str = "formula"
+    autocast: float = 0.0  # autocast's low-precision copies of the weights, alive at the peak
 
     @property
     def before_activations(self) -> float:
@@ -170,13 +171,18 @@ class MemoryEstimate:
     @property
     def total(self) -> float:
         """The per-rank need."""
-        return self.before_activations + self.activations + self.overhead
+        return self.before_activations + self.activations + self.autocast + self.overhead
 
     def parts(self) -> dict[str, float]:
         """The parts in GB, for tables and JSON."""
         names = ("weights", "gradients", "buckets", "optimizer", "gathered", "activations",
-                 "overhead")
+                 "autocast", "overhead")
         return {name: round(getattr(self, name) / GB, 3) for name in names}
+
+    def biggest_text(self) -> str:
+        """``optimizer state 13.4 GB of 25.7``: the biggest part of the need."""
+        name, size = biggest_part(self.parts())
+        return f"{name} {size:.1f} GB of {self.total / GB:.1f}"
 
     def describe(self) -> str:
         """One sentence with the numbers, e.g. for a refusal."""
@@ -191,6 +197,8 @@ class MemoryEstimate:
             f"{self.optimizer / GB:.1f}) + {self.activations / GB:.1f} GB "
             + ("of activations traced" if self.method == "traced" else
                "allowed for activations")
+            + (f" + {self.autocast / GB:.1f} GB of autocast's copies of the weights"
+               if self.autocast else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -199,6 +207,23 @@ class MemoryEstimate:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MemoryEstimate:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+#: The parts of a need as the plan names them (``MemoryEstimate.parts`` keys -> words).
+PART_NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
+              "working": "working set", "activations": "activations",
+              "autocast": "autocast cache", "overhead": "GPU overhead"}
+
+
+def biggest_part(parts: Mapping[str, float]) -> tuple[str, float]:
+    """The biggest part of a need (``parts`` in GB, as :meth:`MemoryEstimate.parts` gives them)
+    and its size: weights, gradients, optimizer state, the working set (DDP's buckets, FSDP's
+    gathered units), activations, autocast's copies of the weights (a mixed precision without
+    activation checkpointing, docs/train.md), or the GPU overhead."""
+    merged = {k: float(parts.get(k, 0.0)) for k in PART_NAMES if k != "working"}
+    merged["working"] = float(parts.get("buckets", 0.0)) + float(parts.get("gathered", 0.0))
+    name = max(merged, key=lambda k: merged[k])
+    return PART_NAMES[name], merged[name]
 
 
 def count_text(params: float) -> str:
@@ -218,6 +243,19 @@ def _state_bytes(train: TrainSpec, params: float) -> tuple[float, float, float]:
     else:
         optimizer = 0.0
     return params * width, params * width, optimizer
+
+
+def autocast_cache(train: TrainSpec, params: float, checkpointed: bool) -> float:
+    """Bytes of autocast's low-precision copies of the weights alive at the end of the forward
+    pass: 2 a parameter, the whole model's even under FSDP (each unit's copy is cached and kept
+    for its backward while the unit's own gathered weights are freed), under a mixed precision
+    without activation checkpointing. Traced on a LLaMA-7B shape under FSDP: activations 17.0
+    GB at bf16-mixed, 13.5 GB of them these copies (2 x 6.74e9), against 1.6 at fp32 and 1.4 with
+    checkpointing (which drops them); FSDP's own mixed precision (``fsdp: {mixed_precision:
+    bf16}``, no autocast) has none (docs/train.md)."""
+    if train.autocast_dtype is None or checkpointed:
+        return 0.0
+    return 2.0 * params
 
 
 def estimate(train: TrainSpec, params: float) -> MemoryEstimate:
@@ -249,6 +287,7 @@ def formula(train: TrainSpec, params: float, *, option: str, world: int, batch: 
     activations = train.activation_memory_gb * GB * samples / reference
     if checkpointed:
         activations *= CHECKPOINTED_ACTIVATIONS
+    cache = autocast_cache(train, params, checkpointed)
     buckets = gathered = 0.0
     if strategy == "ddp":
         buckets = 0.0 if train.gradient_as_bucket_view else gradients
@@ -266,6 +305,7 @@ def formula(train: TrainSpec, params: float, *, option: str, world: int, batch: 
         params=params, weights=weights, gradients=gradients, buckets=buckets,
         optimizer=optimizer, activations=activations, optimizer_name=train.optimizer.name,
         precision=train.precision, gathered=gathered, overhead=0.0, option=option,
+        autocast=cache,
     )
 
 
@@ -274,7 +314,7 @@ def from_trace(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
     """A traced peak carried over to ``world`` ranks and ``batch`` samples per rank (FSDP's
     shards scale as 1/world, activations with the samples), plus what the trace cannot see:
     DDP's buckets without ``gradient_as_bucket_view``, and the GPU overhead."""
-    strategy, _ = OPTIONS[peak.option]
+    strategy, checkpointed = OPTIONS[peak.option]
     samples = train.batch_size if batch is None else batch
     shard = peak.world_size / max(1, world) if strategy == "fsdp" else 1.0
     weights, gradients, optimizer = (peak.weights * shard, peak.gradients * shard,
@@ -284,12 +324,16 @@ def from_trace(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
     buckets = 0.0
     if strategy == "ddp" and not train.gradient_as_bucket_view:
         buckets = _state_bytes(train, params)[1]
+    # The traced activations hold autocast's copies of the weights when the peak is at the end
+    # of the forward pass: they do not grow with the batch, so they are kept apart.
+    cache = min(peak.activations, autocast_cache(train, params, checkpointed))
     return MemoryEstimate(
         params=params, weights=weights, gradients=gradients, buckets=buckets,
-        optimizer=optimizer, activations=peak.activations * samples / max(1, peak.batch),
+        optimizer=optimizer,
+        activations=(peak.activations - cache) * samples / max(1, peak.batch),
         optimizer_name=train.optimizer.name, precision=train.precision,
         gathered=peak.gathered, overhead=GPU_OVERHEAD if gpu else 0.0, option=peak.option,
-        method="traced",
+        method="traced", autocast=cache,
     )
 
 
@@ -378,6 +422,7 @@ __all__ = [
     "ModelFacts",
     "RankShape",
     "TracedPeak",
+    "biggest_part",
     "capacity_bytes",
     "capacity_text",
     "count_text",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.plan import advice
 from orchestrate.core.plan import shares as batch
 from orchestrate.core.plan.memory import (
     GB,
@@ -35,7 +36,6 @@ from orchestrate.core.plan.memory import (
     max_batch,
     options_for,
     rank_estimate,
-    remedies,
 )
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import
@@ -191,7 +191,7 @@ def decide(train: TrainSpec, facts: ModelFacts | None, slots: Sequence[Slot],
     tried = [_try(train, facts, slots, layout, source) for layout in options_for(train)]
     chosen = next((t for t in tried if t.fits), None)
     if chosen is None:
-        raise _refusal(train, facts, tried, source)
+        raise _refusal(train, facts, tried, source, _fitting(train, facts, slots, source))
     shares = chosen.split
     if shares is not None and facts.batchnorm and (
             len(set(shares.shares)) > 1 or shares.split == "measured"):
@@ -344,15 +344,37 @@ def _rows(tried: Tried) -> list[Estimate]:
     return rows
 
 
-def _refusal(train: TrainSpec, facts: ModelFacts, tried: list[Tried], source: str) -> UserError:
+def _fitting(train: TrainSpec, facts: ModelFacts, slots: Sequence[Slot],
+             source: str) -> list[advice.Found]:
+    """The changes to the job that fit the placed ranks (:mod:`~orchestrate.core.plan.advice`),
+    each under the first of its layouts that fits."""
+    found: list[advice.Found] = []
+    for change in advice.changes(train, any(s.gpu for s in slots)):
+        known = advice.facts_for(change, facts)
+        for layout in options_for(change.train):
+            tried = _try(change.train, known, slots, layout, source)
+            if tried.fits:
+                slot, worst = max(tried.ranks, key=lambda pair: pair[1].total / (
+                    pair[0].capacity or float("inf")))
+                found.append(advice.Found(change, layout, worst.total, slot.capacity or 0.0,
+                                          slot.kind, worst.method))
+                break
+    return found
+
+
+def _refusal(train: TrainSpec, facts: ModelFacts, tried: list[Tried], source: str,
+             found: list[advice.Found]) -> UserError:
     lines = []
     for t in tried:
         worst = max(t.ranks, key=lambda pair: pair[1].total)[1]
         detail = f"{worst.method}; {worst.describe()}" if t is tried[0] else worst.method
-        lines.append(f"{t.layout}: {t.problem} ({detail})")
+        lines.append(f"{t.layout}: {t.problem} ({detail}; the biggest part: "
+                     f"{worst.biggest_text()})")
     return UserError.single(
         f"the model ({count_text(facts.params)} parameters) fits no layout the job allows: "
-        + " | ".join(lines), source=source, field="train", hint="try " + remedies(train))
+        + " | ".join(lines), source=source, field="train",
+        hint=advice.hint(found, "more GPUs (resources.nodes), a GPU model with more memory "
+                                "(resources.gpu_model), or a smaller batch"))
 
 
 def slots_for(numbered: Sequence[Any]) -> list[Slot]:
