@@ -111,7 +111,9 @@ def decision_line(plan: Plan) -> str | None:
     refused = sorted({e.strategy for e in memory.estimates
                       if e.strategy != memory.layout and e.fits is False})
     why = f" ({', '.join(refused)} does not fit)" if refused else ""
-    how = "traced (a step on fake tensors)" if method == "traced" else "from the formula"
+    how = "traced (a step on fake tensors)" if method == "traced" else (
+        "from the formula, a lower bound: its activations are train.activation_memory_gb's "
+        "allowance, not this model's at this batch and sequence length")
     line = f"strategy: {memory.layout}{why}; memory per rank {how}"
     if chosen:
         from orchestrate.core.plan.memory import biggest_part

@@ -84,8 +84,12 @@ def hint(found: list[Found], generic: str) -> str:
                 f"precision, bf16 weights, CPU offload); try {generic}")
     fits = "; ".join(
         f"`{f.change.text}` -> {f.layout}: {f.peak / GB:.1f} GB of "
-        f"{capacity_text(f.capacity)} on {f.kind} ({f.method})" for f in found)
+        f"{capacity_text(f.capacity)} on {f.kind} ({_method(f.method)})" for f in found)
     return f"these fit by the planner's own estimate: {fits}; or {generic}"
+
+
+def _method(method: str) -> str:
+    return "formula, a lower bound" if method == "formula" else method
 
 
 __all__ = ["Change", "Found", "changes", "facts_for", "hint"]

@@ -367,7 +367,8 @@ def _refusal(train: TrainSpec, facts: ModelFacts, tried: list[Tried], source: st
     lines = []
     for t in tried:
         worst = max(t.ranks, key=lambda pair: pair[1].total)[1]
-        detail = f"{worst.method}; {worst.describe()}" if t is tried[0] else worst.method
+        method = "formula, a lower bound" if worst.method == "formula" else worst.method
+        detail = f"{method}; {worst.describe()}" if t is tried[0] else method
         lines.append(f"{t.layout}: {t.problem} ({detail}; the biggest part: "
                      f"{worst.biggest_text()})")
     return UserError.single(
