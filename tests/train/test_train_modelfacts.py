@@ -34,7 +34,7 @@ def _answers(*answers: object, end: bool = True) -> queue.Queue[str | None]:
 def test_failed_traces_are_one_note_per_reason_naming_the_layouts() -> None:
     lines = _answers(FACTS, _peak("ddp"), {"error": "RuntimeError: boom"},
                      {"error": "RuntimeError: boom"})
-    facts, skipped = _collect(lines, time.monotonic() + 5, 5, ["ddp", "fsdp", "fsdp+ac"], "j")
+    facts, skipped = _collect(lines, time.monotonic() + 5, 5, ["ddp", "fsdp", "fsdp+ac"], "j", [])
     assert facts is not None and skipped == ""
     assert facts.trace("ddp") is not None and facts.trace("fsdp") is None
     assert facts.notes == ("tracing fsdp, fsdp+ac failed (RuntimeError: boom): estimated by "
@@ -43,7 +43,7 @@ def test_failed_traces_are_one_note_per_reason_naming_the_layouts() -> None:
 
 def test_a_deadline_names_the_layouts_left() -> None:
     lines = _answers(FACTS, _peak("ddp"), end=False)
-    facts, _ = _collect(lines, time.monotonic() + 0.2, 7, ["ddp", "fsdp", "fsdp+ac"], "j")
+    facts, _ = _collect(lines, time.monotonic() + 0.2, 7, ["ddp", "fsdp", "fsdp+ac"], "j", [])
     assert facts is not None
     assert facts.notes == ("tracing stopped at the 7 s limit (train.memory_trace_s) before "
                            "fsdp, fsdp+ac: estimated by the formula",)

@@ -282,10 +282,14 @@ def _split(train: TrainSpec, slots: Sequence[Slot], caps: list[int | None],
     batch above a cap raises :class:`~orchestrate.core.plan.shares.NoSplit`)."""
     total = train.global_batch_size
     if total is None:
-        over = [f"rank {r}'s memory holds {c} samples, batch_size is {train.batch_size}"
-                for r, c in enumerate(caps) if c is not None and c < train.batch_size]
-        if over:
-            raise batch.NoSplit("; ".join(over[:3]))
+        short: dict[int, list[int]] = {}  # the cap -> the ranks it holds
+        for r, c in enumerate(caps):
+            if c is not None and c < train.batch_size:
+                short.setdefault(c, []).append(r)
+        if short:
+            raise batch.NoSplit("; ".join(
+                f"{_ranks_text(ranks)}'s memory holds {c} samples, batch_size is "
+                f"{train.batch_size}" for c, ranks in sorted(short.items())))
         return None
     micro = total // train.grad_accum_steps
     how = train.batch_split
@@ -309,6 +313,15 @@ def _split(train: TrainSpec, slots: Sequence[Slot], caps: list[int | None],
         speeds = _speeds(slots, source)
     shares = batch.apportion(micro, speeds, caps)
     return batch.BatchShares(total, how, tuple(shares), tuple(caps), tuple(speeds))
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0-5``, ``ranks 0, 2, 4``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def _speeds(slots: Sequence[Slot], source: str) -> list[float]:
