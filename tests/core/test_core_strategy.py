@@ -302,3 +302,23 @@ def test_autocasts_copies_do_not_grow_with_the_batch() -> None:
     line = decision_line(p)
     assert line is not None
     assert line.endswith("the biggest part of its peak: optimizer state, 26.9 GB of 66.4")
+
+
+def test_the_busiest_moment_is_carried_over_too() -> None:
+    # traced at 2 ranks, fp32: the peak is the optimizer step (states), the end of the forward
+    # pass holds 8 GB of activations and 0.4 of gradients
+    traced = TracedPeak("fsdp", world_size=2, batch=1, weights=13.48 * GB,
+                        gradients=12.14 * GB, optimizer=26.95 * GB, gathered=3.48 * GB,
+                        activations=1.57 * GB,
+                        busiest=(13.48 * GB, 0.4 * GB, 26.95 * GB, 3.48 * GB, 8.0 * GB))
+    again = TracedPeak.from_json(json.loads(json.dumps(traced.to_json())))
+    assert again == traced
+    p = plan(job({"strategy": "fsdp", "batch_size": 1}, allow_mixed_gpus=True),
+             model=ModelFacts(params=6.74e9, traced=(traced,)))
+    assert p.memory is not None and p.world_size == 8
+    row = p.memory.estimates[0]
+    # at 8 ranks the shards are a quarter: the optimizer step is
+    # (13.48 + 12.14 + 26.95) / 4 + 3.48 + 1.57 + 1.5 = 19.69, the end of the forward pass
+    # (13.48 + 0.4 + 26.95) / 4 + 3.48 + 8 + 1.5 = 23.19: the peak there
+    assert row.peak_gb == pytest.approx(23.19, abs=0.01)
+    assert row.parts["activations"] == pytest.approx(8.0)

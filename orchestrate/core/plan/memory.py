@@ -99,6 +99,9 @@ class TracedPeak:
     gathered: float  # FSDP's gathered parameters, unsharded gradients, buffers; DDP: buffers
     activations: float  # activations, temporaries and inputs at the peak
     seconds: float = 0.0
+    #: The same five parts at the moment the unsharded parts were largest (the end of the
+    #: forward pass, usually): at another world size it can be the peak
+    busiest: tuple[float, ...] = ()
 
     @property
     def total(self) -> float:
@@ -109,7 +112,17 @@ class TracedPeak:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TracedPeak:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        values["busiest"] = tuple(float(v) for v in values.get("busiest") or ())
+        return cls(**values)
+
+    def moments(self) -> list[TracedPeak]:
+        """The peak, and the busiest moment when it was recorded, as peaks."""
+        if len(self.busiest) != 5:
+            return [self]
+        weights, gradients, optimizer, gathered, activations = self.busiest
+        return [self, replace(self, weights=weights, gradients=gradients, optimizer=optimizer,
+                              gathered=gathered, activations=activations, busiest=())]
 
 
 @dataclass(frozen=True)
@@ -316,7 +329,14 @@ def from_trace(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
                batch: int | None, gpu: bool = True) -> MemoryEstimate:
     """A traced peak carried over to ``world`` ranks and ``batch`` samples per rank (FSDP's
     shards scale as 1/world, activations with the samples), plus what the trace cannot see:
-    DDP's buckets without ``gradient_as_bucket_view``, and the GPU overhead."""
+    DDP's buckets without ``gradient_as_bucket_view``, and the GPU overhead. Of the traced
+    moments (the peak, the busiest one) the larger once carried over."""
+    return max((_carried(train, params, moment, world=world, batch=batch, gpu=gpu)
+                for moment in peak.moments()), key=lambda e: e.total)
+
+
+def _carried(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
+             batch: int | None, gpu: bool) -> MemoryEstimate:
     strategy, checkpointed = OPTIONS[peak.option]
     samples = train.batch_size if batch is None else batch
     shard = peak.world_size / max(1, world) if strategy == "fsdp" else 1.0
@@ -367,7 +387,21 @@ def max_batch(train: TrainSpec, facts: ModelFacts, option: str, shape: RankShape
         return 0
     if per_sample <= 0:
         return None
-    return math.floor(room / per_sample + 1e-9)
+    cap = math.floor(room / per_sample + 1e-9)
+
+    def fits(samples: int) -> bool:
+        return rank_estimate(train, facts, option, replace(shape, batch=samples)
+                             ).total <= capacity
+
+    # Two traced moments make the need piecewise linear in the batch: when the other moment
+    # overtakes below the cap, the largest batch that fits is searched for (0 fits: room >= 0).
+    if fits(cap):
+        return cap
+    low, high = 0, cap - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 @dataclass(frozen=True)
