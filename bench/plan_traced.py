@@ -3,7 +3,8 @@
 Writes a job for a LLaMA-7B-shaped stack (32 blocks of width 4096: four 4096x4096 attention
 projections and a 4096 -> 11008 -> 4096 gated MLP each, 6.5e9 parameters) on the README's mixed
 server (inventory/lab.yaml, ambers, 8 GPUs, ``strategy: auto``, bf16-mixed, batch 1 of 512
-tokens), runs ``orchestrate plan --json`` on it as a user does, and reports the command's wall
+tokens, ``memory_trace_s: 600`` so that a loaded machine measures the tracing, not the
+deadline), runs ``orchestrate plan --json`` on it as a user does, and reports the command's wall
 time, the peak resident memory of its processes (the CLI and the model probe), the chosen
 strategy and every layout's traced peak. Targets (issue #24): under 30 s and 2 GB; issue #34:
 every layout traced in under 20 s, and a second ``plan`` of the same job (the trace cache,
@@ -96,6 +97,7 @@ train:
   strategy: auto
   precision: bf16-mixed
   batch_size: 1
+  memory_trace_s: 600
 """
 
 
