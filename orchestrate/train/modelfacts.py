@@ -106,7 +106,8 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "orchestrate.train.modelprobe"], cwd=workdir, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stderr=None if os.environ.get("ORCHESTRATE_PROBE_DEBUG") else subprocess.DEVNULL)
     except OSError as exc:
         return None, f"memory check skipped: cannot start the model probe ({exc})"
     assert child.stdin is not None and child.stdout is not None
@@ -127,16 +128,20 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
     return facts, why
 
 
+#: What :func:`_next` answers at the end of the child's output.
+_ENDED = {"ended": True}
+
+
 def _next(lines: queue.Queue[str | None], deadline: float, seen: list[str]
           ) -> dict[str, Any] | None:
-    """The next answer (its line added to ``seen``), or None at the deadline or the end of the
-    child's output."""
+    """The next answer (its line added to ``seen``), None at the deadline, :data:`_ENDED` at
+    the end of the child's output."""
     try:
         line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
         return None
     if line is None:
-        return None
+        return dict(_ENDED)
     answer: dict[str, Any] = json.loads(line)
     seen.append(line)
     return answer
@@ -146,6 +151,9 @@ def _collect(lines: queue.Queue[str | None], deadline: float, limit: float,
              layouts: list[str], source: str, seen: list[str]
              ) -> tuple[ModelFacts | None, str]:
     first = _next(lines, deadline, seen)
+    if first == _ENDED:
+        return None, ("memory check skipped: the model probe exited without an answer (out of "
+                      "memory? ORCHESTRATE_PROBE_DEBUG=1 shows its traceback)")
     if first is None:
         return None, (f"memory check skipped: building the model on the meta device took over "
                       f"{limit:g} s ({_FIELD})")
@@ -157,9 +165,11 @@ def _collect(lines: queue.Queue[str | None], deadline: float, limit: float,
     failed: dict[str, list[str]] = {}  # the reason -> the layouts it stopped
     for index, layout in enumerate(layouts):
         answer = _next(lines, deadline, seen)
-        if answer is None:
-            notes = [f"tracing stopped at the {limit:g} s limit ({_FIELD}) before "
-                     f"{', '.join(layouts[index:])}: estimated by the formula"]
+        if answer is None or answer == _ENDED:
+            why = (f"at the {limit:g} s limit ({_FIELD})" if answer is None else
+                   "when the model probe exited (out of memory?)")
+            notes = [f"tracing stopped {why} before {', '.join(layouts[index:])}: estimated "
+                     "by the formula"]
             break
         if "error" in answer:
             failed.setdefault(str(answer["error"]), []).append(layout)

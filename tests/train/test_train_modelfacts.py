@@ -47,3 +47,12 @@ def test_a_deadline_names_the_layouts_left() -> None:
     assert facts is not None
     assert facts.notes == ("tracing stopped at the 7 s limit (train.memory_trace_s) before "
                            "fsdp, fsdp+ac: estimated by the formula",)
+
+
+def test_a_probe_that_exits_is_not_called_slow() -> None:
+    facts, skipped = _collect(_answers(), time.monotonic() + 5, 5, ["ddp"], "j", [])
+    assert facts is None and "exited without an answer" in skipped
+    facts, _ = _collect(_answers(FACTS), time.monotonic() + 5, 5, ["ddp", "fsdp"], "j", [])
+    assert facts is not None
+    assert facts.notes == ("tracing stopped when the model probe exited (out of memory?) "
+                           "before ddp, fsdp: estimated by the formula",)

@@ -265,10 +265,11 @@ def autocast_cache(train: TrainSpec, params: float, checkpointed: bool) -> float
     """Bytes of autocast's low-precision copies of the weights alive at the end of the forward
     pass: 2 a parameter, the whole model's even under FSDP (each unit's copy is cached and kept
     for its backward while the unit's own gathered weights are freed), under a mixed precision
-    without activation checkpointing. Traced on a LLaMA-7B shape under FSDP: activations 17.0
-    GB at bf16-mixed, 13.5 GB of them these copies (2 x 6.74e9), against 1.6 at fp32 and 1.4 with
-    checkpointing (which drops them); FSDP's own mixed precision (``fsdp: {mixed_precision:
-    bf16}``, no autocast) has none (docs/train.md)."""
+    without activation checkpointing (with it the trainer turns autocast's cache off:
+    orchestrate/train/precision.py). Traced on a LLaMA-7B shape under FSDP at the end of the
+    forward pass: activations 17.0 GB at bf16-mixed, 13.5 GB of them these copies
+    (2 x 6.74e9); with checkpointing 13.6 GB with the cache on, 1.7 with it off; FSDP's own mixed
+    precision (``fsdp: {mixed_precision: bf16}``, no autocast) has none (docs/train.md)."""
     if train.autocast_dtype is None or checkpointed:
         return 0.0
     return 2.0 * params
@@ -347,9 +348,12 @@ def _carried(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
     buckets = 0.0
     if strategy == "ddp" and not train.gradient_as_bucket_view:
         buckets = _state_bytes(train, params)[1]
-    # The traced activations hold autocast's copies of the weights when the peak is at the end
-    # of the forward pass: they do not grow with the batch, so they are kept apart.
-    cache = min(peak.activations, autocast_cache(train, params, checkpointed))
+    # The traced activations hold autocast's copies of the weights at the end of the forward
+    # pass (a moment whose activations are at least that much): they do not grow with the
+    # batch, so they are kept apart.
+    cache = autocast_cache(train, params, checkpointed)
+    if peak.activations < cache:
+        cache = 0.0
     return MemoryEstimate(
         params=params, weights=weights, gradients=gradients, buckets=buckets,
         optimizer=optimizer,
