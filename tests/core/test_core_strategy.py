@@ -322,3 +322,28 @@ def test_the_busiest_moment_is_carried_over_too() -> None:
     # (13.48 + 0.4 + 26.95) / 4 + 3.48 + 8 + 1.5 = 23.19: the peak there
     assert row.peak_gb == pytest.approx(23.19, abs=0.01)
     assert row.parts["activations"] == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize(("params", "precision", "layout", "ddp", "chosen"), [
+    # N parameters on ambers' 8 GPUs (A6000: 51.54 GB), batch 1, the formula; FSDP's unit is
+    # 5% of N: gathered weights 2 x 0.05N and unsharded gradients 2 x 0.05N, 4 bytes each in
+    # fp32 (0.8N bytes), 2 in bf16-true (0.4N). The activation allowance: 2 GB, a third under
+    # checkpointing; autocast's bf16 copy of every weight: 2N under bf16-mixed without it.
+    (6.7e9, "fp32", "fsdp", 16 * 6.7 + 2, 2 * 6.7 + 0.8 * 6.7 + 2),            # 109.2, 20.76
+    (6.7e9, "bf16-mixed", "fsdp", 18 * 6.7 + 2, 4.8 * 6.7 + 2),                # 122.6, 34.16
+    (6.7e9, "bf16-true", "fsdp", 8 * 6.7 + 2, 1.4 * 6.7 + 2),                  # 55.6, 11.38
+    (13e9, "fp32", "fsdp", 16 * 13 + 2, 2.8 * 13 + 2),                         # 210, 38.4
+    # fsdp: 2.8N + 2N + 2 = 64.4 > 51.54; with checkpointing no copies: 2.8N + 2/3
+    (13e9, "bf16-mixed", "fsdp+ac", 18 * 13 + 2, 2.8 * 13 + 2 / 3),            # 236, 37.07
+    (13e9, "bf16-true", "fsdp", 8 * 13 + 2, 1.4 * 13 + 2),                     # 106, 20.2
+])
+def test_the_notes_models_on_the_mixed_server_by_precision(
+        params: float, precision: str, layout: str, ddp: float, chosen: float) -> None:
+    p = plan(job({"strategy": "auto", "model_params": params, "batch_size": 1,
+                  "precision": precision}, allow_mixed_gpus=True))
+    assert p.memory is not None and p.memory.layout == layout and p.world_size == 8
+    rows = {(e.strategy, e.gpu_model): e for e in p.memory.estimates}
+    assert rows["ddp", "RTX-A6000"].peak_gb == pytest.approx(ddp, abs=0.01)
+    assert rows["ddp", "RTX-A6000"].fits is False
+    assert rows[layout, "RTX-A6000"].peak_gb == pytest.approx(chosen, abs=0.01)
+    assert rows[layout, "RTX-A6000"].fits and rows[layout, "A100-80GB"].fits
