@@ -60,10 +60,13 @@ def test_auto_traces_a_model_too_big_for_ddp_and_picks_fsdp(tmp_path: Path) -> N
     assert not ddp["fits"] and fsdp["fits"]
     # AdamW in fp32 keeps 16 bytes a parameter: a replica of 4 x 28,000^2 = 3.14e9 is 50.2 GB
     # (+ 1.5 GB of CUDA overhead and the activations: over an A6000's 48 GiB = 51.54 GB), a
-    # sixth of it sharded over six ranks about 8 GB (+ the gathered units and the overhead).
+    # sixth of it sharded over six ranks about 8 GB, + the gathered units and the overhead:
+    # the end of the forward pass (traced at 2 ranks: 20.4 GB of shards, 9.4 GB of gathered
+    # units, three of 3.1 GB, 3.1 GB of activations) carried to six ranks is
+    # 20.4 / 3 + 9.4 + 3.1 + 1.5 = 20.9 GB, above the optimizer step's 36.1 / 3 + 1.5 = 13.5
     assert fsdp["capacity_gb"] == pytest.approx(51.54)
     assert ddp["peak_gb"] > 51.54
-    assert 8 < fsdp["peak_gb"] < 20
+    assert 17 < fsdp["peak_gb"] < 25
     assert plan["train_config"]["strategy"] == "fsdp"
 
 
