@@ -4,8 +4,9 @@ Tracing a 7 B-shaped model takes 20-40 s of CPU a plan; ``submit`` of the job ju
 asked again for the same numbers. The probe's answers (the model's facts and every traced peak)
 are kept in the user's own state directory (``$ORCHESTRATE_HOME``, ``$XDG_STATE_HOME/orchestrate``
 or ``~/.local/state/orchestrate``, private to the user: ``traces/``, mode 0700), one file per
-key. The key is what the answers depend on: the whole ``train:`` section (the model, dataset and
-loss factories and their arguments, precision, optimizer, batch, strategy, ``fsdp:``), the
+key. The key is what the answers depend on: the ``train:`` section (the model, dataset and loss
+factories and their arguments, precision, optimizer, batch, strategy, ``fsdp:``; not the
+deadline, the length of the run or the learning rate), the
 layouts asked for, the workdir, the contents of the factories' modules found in the workdir, the
 probe's own source and the torch version. Only complete answers are kept (a failure or a
 deadline is asked again next time). An edit to a factory's module elsewhere (an installed
@@ -30,6 +31,8 @@ from orchestrate.hostside.host import state_dir
 
 MAX_BYTES = 1 << 20
 _PROBE_SOURCES = ("modelprobe.py", "sharding.py", "build.py", "precision.py")
+#: Fields of ``train:`` that change no traced byte (the deadline, how long, the learning rate)
+_NO_MEMORY = ("memory_trace_s", "epochs", "max_steps")
 
 
 def enabled() -> bool:
@@ -62,6 +65,9 @@ def key(train: dict[str, Any], requests: list[dict[str, Any]], workdir: Path) ->
     except metadata.PackageNotFoundError:
         return None
     factories = [str(train.get(k) or "") for k in ("model", "dataset", "loss")]
+    train = {k: v for k, v in train.items() if k not in _NO_MEMORY}
+    if isinstance(train.get("optimizer"), dict):
+        train["optimizer"] = {k: v for k, v in train["optimizer"].items() if k != "lr"}
     here = Path(__file__).resolve().parent
     material = {
         "train": train, "requests": requests, "workdir": str(workdir.resolve()),

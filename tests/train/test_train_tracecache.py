@@ -29,6 +29,7 @@ def test_the_key_follows_the_model_its_arguments_the_layouts_and_its_source(tmp_
     assert first is not None and first == tracecache.key(TRAIN, ASKED, tmp_path)
     assert first != tracecache.key({**TRAIN, "model_args": {"width": 9}}, ASKED, tmp_path)
     assert first != tracecache.key(TRAIN, [{**ASKED[0], "trace": "fsdp+ac"}], tmp_path)
+    assert first == tracecache.key({**TRAIN, "memory_trace_s": 900, "epochs": 3}, ASKED, tmp_path)
     (tmp_path / "net.py").write_text("def build(): return 1\n")
     assert first != tracecache.key(TRAIN, ASKED, tmp_path)
 
