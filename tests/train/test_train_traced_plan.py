@@ -37,7 +37,8 @@ def _job(tmp_path: Path, train: dict[str, Any], **resources: Any) -> Path:
 
 def _plan(path: Path, *args: str, env: dict[str, str] | None = None
           ) -> subprocess.CompletedProcess[str]:
-    environ = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(DIGITS), str(HERE)])}
+    environ = base_env() | {"PYTHONPATH": os.pathsep.join([str(REPO), str(DIGITS), str(HERE)]),
+                            "ORCHESTRATE_HOME": str(path.parent / "state")}  # its trace cache
     return subprocess.run([sys.executable, "-m", "orchestrate", "plan", str(path), *args],
                           capture_output=True, text=True, env=environ | (env or {}),
                           cwd=path.parent, timeout=180)
@@ -90,3 +91,19 @@ def test_a_factory_slower_than_the_deadline_is_planned_without_it(tmp_path: Path
     assert time.monotonic() - started < 30
     assert done.returncode == 0, done.stdout + done.stderr
     assert "took over 3 s (train.memory_trace_s)" in done.stdout + done.stderr
+
+
+@pytest.mark.timeout(200)
+def test_a_second_plan_reuses_the_trace(tmp_path: Path) -> None:
+    job = _job(tmp_path, {"model": "digits:build_model", "strategy": "fsdp"},
+               gpus_per_node=2, gpu_model="A100-80GB")
+    first = _plan(job, "--json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    started = time.monotonic()
+    again = _plan(job, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    one, two = (json.loads(done.stdout)["memory"] for done in (first, again))
+    assert one["estimates"] == two["estimates"] and one["estimates"][0]["method"] == "traced"
+    assert not one["notes"] and any("reused" in note for note in two["notes"])
+    assert time.monotonic() - started < 15  # no model probe: the CLI's start and the plan
+    assert list((tmp_path / "state" / "traces").glob("*.json"))
