@@ -116,7 +116,8 @@ def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: boo
         out.print(decided, highlight=False)
     for warning in prepared.plan.warnings:
         out.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    for note in prepared.plan.notes:
+    memory = prepared.plan.memory
+    for note in (*prepared.plan.notes, *(memory.notes if memory is not None else ())):
         out.print(f"note: {note}", highlight=False)
     out.print(prepared.plan.restart.describe(), highlight=False)
 

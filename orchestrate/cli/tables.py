@@ -111,8 +111,17 @@ def decision_line(plan: Plan) -> str | None:
     refused = sorted({e.strategy for e in memory.estimates
                       if e.strategy != memory.layout and e.fits is False})
     why = f" ({', '.join(refused)} does not fit)" if refused else ""
-    how = "traced (a step on fake tensors)" if method == "traced" else "from the formula"
-    return f"strategy: {memory.layout}{why}; memory per rank {how}"
+    how = "traced (a step on fake tensors)" if method == "traced" else (
+        "from the formula, a lower bound: its activations are train.activation_memory_gb's "
+        "allowance, not this model's at this batch and sequence length")
+    line = f"strategy: {memory.layout}{why}; memory per rank {how}"
+    if chosen:
+        from orchestrate.core.plan.memory import biggest_part
+
+        worst = max(chosen, key=lambda e: e.peak_gb)
+        name, size = biggest_part(worst.parts)
+        line += f"; the biggest part of its peak: {name}, {size:.1f} GB of {worst.peak_gb:.1f}"
+    return line
 
 
 def memory_table(plan: Plan) -> Table:
@@ -121,20 +130,24 @@ def memory_table(plan: Plan) -> Table:
     from rich.table import Table
 
     assert plan.memory is not None
-    table = Table(title=f"memory per rank (estimate; the plan runs {plan.memory.layout})")
+    table = Table(title=f"memory per rank (estimate; the plan runs {plan.memory.layout})",
+                  caption="GB: 10^9 bytes; a GPU's capacity is the inventory's memory_gb, "
+                          "which is GiB (nvidia-smi's MiB / 1024): 48 GiB = 51.5 GB")
     for column in ("strategy", "GPU model", "peak GB", "capacity GB", "fits", "method",
-                   "weights / grads / optimizer / working set / activations / overhead GB"):
+                   "weights / grads / optimizer / working set / activations / autocast "
+                   "cache / overhead GB"):
         table.add_column(column)
     for e in plan.memory.estimates:
         parts = e.parts
         working = parts.get("buckets", 0.0) + parts.get("gathered", 0.0)
         split = " / ".join(f"{v:.2f}" for v in (
             parts.get("weights", 0.0), parts.get("gradients", 0.0), parts.get("optimizer", 0.0),
-            working, parts.get("activations", 0.0), parts.get("overhead", 0.0)))
+            working, parts.get("activations", 0.0), parts.get("autocast", 0.0),
+            parts.get("overhead", 0.0)))
         mark = "yes" if e.fits else "no" if e.fits is False else "?"
         table.add_row(e.strategy + (" *" if e.strategy == plan.memory.layout else ""),
                       e.gpu_model, f"{e.peak_gb:.2f}",
-                      "-" if e.capacity_gb is None else f"{e.capacity_gb:g}", mark, e.method,
+                      "-" if e.capacity_gb is None else f"{e.capacity_gb:.1f}", mark, e.method,
                       split)
     return table
 

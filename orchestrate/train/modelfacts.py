@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,10 +30,14 @@ from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.plan.memory import ModelFacts, TracedPeak, options_for
 from orchestrate.core.spec.inventory import Inventory
 from orchestrate.core.spec.job import JobSpec
+from orchestrate.train import tracecache
 
 #: The deadline of a probe that traces nothing (``memory_trace_s: 0``).
 FACTS_ONLY_S = 30.0
 _FIELD = "train.memory_trace_s"
+#: The note of a plan whose traces came from the cache (orchestrate/train/tracecache.py).
+REUSED = ("memory traced earlier for the same model, layouts and torch, reused (the trace "
+          "cache in the state directory; ORCHESTRATE_TRACE_CACHE=0 traces again)")
 #: The world size FSDP layouts are traced at; the plan scales the shards to its own.
 TRACE_WORLD = 2
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -86,41 +91,69 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_ROOT, str(workdir), env.get("PYTHONPATH", "")) if p)
     requests = [{"train": job.train.model_dump(mode="json")}, *_requests(job)]
+    layouts = [str(r["trace"]) for r in requests[1:]]
+    name = (tracecache.key(requests[0]["train"], requests[1:], workdir)
+            if tracecache.enabled() else None)
+    kept = tracecache.load(name) if name else None
+    if kept is not None:
+        replay: queue.Queue[str | None] = queue.Queue()
+        for line in [*kept, None]:
+            replay.put(line)
+        facts, why = _collect(replay, time.monotonic() + limit, limit, layouts, source, [])
+        if facts is not None and layouts:
+            facts = replace(facts, notes=(*facts.notes, REUSED))
+        return facts, why
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "orchestrate.train.modelprobe"], cwd=workdir, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stderr=None if os.environ.get("ORCHESTRATE_PROBE_DEBUG") else subprocess.DEVNULL)
     except OSError as exc:
         return None, f"memory check skipped: cannot start the model probe ({exc})"
     assert child.stdin is not None and child.stdout is not None
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_reader, args=(child.stdout, lines), daemon=True).start()
+    seen: list[str] = []
     try:
         child.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
         child.stdin.close()
-        return _collect(lines, time.monotonic() + limit, limit, len(requests) - 1, source)
+        facts, why = _collect(lines, time.monotonic() + limit, limit, layouts, source, seen)
     except BrokenPipeError:
         return None, "memory check skipped: the model probe exited before it was asked"
     finally:
         child.kill()
         child.wait()
+    if name and facts is not None and not facts.notes:  # complete: kept for the next plan
+        tracecache.save(name, seen)
+    return facts, why
 
 
-def _next(lines: queue.Queue[str | None], deadline: float) -> dict[str, Any] | None:
-    """The next answer, or None at the deadline or the end of the child's output."""
+#: What :func:`_next` answers at the end of the child's output.
+_ENDED = {"ended": True}
+
+
+def _next(lines: queue.Queue[str | None], deadline: float, seen: list[str]
+          ) -> dict[str, Any] | None:
+    """The next answer (its line added to ``seen``), None at the deadline, :data:`_ENDED` at
+    the end of the child's output."""
     try:
         line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
         return None
     if line is None:
-        return None
+        return dict(_ENDED)
     answer: dict[str, Any] = json.loads(line)
+    seen.append(line)
     return answer
 
 
-def _collect(lines: queue.Queue[str | None], deadline: float, limit: float, traces: int,
-             source: str) -> tuple[ModelFacts | None, str]:
-    first = _next(lines, deadline)
+def _collect(lines: queue.Queue[str | None], deadline: float, limit: float,
+             layouts: list[str], source: str, seen: list[str]
+             ) -> tuple[ModelFacts | None, str]:
+    first = _next(lines, deadline, seen)
+    if first == _ENDED:
+        return None, ("memory check skipped: the model probe exited without an answer (out of "
+                      "memory? ORCHESTRATE_PROBE_DEBUG=1 shows its traceback)")
     if first is None:
         return None, (f"memory check skipped: building the model on the meta device took over "
                       f"{limit:g} s ({_FIELD})")
@@ -129,17 +162,23 @@ def _collect(lines: queue.Queue[str | None], deadline: float, limit: float, trac
     if "error" in first:
         return None, f"memory check skipped: counting the model failed ({first['error']})"
     facts = _facts(first["facts"], source)
-    notes: list[str] = []
-    for _ in range(traces):
-        answer = _next(lines, deadline)
-        if answer is None:
-            notes.append(f"tracing stopped at the {limit:g} s limit ({_FIELD}); the "
-                         "layouts not traced are estimated by the formula")
+    failed: dict[str, list[str]] = {}  # the reason -> the layouts it stopped
+    for index, layout in enumerate(layouts):
+        answer = _next(lines, deadline, seen)
+        if answer is None or answer == _ENDED:
+            why = (f"at the {limit:g} s limit ({_FIELD})" if answer is None else
+                   "when the model probe exited (out of memory?)")
+            notes = [f"tracing stopped {why} before {', '.join(layouts[index:])}: estimated "
+                     "by the formula"]
             break
         if "error" in answer:
-            notes.append(f"tracing failed ({answer['error']}); estimated by the formula")
+            failed.setdefault(str(answer["error"]), []).append(layout)
             continue
         facts = facts.with_trace(TracedPeak.from_json(answer["traced"]))
+    else:
+        notes = []
+    notes[:0] = [f"tracing {', '.join(which)} failed ({why}): estimated by the formula"
+                 for why, which in failed.items()]
     if notes:
         facts = ModelFacts(**{**facts.__dict__, "notes": (*facts.notes, *notes)})
     return facts, ""

@@ -34,6 +34,7 @@ from typing import Any
 _WEIGHTS = ("PARAM", "SHARDED_PARAM")
 _GRADIENTS = ("GRAD", "SHARDED_GRAD")
 _ACTIVATIONS = ("ACT", "TEMP", "INP")
+_SHARDED = (*_WEIGHTS, *_GRADIENTS, "OPT")
 
 
 def _say(message: dict[str, Any]) -> None:
@@ -98,21 +99,35 @@ def _mesh(world: int) -> Any:
 
 
 def _peak_only(tracker: Any) -> Any:
-    """``tracker`` (a torch memory tracker class) keeping only the overall peak.
+    """``tracker`` (a torch memory tracker class) keeping only the overall peak, and the moment
+    the most memory is held by what a rank does not shard (``busiest``).
 
     The stock trackers also keep a peak snapshot for every module active at every operator, a
     loop over all modules per operator: most of a 7B-shaped model's trace time. The planner
-    reads only the overall peak, which the stock code computes the same way.
+    reads only the overall peak, which the stock code computes the same way, and the busiest
+    moment: a trace at 2 ranks peaks where the states are (the optimizer step) when at 8 ranks,
+    whose shards are a quarter as big, the end of the forward pass (the activations) is the
+    peak; the planner carries both moments over and keeps the larger.
     """
 
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
     class PeakOnly(tracker):  # type: ignore[misc]
+        busiest: dict[Any, dict[Any, int]]
+        _busiest_bytes: dict[Any, int]
+
         def _update_peak_stats(self, peak_state: Any) -> None:
+            if not hasattr(self, "busiest"):
+                self.busiest, self._busiest_bytes = {}, {}
             for dev, dev_snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
+                held = dev_snap[_TOTAL_KEY] - sum(
+                    v for k, v in dev_snap.items() if getattr(k, "name", "") in _SHARDED)
+                if self._busiest_bytes.get(dev, -1) < held:
+                    self._busiest_bytes[dev] = held
+                    self.busiest[dev] = dict(dev_snap)
 
     return PeakOnly
 
@@ -136,6 +151,30 @@ def _zero_gradients(optimizer: Any) -> None:
 
     for param in (p for group in optimizer.param_groups for p in group["params"]):
         param.grad = torch.zeros_like(param)
+
+
+def _cast(model: Any, dtype: Any) -> None:
+    """``model.to(dtype=dtype)`` for a model of fake tensors (``bf16-true``).
+
+    ``Module.to`` swaps every fake parameter in place (``torch.utils.swap_tensors``), which fake
+    tensors refuse ("Couldn't swap Embedding.weight": the fake mode keeps weak references to
+    them); new parameters are put in their place instead, one per parameter so that tied
+    weights stay tied, and floating-point buffers are cast as ``to`` casts them.
+    """
+    import torch
+
+    made: dict[int, Any] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_floating_point():
+                continue
+            if id(param) not in made:
+                made[id(param)] = torch.nn.Parameter(param.detach().to(dtype),
+                                                     requires_grad=param.requires_grad)
+            module._parameters[name] = made[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None and buffer.is_floating_point():
+                module._buffers[name] = buffer.to(dtype)
 
 
 def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...]
@@ -162,7 +201,7 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         model = _made(spec)
         if precision.param_dtype != torch.float32:
-            model.to(dtype=precision.param_dtype)
+            _cast(model, precision.param_dtype)
         if strategy == "fsdp":
             sharding.shard(model, spec, mesh, device)
         else:
@@ -190,7 +229,11 @@ def trace(spec: Any, layout: str, world: int, batch: int, sample: tuple[Any, ...
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         peak = tracker.get_tracker_snapshot("peak")
-    return _parts(peak, layout, world, batch, time.perf_counter() - started)
+    parts = _parts(peak, layout, world, batch, time.perf_counter() - started)
+    busiest = _parts(getattr(tracker, "busiest", {}), layout, world, batch, 0.0)
+    parts["busiest"] = [busiest[k] for k in ("weights", "gradients", "optimizer", "gathered",
+                                             "activations")]
+    return parts
 
 
 def _parts(peak: dict[Any, dict[Any, int]], layout: str, world: int, batch: int,

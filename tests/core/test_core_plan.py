@@ -283,7 +283,7 @@ def test_a_model_that_does_not_fit_is_refused_with_numbers() -> None:
     spec = job(command=None, train=_train(model_params=6.7e9), resources={"gpu_model": "RTX-A6000"})
     message = refusal(spec, LAB)
     assert "6.7e9 parameters with AdamW in fp32 need ~107 GB per GPU before activations" in message
-    assert "RTX-A6000 has 48 GB" in message
+    assert "RTX-A6000 has 51.5 GB (48 GiB)" in message
     assert "bf16-true" in message and "sgd" in message and "FSDP" in message  # remedies
 
 

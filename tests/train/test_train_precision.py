@@ -151,3 +151,19 @@ def test_without_validation_with_workers_and_no_tensorboard(results: dict[str, A
     epochs = [m for m in _metrics(result) if m["kind"] == "epoch"]
     assert [(m["val_loss"], m["val_accuracy"]) for m in epochs] == [(None, None)] * 2
     assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+
+
+def test_autocast_keeps_no_weight_copies_under_activation_checkpointing() -> None:
+    # autocast's cache would keep every weight's bf16 copy through the forward pass, which
+    # checkpointing exists to avoid (issue #34: 13.6 -> 1.7 GB traced on a LLaMA-7B shape)
+    from orchestrate.core.spec.trainspec import TrainSpec
+    from orchestrate.train.precision import plan_precision
+
+    spec = TrainSpec(model="m:f", dataset="d:f", precision="bf16-mixed")
+    cpu = torch.device("cpu")
+    assert plan_precision(spec, cpu).cache
+    for setting in (True, ["Block"]):
+        plan = plan_precision(spec.model_copy(update={"activation_checkpointing": setting}), cpu)
+        assert not plan.cache
+        with plan.autocast():
+            assert not torch.is_autocast_cache_enabled()

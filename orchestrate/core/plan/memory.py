@@ -12,8 +12,11 @@ and NCCL's buffers. Two ways to count:
   (activations scale with the samples) without tracing again.
 - **formula**: the states counted exactly from the parameter count (bytes per parameter by
   precision, optimizer and strategy), plus FSDP's working set from the largest sharding unit,
-  plus the user's allowance for activations (``train.activation_memory_gb``, which also covers
-  the CUDA context), so nothing here needs torch.
+  autocast's copies of the weights, plus the user's allowance for activations
+  (``train.activation_memory_gb``, which also covers the CUDA context), so nothing here needs
+  torch. The allowance knows nothing of the model's width, sequence length or batch (a
+  LLaMA-7B shape at 2,048 tokens traces 22.5 GB of activations, against 2 GB allowed), so a
+  formula's plan is a lower bound, and says so.
 
 Pure: values in, values out. The per-rank decision (which strategy, which batch shares) is
 :mod:`orchestrate.core.plan.strategy`'s.
@@ -31,7 +34,24 @@ if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (
     from orchestrate.core.spec.trainspec import TrainSpec
 
 
-GB = 1e9  # decimal gigabytes, as GPU vendors count them
+#: The unit every number the plan shows is in: decimal gigabytes (10^9 bytes), so that "16 bytes
+#: per parameter x 6.7e9 = 107.2 GB" reads straight off the arithmetic, and the trainer's measured
+#: peaks (``peak_memory_gb``) compare with the plan's.
+GB = 1e9
+#: What the inventory's ``memory_gb`` and ``host_memory_gb`` count: GiB, nvidia-smi's MiB / 1024
+#: (an RTX A6000's 49,140 MiB is ``memory_gb: 48``, 51.5 GB), /proc/meminfo's KiB / 2^20.
+GIB = float(2**30)
+
+
+def capacity_bytes(memory_gb: float) -> float:
+    """Bytes of an inventory's ``memory_gb`` (GiB): 48 -> 51.5e9, 80 -> 85.9e9."""
+    return memory_gb * GIB
+
+
+def capacity_text(capacity: float) -> str:
+    """A capacity as the plan shows it: ``51.5 GB (48 GiB)``."""
+    return f"{capacity / GB:.1f} GB ({capacity / GIB:.3g} GiB)"
+
 #: What a trace on the CPU cannot see on a GPU: the CUDA context (0.5-0.9 GiB) and NCCL's
 #: buffers after the first collective (~1-2 GiB, measured +1.45 GiB; ml-engineering's notes).
 GPU_OVERHEAD = 1.5 * GB
@@ -79,6 +99,9 @@ class TracedPeak:
     gathered: float  # FSDP's gathered parameters, unsharded gradients, buffers; DDP: buffers
     activations: float  # activations, temporaries and inputs at the peak
     seconds: float = 0.0
+    #: The same five parts at the moment the unsharded parts were largest (the end of the
+    #: forward pass, usually): at another world size it can be the peak
+    busiest: tuple[float, ...] = ()
 
     @property
     def total(self) -> float:
@@ -89,7 +112,17 @@ class TracedPeak:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TracedPeak:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        values["busiest"] = tuple(float(v) for v in values.get("busiest") or ())
+        return cls(**values)
+
+    def moments(self) -> list[TracedPeak]:
+        """The peak, and the busiest moment when it was recorded, as peaks."""
+        if len(self.busiest) != 5:
+            return [self]
+        weights, gradients, optimizer, gathered, activations = self.busiest
+        return [self, replace(self, weights=weights, gradients=gradients, optimizer=optimizer,
+                              gathered=gathered, activations=activations, busiest=())]
 
 
 @dataclass(frozen=True)
@@ -143,6 +176,7 @@ class MemoryEstimate:
     overhead: float = 0.0
     option: str = "ddp"
     method: str = "formula"
+    autocast: float = 0.0  # autocast's low-precision copies of the weights, alive at the peak
 
     @property
     def before_activations(self) -> float:
@@ -153,13 +187,18 @@ class MemoryEstimate:
     @property
     def total(self) -> float:
         """The per-rank need."""
-        return self.before_activations + self.activations + self.overhead
+        return self.before_activations + self.activations + self.autocast + self.overhead
 
     def parts(self) -> dict[str, float]:
         """The parts in GB, for tables and JSON."""
         names = ("weights", "gradients", "buckets", "optimizer", "gathered", "activations",
-                 "overhead")
+                 "autocast", "overhead")
         return {name: round(getattr(self, name) / GB, 3) for name in names}
+
+    def biggest_text(self) -> str:
+        """``optimizer state 13.4 GB of 25.7``: the biggest part of the need."""
+        name, size = biggest_part(self.parts())
+        return f"{name} {size:.1f} GB of {self.total / GB:.1f}"
 
     def describe(self) -> str:
         """One sentence with the numbers, e.g. for a refusal."""
@@ -174,6 +213,8 @@ class MemoryEstimate:
             f"{self.optimizer / GB:.1f}) + {self.activations / GB:.1f} GB "
             + ("of activations traced" if self.method == "traced" else
                "allowed for activations")
+            + (f" + {self.autocast / GB:.1f} GB of autocast's copies of the weights"
+               if self.autocast else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -182,6 +223,23 @@ class MemoryEstimate:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MemoryEstimate:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+#: The parts of a need as the plan names them (``MemoryEstimate.parts`` keys -> words).
+PART_NAMES = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state",
+              "working": "working set", "activations": "activations",
+              "autocast": "autocast cache", "overhead": "GPU overhead"}
+
+
+def biggest_part(parts: Mapping[str, float]) -> tuple[str, float]:
+    """The biggest part of a need (``parts`` in GB, as :meth:`MemoryEstimate.parts` gives them)
+    and its size: weights, gradients, optimizer state, the working set (DDP's buckets, FSDP's
+    gathered units), activations, autocast's copies of the weights (a mixed precision without
+    activation checkpointing, docs/train.md), or the GPU overhead."""
+    merged = {k: float(parts.get(k, 0.0)) for k in PART_NAMES if k != "working"}
+    merged["working"] = float(parts.get("buckets", 0.0)) + float(parts.get("gathered", 0.0))
+    name = max(merged, key=lambda k: merged[k])
+    return PART_NAMES[name], merged[name]
 
 
 def count_text(params: float) -> str:
@@ -201,6 +259,20 @@ def _state_bytes(train: TrainSpec, params: float) -> tuple[float, float, float]:
     else:
         optimizer = 0.0
     return params * width, params * width, optimizer
+
+
+def autocast_cache(train: TrainSpec, params: float, checkpointed: bool) -> float:
+    """Bytes of autocast's low-precision copies of the weights alive at the end of the forward
+    pass: 2 a parameter, the whole model's even under FSDP (each unit's copy is cached and kept
+    for its backward while the unit's own gathered weights are freed), under a mixed precision
+    without activation checkpointing (with it the trainer turns autocast's cache off:
+    orchestrate/train/precision.py). Traced on a LLaMA-7B shape under FSDP at the end of the
+    forward pass: activations 17.0 GB at bf16-mixed, 13.5 GB of them these copies
+    (2 x 6.74e9); with checkpointing 13.6 GB with the cache on, 1.7 with it off; FSDP's own mixed
+    precision (``fsdp: {mixed_precision: bf16}``, no autocast) has none (docs/train.md)."""
+    if train.autocast_dtype is None or checkpointed:
+        return 0.0
+    return 2.0 * params
 
 
 def estimate(train: TrainSpec, params: float) -> MemoryEstimate:
@@ -232,6 +304,7 @@ def formula(train: TrainSpec, params: float, *, option: str, world: int, batch: 
     activations = train.activation_memory_gb * GB * samples / reference
     if checkpointed:
         activations *= CHECKPOINTED_ACTIVATIONS
+    cache = autocast_cache(train, params, checkpointed)
     buckets = gathered = 0.0
     if strategy == "ddp":
         buckets = 0.0 if train.gradient_as_bucket_view else gradients
@@ -249,6 +322,7 @@ def formula(train: TrainSpec, params: float, *, option: str, world: int, batch: 
         params=params, weights=weights, gradients=gradients, buckets=buckets,
         optimizer=optimizer, activations=activations, optimizer_name=train.optimizer.name,
         precision=train.precision, gathered=gathered, overhead=0.0, option=option,
+        autocast=cache,
     )
 
 
@@ -256,8 +330,15 @@ def from_trace(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
                batch: int | None, gpu: bool = True) -> MemoryEstimate:
     """A traced peak carried over to ``world`` ranks and ``batch`` samples per rank (FSDP's
     shards scale as 1/world, activations with the samples), plus what the trace cannot see:
-    DDP's buckets without ``gradient_as_bucket_view``, and the GPU overhead."""
-    strategy, _ = OPTIONS[peak.option]
+    DDP's buckets without ``gradient_as_bucket_view``, and the GPU overhead. Of the traced
+    moments (the peak, the busiest one) the larger once carried over."""
+    return max((_carried(train, params, moment, world=world, batch=batch, gpu=gpu)
+                for moment in peak.moments()), key=lambda e: e.total)
+
+
+def _carried(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
+             batch: int | None, gpu: bool) -> MemoryEstimate:
+    strategy, checkpointed = OPTIONS[peak.option]
     samples = train.batch_size if batch is None else batch
     shard = peak.world_size / max(1, world) if strategy == "fsdp" else 1.0
     weights, gradients, optimizer = (peak.weights * shard, peak.gradients * shard,
@@ -267,12 +348,19 @@ def from_trace(train: TrainSpec, params: float, peak: TracedPeak, *, world: int,
     buckets = 0.0
     if strategy == "ddp" and not train.gradient_as_bucket_view:
         buckets = _state_bytes(train, params)[1]
+    # The traced activations hold autocast's copies of the weights at the end of the forward
+    # pass (a moment whose activations are at least that much): they do not grow with the
+    # batch, so they are kept apart.
+    cache = autocast_cache(train, params, checkpointed)
+    if peak.activations < cache:
+        cache = 0.0
     return MemoryEstimate(
         params=params, weights=weights, gradients=gradients, buckets=buckets,
-        optimizer=optimizer, activations=peak.activations * samples / max(1, peak.batch),
+        optimizer=optimizer,
+        activations=(peak.activations - cache) * samples / max(1, peak.batch),
         optimizer_name=train.optimizer.name, precision=train.precision,
         gathered=peak.gathered, overhead=GPU_OVERHEAD if gpu else 0.0, option=peak.option,
-        method="traced",
+        method="traced", autocast=cache,
     )
 
 
@@ -303,7 +391,21 @@ def max_batch(train: TrainSpec, facts: ModelFacts, option: str, shape: RankShape
         return 0
     if per_sample <= 0:
         return None
-    return math.floor(room / per_sample + 1e-9)
+    cap = math.floor(room / per_sample + 1e-9)
+
+    def fits(samples: int) -> bool:
+        return rank_estimate(train, facts, option, replace(shape, batch=samples)
+                             ).total <= capacity
+
+    # Two traced moments make the need piecewise linear in the batch: when the other moment
+    # overtakes below the cap, the largest batch that fits is searched for (0 fits: room >= 0).
+    if fits(cap):
+        return cap
+    low, high = 0, cap - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 @dataclass(frozen=True)
@@ -354,12 +456,16 @@ def remedies(train: TrainSpec) -> str:
 
 __all__ = [
     "GB",
+    "GIB",
     "GPU_OVERHEAD",
     "HostNeed",
     "MemoryEstimate",
     "ModelFacts",
     "RankShape",
     "TracedPeak",
+    "biggest_part",
+    "capacity_bytes",
+    "capacity_text",
     "count_text",
     "estimate",
     "formula",

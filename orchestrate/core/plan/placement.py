@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
-from orchestrate.core.plan.memory import GB, MemoryEstimate, remedies
+from orchestrate.core.plan.memory import (
+    MemoryEstimate,
+    capacity_bytes,
+    capacity_text,
+    remedies,
+)
 from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.backendtraits import traits
 
@@ -294,10 +299,11 @@ def _sized(job: JobSpec, gpus: list[Gpu], memory: MemoryEstimate | None
         if not gpus:
             return [], f"no GPU with at least {res.min_gpu_memory_gb:g} GB"
     if memory is not None:
-        fits = [g for g in gpus if g.memory_gb * GB >= memory.total]
+        fits = [g for g in gpus if capacity_bytes(g.memory_gb) >= memory.total]
         if not fits:
             small = max(gpus, key=lambda g: g.memory_gb)
-            return [], f"model does not fit ({small.model} has {small.memory_gb:g} GB)"
+            return [], (f"model does not fit ({small.model} has "
+                        f"{capacity_text(capacity_bytes(small.memory_gb))})")
         gpus = fits
     return gpus, ""
 
@@ -342,10 +348,11 @@ def _refusal(
     res = job.resources
     if memory is not None and job.train is not None:
         gpus = [g for n in nodes for g in n.gpus if _eligible(job, g)]
-        if gpus and all(g.memory_gb * GB < memory.total for g in gpus):
+        if gpus and all(capacity_bytes(g.memory_gb) < memory.total for g in gpus):
             biggest = max(gpus, key=lambda g: g.memory_gb)
             return UserError.single(
-                f"{memory.describe()}; {biggest.model} has {biggest.memory_gb:g} GB, "
+                f"{memory.describe()}; {biggest.model} has "
+                f"{capacity_text(capacity_bytes(biggest.memory_gb))}, "
                 "the most of any GPU this job may use",
                 source=source,
                 field="train",

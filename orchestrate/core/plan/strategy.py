@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.plan import advice
 from orchestrate.core.plan import shares as batch
 from orchestrate.core.plan.memory import (
     GB,
@@ -28,12 +29,13 @@ from orchestrate.core.plan.memory import (
     MemoryEstimate,
     ModelFacts,
     RankShape,
+    capacity_bytes,
+    capacity_text,
     count_text,
     host_need,
     max_batch,
     options_for,
     rank_estimate,
-    remedies,
 )
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import
@@ -189,7 +191,7 @@ def decide(train: TrainSpec, facts: ModelFacts | None, slots: Sequence[Slot],
     tried = [_try(train, facts, slots, layout, source) for layout in options_for(train)]
     chosen = next((t for t in tried if t.fits), None)
     if chosen is None:
-        raise _refusal(train, facts, tried, source)
+        raise _refusal(train, facts, tried, source, _fitting(train, facts, slots, source))
     shares = chosen.split
     if shares is not None and facts.batchnorm and (
             len(set(shares.shares)) > 1 or shares.split == "measured"):
@@ -252,9 +254,9 @@ def _try(train: TrainSpec, facts: ModelFacts, slots: Sequence[Slot], layout: str
         if short:
             slot, worst = max(short, key=lambda pair: pair[1].total)
             over.append(f"{len(short)} {kind} rank(s) need up to {worst.total / GB:.1f} GB of "
-                        f"{(slot.capacity or 0) / GB:g}")
+                        f"{capacity_text(slot.capacity or 0)}")
     over += [f"node {h.node} needs {h.need / GB:.1f} GB of host memory to load the model, "
-             f"has {(h.capacity or 0) / GB:.0f}" for h in hosts if not h.fits]
+             f"has {capacity_text(h.capacity or 0)}" for h in hosts if not h.fits]
     if over:
         numbers = "; ".join(over[:4])
         problem = f"{problem} (at an equal share: {numbers})" if problem else numbers
@@ -280,10 +282,14 @@ def _split(train: TrainSpec, slots: Sequence[Slot], caps: list[int | None],
     batch above a cap raises :class:`~orchestrate.core.plan.shares.NoSplit`)."""
     total = train.global_batch_size
     if total is None:
-        over = [f"rank {r}'s memory holds {c} samples, batch_size is {train.batch_size}"
-                for r, c in enumerate(caps) if c is not None and c < train.batch_size]
-        if over:
-            raise batch.NoSplit("; ".join(over[:3]))
+        short: dict[int, list[int]] = {}  # the cap -> the ranks it holds
+        for r, c in enumerate(caps):
+            if c is not None and c < train.batch_size:
+                short.setdefault(c, []).append(r)
+        if short:
+            raise batch.NoSplit("; ".join(
+                f"{_ranks_text(ranks)}'s memory holds {c} samples, batch_size is "
+                f"{train.batch_size}" for c, ranks in sorted(short.items())))
         return None
     micro = total // train.grad_accum_steps
     how = train.batch_split
@@ -307,6 +313,15 @@ def _split(train: TrainSpec, slots: Sequence[Slot], caps: list[int | None],
         speeds = _speeds(slots, source)
     shares = batch.apportion(micro, speeds, caps)
     return batch.BatchShares(total, how, tuple(shares), tuple(caps), tuple(speeds))
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3``, ``ranks 0-5``, ``ranks 0, 2, 4``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
 
 
 def _speeds(slots: Sequence[Slot], source: str) -> list[float]:
@@ -342,15 +357,38 @@ def _rows(tried: Tried) -> list[Estimate]:
     return rows
 
 
-def _refusal(train: TrainSpec, facts: ModelFacts, tried: list[Tried], source: str) -> UserError:
+def _fitting(train: TrainSpec, facts: ModelFacts, slots: Sequence[Slot],
+             source: str) -> list[advice.Found]:
+    """The changes to the job that fit the placed ranks (:mod:`~orchestrate.core.plan.advice`),
+    each under the first of its layouts that fits."""
+    found: list[advice.Found] = []
+    for change in advice.changes(train, any(s.gpu for s in slots)):
+        known = advice.facts_for(change, facts)
+        for layout in options_for(change.train):
+            tried = _try(change.train, known, slots, layout, source)
+            if tried.fits:
+                slot, worst = max(tried.ranks, key=lambda pair: pair[1].total / (
+                    pair[0].capacity or float("inf")))
+                found.append(advice.Found(change, layout, worst.total, slot.capacity or 0.0,
+                                          slot.kind, worst.method))
+                break
+    return found
+
+
+def _refusal(train: TrainSpec, facts: ModelFacts, tried: list[Tried], source: str,
+             found: list[advice.Found]) -> UserError:
     lines = []
     for t in tried:
         worst = max(t.ranks, key=lambda pair: pair[1].total)[1]
-        detail = f"{worst.method}; {worst.describe()}" if t is tried[0] else worst.method
-        lines.append(f"{t.layout}: {t.problem} ({detail})")
+        method = "formula, a lower bound" if worst.method == "formula" else worst.method
+        detail = f"{method}; {worst.describe()}" if t is tried[0] else method
+        lines.append(f"{t.layout}: {t.problem} ({detail}; the biggest part: "
+                     f"{worst.biggest_text()})")
     return UserError.single(
         f"the model ({count_text(facts.params)} parameters) fits no layout the job allows: "
-        + " | ".join(lines), source=source, field="train", hint="try " + remedies(train))
+        + " | ".join(lines), source=source, field="train",
+        hint=advice.hint(found, "more GPUs (resources.nodes), a GPU model with more memory "
+                                "(resources.gpu_model), or a smaller batch"))
 
 
 def slots_for(numbered: Sequence[Any]) -> list[Slot]:
@@ -359,7 +397,7 @@ def slots_for(numbered: Sequence[Any]) -> list[Slot]:
     slots: list[Slot] = []
     for nr in numbered:
         node, gpus, nproc = nr.choice.node, nr.choice.gpus, nr.choice.nproc
-        host = None if node.host_memory_gb is None else node.host_memory_gb * GB
+        host = None if node.host_memory_gb is None else capacity_bytes(node.host_memory_gb)
         for rank in nr.ranks:
             gpu = gpus[rank.local_rank] if gpus else None
             if gpu is None:
@@ -368,7 +406,7 @@ def slots_for(numbered: Sequence[Any]) -> list[Slot]:
                                   nr.node_rank, nproc, host))
                 continue
             speed = gpu.tflops if gpu.tflops is not None else batch.known_speed(gpu.model)
-            slots.append(Slot(rank.rank, node.name, gpu.model, gpu.memory_gb * GB, speed,
+            slots.append(Slot(rank.rank, node.name, gpu.model, capacity_bytes(gpu.memory_gb), speed,
                               nr.node_rank, nproc, host))
     return slots
 
