@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrate.hostside import hostfacts
-from tests.support.probemachine import FIXTURES, REPO, machine
+from orchestrate.probe.gathering import facts_argv
+from tests.support.probemachine import FIXTURES, machine
 from tests.support.python38 import python38 as _python38
 
 pytestmark = pytest.mark.process
@@ -135,12 +136,12 @@ def test_importing_torch_proves_it_loads() -> None:
 
 @pytest.mark.skipif(PY38 is None, reason="no Python 3.8 on this machine")
 def test_runs_as_shipped_on_python_3_8_without_site(tmp_path: Path) -> None:
-    """What the SSH transport does: the file's text, ``python -S``, on Python 3.8."""
-    source = tmp_path / "hostfacts.py"
-    source.write_text((REPO / "orchestrate" / "hostside" / "hostfacts.py").read_text())
+    """What the SSH transport does: the shipped gatherer (hostfacts and the modules it carries,
+    :data:`orchestrate.probe.gathering.GATHERER`), ``python -S``, on Python 3.8."""
     with machine(tmp_path, "a100-nvlink-pairs"):
-        proc = subprocess.run([str(PY38), "-S", str(source), "127.0.0.1"], capture_output=True,
-                              text=True, timeout=60, check=False, env=dict(os.environ))
+        proc = subprocess.run(facts_argv(str(PY38), ["127.0.0.1"], bound_s=60),
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     facts = json.loads(proc.stdout)
     assert facts["python"]["version"].startswith("3.8.")

@@ -53,11 +53,17 @@ def _until(cli: Cli, job: str, done: Any, timeout: float) -> dict[str, Any]:
         time.sleep(0.3)
 
 
-def _trigger_time(cli: Cli, name: str, mark: str = "trigger", timeout: float = 90) -> float:
+def _trigger_time(cli: Cli, name: str, mark: str = "trigger", timeout: float = 90,
+                  job: str | None = None) -> float:
+    """When the job's program reached ``mark``; fails after ``timeout`` s, with the job's status
+    (``job``: its id) to tell a slow machine from a job that ended first."""
     path = cli.work / f"marks-{name}" / mark
     deadline = time.monotonic() + timeout
     while not path.exists():
-        assert time.monotonic() < deadline, f"the program never reached its {mark} mark"
+        if time.monotonic() > deadline:
+            status = cli.status(job) if job is not None else None
+            raise AssertionError(f"the program never reached its {mark} mark in {timeout} s; "
+                                 f"the job: {status}")
         time.sleep(0.1)
     time.sleep(0.05)
     return float(path.read_text())
@@ -235,7 +241,7 @@ def test_a_slow_checkpoint_is_not_a_stall_nor_a_restart_loop(cli: Cli) -> None:
     job = cli.id("ckp")
     path = _slow_train_job(cli, "ckp", "model", "{max: 2, on: [stall], backoff_s: [0]}")
     cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
-    _trigger_time(cli, "ckp", timeout=150)
+    _trigger_time(cli, "ckp", timeout=150, job=job)
     status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING", "RESTARTING"),
                     240)
     assert status["state"] == "COMPLETED", status
@@ -251,7 +257,7 @@ def test_a_slow_validation_read_is_not_a_stall(cli: Cli) -> None:
     job = cli.id("evl")
     path = _slow_train_job(cli, "evl", "dataset", "{max: 0}")
     cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
-    _trigger_time(cli, "evl", timeout=150)
+    _trigger_time(cli, "evl", timeout=150, job=job)
     status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 240)
     assert status["state"] == "COMPLETED", status
     assert status["diagnosis"] is None, status

@@ -62,6 +62,13 @@ def _brief(doc: dict[str, Any]) -> str:
                      for c in doc["checks"])
 
 
+def _only_bandwidth_warnings(doc: dict[str, Any]) -> bool:
+    """Whether everything passed but a bandwidth check's warning (a measured ratio)."""
+    others = [c for c in doc["checks"] if c["status"] != "pass"]
+    return bool(others) and all(c["tier"] == "bandwidth" and c["status"] == "warn"
+                                for c in others)
+
+
 def _in_host(host: str, command: str) -> None:
     """Run ``command`` in the host's network namespace (as its root would)."""
     subprocess.run(["ip", "netns", "exec", f"orch-{host}", "sh", "-c", command], check=True,
@@ -88,6 +95,14 @@ def test_every_tier_passes_on_three_healthy_hosts(ssh_cli: SshCli) -> None:
     started = time.monotonic()
     proc, doc = _doctor(ssh_cli, job, "--tier", "all", *FAST)
     took = time.monotonic() - started
+    if _only_bandwidth_warnings(doc):
+        # The test hosts' links are veth pairs on this machine's CPUs: on a busy machine one
+        # direction of a pair can measure 4x slower than the best for a moment, a real ratio
+        # of what was measured, not a broken link. A ratio is retried once before failing.
+        print("doctor warned of a slow pair on a healthy box; once more:", _brief(doc))
+        started = time.monotonic()
+        proc, doc = _doctor(ssh_cli, job, "--tier", "all", *FAST)
+        took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert doc["verdict"] == "pass", [c for c in doc["checks"] if c["status"] != "pass"]
     assert {c["tier"] for c in doc["checks"]} == {"static", "connect", "smoke", "bandwidth"}
