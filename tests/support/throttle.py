@@ -17,9 +17,12 @@ a test trains, then the cgroups are removed.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 V1 = Path("/sys/fs/cgroup/cpu")
@@ -36,6 +39,24 @@ def _root() -> Path | None:
             V2 / "cgroup.subtree_control").read_text().split() and os.access(V2, os.W_OK):
         return V2
     return None
+
+
+#: Held while a mixed-speed measurement runs (:func:`measuring`), machine-wide.
+LOCK = Path("/tmp/orchestrate-test-throttle.lock")
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[None]:
+    """One mixed-speed measurement at a time on this machine. Their ranks carry the highest CPU
+    weight, so two at once (the local and the SSH test on two pytest-xdist workers) take three
+    cores' worth from two: each fast rank got a fraction of a core and the shares moved too
+    little (run B: [597, 427] and [635, 389] where a 2:1 speed gives [683, 341])."""
+    with open(LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def available() -> str | None:

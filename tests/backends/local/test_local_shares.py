@@ -45,27 +45,13 @@ def _job(split: str, cgroups: tuple[Path, Path], name: str | None = None, **trai
                       train=json.dumps(mixedwork.train_config(split, **train)))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # it may wait for the SSH test's measurement (throttle.measuring)
 def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
     why = throttle.available()
     if why is not None:
         pytest.skip(why)
-    slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
-    cgroups = (slow.path, fast.path)
-    try:
-        runs: dict[str, Path] = {}
-        outputs: dict[str, str] = {}
-        for split in ("equal", "measured"):
-            job = cli.id(split)
-            cli.write(f"{split}.yaml", _job(split, cgroups))
-            proc = cli.run("submit", str(cli.work / f"{split}.yaml"), "--follow",
-                           "--job-id", job, timeout=200)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-            runs[split], outputs[split] = cli.work / "runs" / job, proc.stdout + proc.stderr
-        runs["killed"] = _killed_after_the_shares_moved(cli, slow, fast)
-    finally:
-        slow.close()
-        fast.close()
+    with throttle.measuring():
+        runs, outputs = _three_runs(cli)
 
     assert [e["batch_shares"] for e in mixedwork.epochs_of(runs["equal"])] == [[512, 512]] * 3
     assert "batch shares [512, 512] -> " in outputs["measured"], outputs["measured"][-3000:]
@@ -80,6 +66,28 @@ def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
     # Killed and resumed: the same parameters as the straight measured run.
     assert differing_parameters(latest_state(runs["measured"]), latest_state(runs["killed"]),
                                 atol=mixedwork.TOLERANCE) == []
+
+
+def _three_runs(cli: Cli) -> tuple[dict[str, Path], dict[str, str]]:
+    """The equal and the measured run (each followed to its end), then the measured run whose
+    slow rank is killed: their run folders, and the followed runs' output."""
+    slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
+    cgroups = (slow.path, fast.path)
+    runs: dict[str, Path] = {}
+    outputs: dict[str, str] = {}
+    try:
+        for split in ("equal", "measured"):
+            job = cli.id(split)
+            cli.write(f"{split}.yaml", _job(split, cgroups))
+            proc = cli.run("submit", str(cli.work / f"{split}.yaml"), "--follow",
+                           "--job-id", job, timeout=200)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+            runs[split], outputs[split] = cli.work / "runs" / job, proc.stdout + proc.stderr
+        runs["killed"] = _killed_after_the_shares_moved(cli, slow, fast)
+    finally:
+        slow.close()
+        fast.close()
+    return runs, outputs
 
 
 def _killed_after_the_shares_moved(cli: Cli, slow: throttle.Throttle,

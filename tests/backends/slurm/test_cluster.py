@@ -208,7 +208,10 @@ def test_scancel_leaves_nothing_running(slurm_cluster: SlurmCluster, tmp_path: P
         )
         time.sleep(0.1)
     assert slurm_cluster.run("squeue", "-h", "-j", job_id, check=False).stdout.strip() == ""
-    assert job["ExitCode"] == "0:15"  # the tasks got SIGTERM
+    # The tasks got SIGTERM: the batch shell killed by it ("0:15"), or, when the signal reached
+    # it while it waited for srun, exiting 128 + 15 once srun's step ended ("143:0"): which one
+    # is a race inside Slurm, seen on a busy machine.
+    assert job["ExitCode"] in ("0:15", "143:0"), job["ExitCode"]
 
 
 @pytest.mark.timeout(BRING_UP + 60)

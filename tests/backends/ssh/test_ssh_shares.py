@@ -34,37 +34,38 @@ def _job(cli: SshCli, split: str, cgroups: tuple[Path, Path]) -> Path:
         """)
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(600)  # it may wait for the local test's measurement
 def test_measured_shares_over_ssh_move_work_off_the_slow_host(ssh_cli: SshCli) -> None:
     why = throttle.available()
     if why is not None:
         pytest.skip(why)
     ssh_cli.inventory([{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1}])
-    # h2's rank capped at half a core, h1's uncapped; both weighted over other work.
-    slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
-    runs: dict[str, Path] = {}
-    try:
-        for split in ("equal", "measured"):
-            job = f"{split}-{os.urandom(3).hex()}"
-            ssh_cli.run("submit", str(_job(ssh_cli, split, (slow.path, fast.path))), "--detach",
-                        "--job-id", job, check=True, timeout=120)
-            status = ssh_cli.wait_running(job, timeout=90)
-            rank0, rank1 = sorted(status["ranks"], key=lambda r: int(r["rank"]))
-            assert (rank0["host"], rank1["host"]) == ("h1", "h2"), status["ranks"]
-            # Each rank waits in its dataset factory until it is in its cgroup.
-            slow.add(ssh_cli.hosts.root_pid("h2", int(rank1["pid"])))
-            fast.add(ssh_cli.hosts.root_pid("h1", int(rank0["pid"])))
-            # One follower until the end, not a status process every 0.2 s: on two cores a
-            # CLI start that often takes CPU from the ranks being timed.
-            ssh_cli.run("logs", job, "--follow", timeout=240)
-            done = ssh_cli.status(job)
-            assert done["state"] == "COMPLETED", done
-            runs[split] = Path(done["run_dir"])
-        deadline = time.monotonic() + 10
-        while (slow.members() or fast.members()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        slow.close()
-        fast.close()
+    with throttle.measuring():  # one mixed-speed measurement at a time
+        # h2's rank capped at half a core, h1's uncapped; both weighted over other work.
+        slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
+        runs: dict[str, Path] = {}
+        try:
+            for split in ("equal", "measured"):
+                job = f"{split}-{os.urandom(3).hex()}"
+                ssh_cli.run("submit", str(_job(ssh_cli, split, (slow.path, fast.path))), "--detach",
+                            "--job-id", job, check=True, timeout=120)
+                status = ssh_cli.wait_running(job, timeout=90)
+                rank0, rank1 = sorted(status["ranks"], key=lambda r: int(r["rank"]))
+                assert (rank0["host"], rank1["host"]) == ("h1", "h2"), status["ranks"]
+                # Each rank waits in its dataset factory until it is in its cgroup.
+                slow.add(ssh_cli.hosts.root_pid("h2", int(rank1["pid"])))
+                fast.add(ssh_cli.hosts.root_pid("h1", int(rank0["pid"])))
+                # One follower until the end, not a status process every 0.2 s: on two cores a
+                # CLI start that often takes CPU from the ranks being timed.
+                ssh_cli.run("logs", job, "--follow", timeout=240)
+                done = ssh_cli.status(job)
+                assert done["state"] == "COMPLETED", done
+                runs[split] = Path(done["run_dir"])
+            deadline = time.monotonic() + 10
+            while (slow.members() or fast.members()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            slow.close()
+            fast.close()
 
     mixedwork.check_balanced(runs["equal"], runs["measured"])
