@@ -57,7 +57,7 @@ def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
     assert "batch shares [512, 512] -> " in outputs["measured"], outputs["measured"][-3000:]
     fast, slow_share = mixedwork.check_balanced(runs["equal"], runs["measured"])
     # What a person sees: the split and the step time before and after balancing.
-    job = cli.id("measured")
+    job = runs["measured"].name  # its run folder is named after its job id
     said = cli.run("status", job, check=True).stdout
     assert f"batch shares by rank: {fast}, {slow_share} of 1024 since step 8 (512, 512 " \
         "before)" in said, said
@@ -76,13 +76,21 @@ def _three_runs(cli: Cli) -> tuple[dict[str, Path], dict[str, str]]:
     runs: dict[str, Path] = {}
     outputs: dict[str, str] = {}
     try:
-        for split in ("equal", "measured"):
-            job = cli.id(split)
-            cli.write(f"{split}.yaml", _job(split, cgroups))
-            proc = cli.run("submit", str(cli.work / f"{split}.yaml"), "--follow",
-                           "--job-id", job, timeout=200)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-            runs[split], outputs[split] = cli.work / "runs" / job, proc.stdout + proc.stderr
+        for attempt in (1, 2):
+            for split in ("equal", "measured"):
+                job = cli.id(split if attempt == 1 else f"{split}-again")
+                cli.write(f"{split}.yaml", _job(split, cgroups))
+                proc = cli.run("submit", str(cli.work / f"{split}.yaml"), "--follow",
+                               "--job-id", job, timeout=200)
+                assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+                runs[split], outputs[split] = cli.work / "runs" / job, proc.stdout + proc.stderr
+            ratio = mixedwork.epoch_ratio(runs["equal"], runs["measured"])
+            if ratio <= mixedwork.MAX_RATIO or attempt == 2:
+                break
+            # A ratio of two runs on a busy machine is retried once before failing: other
+            # work can take CPU from the fast rank (on the same core as the slow one for a
+            # while), which no CPU weight prevents.
+            print(f"measured / equal {ratio:.3f} > {mixedwork.MAX_RATIO}: both runs again")
         runs["killed"] = _killed_after_the_shares_moved(cli, slow, fast)
     finally:
         slow.close()
