@@ -277,8 +277,14 @@ def test_default_timeout_becomes_the_jobs(starter: Starter) -> None:
     out = job.output()
     assert codes == {0: 3, 1: 3}, out
     assert out.count("default 5.0") == 2
-    assert out.count("Timed out waiting 5000ms") == 2, out
-    took = [float(line.split()[2]) for line in out.splitlines() if line.startswith("failed after")]
+    # Both ranks wait 5 s; the first to time out exits, and on a busy machine its peer can see
+    # the connection close just before its own 5 s are up (run C2): a rank ends by the bound
+    # or by its peer's end after it, never later than the bound allows.
+    failures = [line for line in out.splitlines() if line.startswith("failed after")]
+    assert out.count("Timed out waiting 5000ms") >= 1, out
+    assert all("Timed out waiting 5000ms" in line or "Connection closed by peer" in line
+               for line in failures), out
+    took = [float(line.split()[2]) for line in failures]
     assert len(took) == 2 and all(4.5 <= t <= 30 for t in took), took
     assert not (job.run_dir / "diag").exists()  # the bound does not need the sidecar
 
