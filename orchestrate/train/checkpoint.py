@@ -193,33 +193,28 @@ def load(path: Path) -> dict[str, Any]:
     checkpoint: its model's weights under ``model``, and the trainer's state)."""
     if path.is_dir():
         return _read_sharded(path)
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise TrainFailure(
-            f"checkpoint {path} not found (checkpoint_dir and init_from must be on a "
-            "filesystem every node sees)"
-        ) from None
-    except Exception as exc:
-        raise TrainFailure(f"cannot load {path}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise TrainFailure(f"{path} holds a {type(loaded).__name__}, not a dict")
-    return loaded
+    return _load_dict(path, f"checkpoint {path} not found (checkpoint_dir and init_from must "
+                            "be on a filesystem every node sees)")
 
 
 def sharded_side(path: Path) -> dict[str, Any]:
     """The trainer's state stored beside a sharded checkpoint's shards (:data:`SIDE`)."""
+    return _load_dict(path / SIDE, f"checkpoint {path} has no {SIDE} (checkpoint_dir must be "
+                                   "on a filesystem every node sees)")
+
+
+def _load_dict(path: Path, missing: str) -> dict[str, Any]:
+    """A dict saved with torch.save, onto the CPU, refusing pickled code; a missing file is
+    ``missing``, any other failure names the file and the first line of why."""
     try:
-        side = torch.load(path / SIDE, map_location="cpu", weights_only=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise TrainFailure(
-            f"checkpoint {path} has no {SIDE} (checkpoint_dir must be on a filesystem every "
-            "node sees)") from None
+        raise TrainFailure(missing) from None
     except Exception as exc:
-        raise TrainFailure(f"cannot load {path / SIDE}: {first_line(exc)}") from exc
-    if not isinstance(side, dict):
-        raise TrainFailure(f"{path / SIDE} holds a {type(side).__name__}, not a dict")
-    return side
+        raise TrainFailure(f"cannot load {path}: {first_line(exc)}") from exc
+    if not isinstance(loaded, dict):
+        raise TrainFailure(f"{path} holds a {type(loaded).__name__}, not a dict")
+    return loaded
 
 
 def _read_sharded(path: Path) -> dict[str, Any]:
