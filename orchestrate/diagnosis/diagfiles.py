@@ -26,6 +26,7 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
                   "sizes": [[4]]}],
          "stack": [["/w/train.py", 88, "step"], ...],   # main thread, innermost first
          "main_cpu_s": 12.3,  # CPU seconds of the main thread (Linux), null elsewhere
+         "main_wait_s": 0.8,  # seconds it was runnable but waited for a CPU (schedstat)
          "user_stack": [...],  # its innermost frames outside the stdlib and *-packages
          "stdlib": "/usr/lib/python3.11", "fr": "ok",
          "cpu_s": 0.012,  # CPU time of the thread that wrote it (the sidecar's cost so far)
@@ -33,7 +34,8 @@ Files, under ``<run_dir>/diag/`` (names from :mod:`orchestrate.core.layout`)
                   "target": "/ckpt/step-9.pt"}}  # the main thread, as the kernel sees it
 
     ``proc`` (:class:`KernelState`) is what tells a rank blocked in file I/O, or computing
-    (``main_cpu_s`` grows), from one that waits (:mod:`orchestrate.diagnosis.stallrule`).
+    (``main_cpu_s`` plus ``main_wait_s`` grow), from one that waits
+    (:mod:`orchestrate.diagnosis.stallrule`).
 
     ``pgs`` is ``null`` until ``torch.distributed`` is imported; ``fr`` says why it is empty
     (``"off"``, ``"unavailable"``, ``"empty"``, or the first error). The ``desc`` and ``op*``
@@ -302,6 +304,7 @@ class Heartbeat:
     fr: str | None = None
     stack: tuple[Frame, ...] = ()  # the main thread's innermost frames
     main_cpu_s: float | None = None
+    main_wait_s: float | None = None  # seconds the main thread waited, runnable, for a CPU
     user_stack: tuple[Frame, ...] = ()
     stdlib: str | None = None
     cpu_s: float | None = None
@@ -316,7 +319,8 @@ class Heartbeat:
             "progress_t": self.progress_t,
             "pgs": None if self.pgs is None else [g.to_json() for g in self.pgs],
             "fr": self.fr, "stack": [f.to_json() for f in self.stack],
-            "main_cpu_s": self.main_cpu_s, "user_stack": [f.to_json() for f in self.user_stack],
+            "main_cpu_s": self.main_cpu_s, "main_wait_s": self.main_wait_s,
+            "user_stack": [f.to_json() for f in self.user_stack],
             "stdlib": self.stdlib, "cpu_s": self.cpu_s,
         }
         if self.proc is not None:
@@ -342,6 +346,7 @@ class Heartbeat:
             step=_int(data.get("step")), progress_t=_float(data.get("progress_t")),
             pgs=groups, fr=_str(data.get("fr")), stack=frames_from_json(data.get("stack")),
             main_cpu_s=_float(data.get("main_cpu_s")),
+            main_wait_s=_float(data.get("main_wait_s")),
             user_stack=frames_from_json(data.get("user_stack")),
             stdlib=_str(data.get("stdlib")), cpu_s=_float(data.get("cpu_s")),
             proc=KernelState.from_json(data.get("proc")),

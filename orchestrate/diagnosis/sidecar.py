@@ -59,7 +59,7 @@ from typing import Any
 from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, Request
 from orchestrate.diagnosis.flightrecorder import FlightRecorder, dump_function, with_ops
 from orchestrate.diagnosis.joinwatch import ENV_OWNER, LIVE_KEY, dist_world, live_sidecar, record
-from orchestrate.diagnosis.threadstate import read_thread
+from orchestrate.diagnosis.threadstate import read_thread, run_wait
 from orchestrate.diagnosis.workers import arm, cleanup, sections
 
 ENV_INTERVAL = "ORCHESTRATE_HEARTBEAT_S"
@@ -217,11 +217,12 @@ class Sidecar:
             self.progress_t = now
         self.beat += 1
         cpu, proc = read_thread("self", main.native_id) if main.native_id else (None, None)
+        wait = run_wait("self", main.native_id) if main.native_id else None
         return Heartbeat(
             rank=self.rank, pid=self.pid, host=self.host, t=now, beat=self.beat,
             interval_s=self.interval_s, started=self.started, phase=phase, phase_since=since,
             step=step, progress_t=self.progress_t, pgs=pgs, fr=self.recorder.note, stack=stack,
-            main_cpu_s=cpu, user_stack=user, stdlib=self._stdlib,
+            main_cpu_s=cpu, main_wait_s=wait, user_stack=user, stdlib=self._stdlib,
             cpu_s=round(self.cpu_s, 6),  # the sidecar thread's CPU time: its cost, measured
             proc=proc,  # what the main thread does as the kernel sees it: I/O, CPU, a wait
         )

@@ -43,7 +43,8 @@ FRAME_PHASES = ("start", "setup", "checkpoint", "eval")
 #: activity (rank 0 writing to slow storage; a validation pass reading slow data).
 SLOW_PHASES = ("checkpoint", "eval")
 IN_INIT = "init_process_group"
-#: The least share of one core the main thread must use between two beats to be computing.
+#: The least share of one core the main thread must want (use, or wait for) between two beats
+#: to be computing.
 BUSY_CPU = 0.2
 #: ``distributed.busy_s`` unless the job says: how long busy ranks may go without progress.
 DEFAULT_BUSY_S = 1800.0
@@ -143,19 +144,29 @@ def _in_flight(beat: Heartbeat) -> bool:
     return any(g.enqueued > g.completed for g in beat.pgs or ())
 
 
+def _wanted(beat: Heartbeat, with_wait: bool) -> float | None:
+    """The main thread's CPU seconds, plus its seconds waiting for a CPU when ``with_wait``
+    (both beats compared carry them)."""
+    if beat.main_cpu_s is None:
+        return None
+    return beat.main_cpu_s + ((beat.main_wait_s or 0.0) if with_wait else 0.0)
+
+
 def activity(beat: Heartbeat, previous: Heartbeat | None = None,
              elapsed_s: float | None = None) -> str | None:
     """What keeps a rank busy without progress, from a fresh beat (and the one before it from
     the same process, ``elapsed_s`` apart when the beats carry no clock): ``"in slow I/O"``
-    (its main thread blocked in file I/O), ``"computing"`` (it used at least :data:`BUSY_CPU` of
-    a core since the previous beat, no collective of its own in flight), ``"in checkpoint"`` /
-    ``"in eval"`` (the trainer's slow phases); None when it waits, or nothing says."""
+    (its main thread blocked in file I/O), ``"computing"`` (it used or waited for at least
+    :data:`BUSY_CPU` of a core since the previous beat, no collective of its own in flight),
+    ``"in checkpoint"`` / ``"in eval"`` (the trainer's slow phases); None when it waits, or
+    nothing says."""
     if beat.phase in (IN_INIT, "exit", "finished"):
         return None
     if beat.proc is not None and beat.proc.file_io():
         return "in slow I/O"
     if previous is not None and previous.pid == beat.pid and not _in_flight(beat):
-        cpu, before = beat.main_cpu_s, previous.main_cpu_s
+        both = beat.main_wait_s is not None and previous.main_wait_s is not None
+        cpu, before = _wanted(beat, both), _wanted(previous, both)
         span = elapsed_s
         if beat.t is not None and previous.t is not None:
             span = beat.t - previous.t
@@ -227,6 +238,7 @@ class StallWatch:
         self._last_progress: float | None = None
         self._last_active = 0.0  # last progress, or last look that found a rank busy
         self._busy: dict[int, str] = {}  # rank -> its activity, as of its latest fresh beat
+        self._busy_at: dict[int, tuple[str, float]] = {}  # rank -> its last activity, when
         self._reported = False
         self._held = False  # this stretch without progress was said to be held off
         self._hold: Hold | None = None
@@ -283,8 +295,12 @@ class StallWatch:
         else:
             if idle >= threshold and living and not self._held:
                 self._held = True
+                # The ranks that kept the job active within the bound, even if their latest
+                # beat was idle (the hold used to name nobody then).
+                recent = {rank: what for rank, (what, at) in self._busy_at.items()
+                          if now - at < threshold}
                 self._hold = Hold(self._last_progress, idle, threshold, self.busy_bound(),
-                                  dict(self._busy))
+                                  {**recent, **self._busy})
             return None
         self._reported = True
         return Stall(reason, self._last_progress, idle, threshold, silent, ages,
@@ -308,6 +324,7 @@ class StallWatch:
                                 None if seen is None else now - seen[1])
                 if what is not None:
                     self._busy[rank] = what
+                    self._busy_at[rank] = (what, now)
                     busy = True
                 else:
                     self._busy.pop(rank, None)

@@ -1,5 +1,6 @@
 """What the kernel says a thread is doing (Linux ``/proc``): its state, wait channel, the
-system call it sleeps in and the file that call is on, and its CPU time.
+system call it sleeps in and the file that call is on, its CPU time, and how long it waited
+for a CPU.
 
 Python's frames cannot tell a rank sleeping in ``time.sleep`` from one blocked reading a file
 on slow storage, or one computing from one waiting: the kernel can. The rank sidecar
@@ -13,7 +14,14 @@ system call (``running`` on a CPU, ``-1 sp pc`` outside one); the number is name
 table of this machine's architecture (x86_64, aarch64; another shows ``#NR``). For a call on
 a file descriptor, ``/proc/PID/fd/ARG1`` names what it is. A thread may read its own
 process's files; a child's are readable to its owner. Anything unreadable reads as unknown
-(None), never as an error. Standard library only, Python 3.8+ (the sidecar folder carries a
+(None), never as an error.
+
+**Waiting for a CPU is computing too.** A thread that computes on a machine with more runnable
+threads than cores gets a share of a core, not a core: at load 16 on 2 cores a rank in one long
+CPU step used 12% of a core, below the stall rule's bar, and a healthy job was killed as stalled.
+``/proc/PID/task/TID/schedstat`` (``on-CPU ns, run-queue wait ns, slices``) also says how long the
+thread was runnable but waiting: on CPU plus waiting is what it *wanted*, whatever the machine's
+load (:func:`run_wait`). Standard library only, Python 3.8+ (the sidecar folder carries a
 copy: :mod:`orchestrate.diagnosis.rankpackage`).
 """
 
@@ -78,6 +86,16 @@ def _read(path: str) -> str | None:
         with open(path, encoding="ascii", errors="replace") as handle:
             return handle.read(512)
     except OSError:
+        return None
+
+
+def run_wait(pid: str, tid: int) -> float | None:
+    """Seconds a thread has spent runnable but waiting for a CPU (the second field of
+    ``schedstat``); None where the kernel keeps no scheduler statistics."""
+    fields = (_read(f"/proc/{pid}/task/{tid}/schedstat") or "").split()
+    try:
+        return int(fields[1]) / 1e9
+    except (IndexError, ValueError):
         return None
 
 

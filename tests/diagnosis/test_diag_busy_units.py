@@ -89,6 +89,32 @@ def _watch_until(watch: StallWatch, beats_at: Any, end: int, alive: Any = None) 
     return found
 
 
+def test_waiting_for_a_cpu_is_computing_on_an_overloaded_machine() -> None:
+    """At load 16 on 2 cores a rank in one long CPU step gets 12% of a core (timing run T1 of
+    2026-12-05 killed such a job as stalled): its time runnable on the run queue counts."""
+    before = beat(1, 100.0, cpu=5.0, main_wait_s=40.0)
+    assert activity(beat(2, 101.0, cpu=5.12, main_wait_s=40.85), before) == "computing"
+    assert activity(beat(2, 101.0, cpu=5.12, main_wait_s=40.0), before) is None  # sleeps
+    # the wait counts only when both beats carry it (a kernel without schedstat, an old file)
+    assert activity(beat(2, 101.0, cpu=5.12, main_wait_s=40.85), beat(1, 100.0, cpu=5.0)) is None
+    assert activity(beat(2, 101.0, cpu=5.12, main_wait_s=40.85, done=8), before) is None
+
+
+def test_the_hold_names_the_rank_that_kept_the_job_active_even_if_its_last_beat_was_idle() -> None:
+    """The notice used to read "but not stalled:  (" when the busy rank's latest beat happened
+    to show no CPU: it names the rank busy within the bound."""
+    watch = StallWatch(10, 1, busy_s=100)
+    holds = []
+    for t in range(30):
+        cpu = 0.5 * t if t < 9 else 4.0  # computes until t=8, then one idle beat at the hold
+        beats = {0: beat(t, float(t), cpu=cpu), 1: beat(t, float(t), done=8)}
+        assert watch.observe(float(t), beats, {0: True, 1: True}) is None or t >= 18
+        hold = watch.take_hold()
+        if hold is not None:
+            holds.append(hold)
+    assert holds and holds[0].busy == {0: "computing"}, holds
+
+
 def test_busy_ranks_hold_the_stall_until_busy_s() -> None:
     """Rank 0 checkpoints (no activity: it sleeps in I/O), rank 1 waits in its collective:
     not a stall at stall_s; one at busy_s, with the busy rank named."""

@@ -88,17 +88,20 @@ def _qdisc(host: str, *commands: str) -> Iterator[None]:
 
 
 @pytest.mark.timing
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(450)
 def test_every_tier_passes_on_three_healthy_hosts(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": f"h{i}", "slots": 2} for i in (1, 2, 3)])
     job = _job(ssh_cli, "healthy")
     started = time.monotonic()
     proc, doc = _doctor(ssh_cli, job, "--tier", "all", *FAST)
     took = time.monotonic() - started
-    if _only_bandwidth_warnings(doc):
+    for _ in range(2):
+        if not _only_bandwidth_warnings(doc):
+            break
         # The test hosts' links are veth pairs on this machine's CPUs: on a busy machine one
         # direction of a pair can measure 4x slower than the best for a moment, a real ratio
-        # of what was measured, not a broken link. A ratio is retried once before failing.
+        # of what was measured, not a broken link (timing run T1 of 2026-12-05, load 16 on 2
+        # cores: 6x, twice in a row). A ratio is measured up to three times before failing.
         print("doctor warned of a slow pair on a healthy box; once more:", _brief(doc))
         started = time.monotonic()
         proc, doc = _doctor(ssh_cli, job, "--tier", "all", *FAST)
