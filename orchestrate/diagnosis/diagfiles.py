@@ -319,10 +319,11 @@ class Heartbeat:
             "progress_t": self.progress_t,
             "pgs": None if self.pgs is None else [g.to_json() for g in self.pgs],
             "fr": self.fr, "stack": [f.to_json() for f in self.stack],
-            "main_cpu_s": self.main_cpu_s, "main_wait_s": self.main_wait_s,
-            "user_stack": [f.to_json() for f in self.user_stack],
+            "main_cpu_s": self.main_cpu_s, "user_stack": [f.to_json() for f in self.user_stack],
             "stdlib": self.stdlib, "cpu_s": self.cpu_s,
         }
+        if self.main_wait_s is not None:  # absent where the kernel keeps no schedstat
+            out["main_wait_s"] = self.main_wait_s
         if self.proc is not None:
             out["proc"] = self.proc.to_json()
         return out
