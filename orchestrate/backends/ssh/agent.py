@@ -300,6 +300,7 @@ class Serving:
         os._exit(128 + signum)
 
     def start(self, request: dict[str, Any]) -> int:
+        script = checked(request["script"])  # before anything: a refused script starts nothing
         self.job_id = request["job_id"]
         self.grace_s = float(request.get("grace_s", 5.0))
         self.lease_dir = request.get("lease_dir", self.lease_dir)
@@ -322,7 +323,6 @@ class Serving:
         env[TAG] = self.job_id
         local_rank = request.get("local_rank")  # None: a node's one process (per_node)
         argument = [] if local_rank is None else [str(local_rank)]
-        script = checked(request["script"])
         child = subprocess.Popen(["bash", script, *argument], cwd=os.path.dirname(script),
                                  env=env)
         say("pid", {"pid": child.pid})
