@@ -56,6 +56,7 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
+from orchestrate.hostside import safeplace
 from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
 from orchestrate.run.store import Store
 
@@ -115,10 +116,14 @@ def rank_files(plan: Plan, scripts: Mapping[str, str],
 
 def make_run_dir(prepared: Prepared) -> Path:
     """The job's run directory, made if it is not there (private: 0700; scripts can hold paths
-    and settings a user may not want others to read, and secrets never go into it at all)."""
+    and settings a user may not want others to read, and secrets never go into it at all).
+    Every folder above it is checked first, and an existing one must be the user's own 0700
+    folder (:mod:`orchestrate.hostside.safeplace`: a labmate must not be able to swap it)."""
     run_dir = Path(prepared.plan.run_dir)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        safeplace.run_folder(run_dir).close()
+    except safeplace.UnsafePlace as exc:
+        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
     except OSError as exc:
         raise _unwritable(prepared, exc, run_dir) from None
     return run_dir
@@ -126,21 +131,27 @@ def make_run_dir(prepared: Prepared) -> Path:
 
 def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
     """Create the run directory with the backend's ``files``, the plan and what was loaded
-    (``plan.json``, ``loaded.json``: what ``resume`` plans again from); returns it."""
-    run_dir = make_run_dir(prepared)
+    (``plan.json``, ``loaded.json``: what ``resume`` plans again from); returns it. Written
+    through the checked folder's descriptor (:func:`orchestrate.hostside.safeplace.write_tree`)."""
+    run_dir = Path(prepared.plan.run_dir)
+    everything = {**files,
+                  PLAN_FILE: json.dumps(prepared.plan.to_json(), indent=2) + "\n",
+                  LOADED_FILE: json.dumps(prepared.loaded.to_json(), indent=2) + "\n"}
     try:
-        for name, text in files.items():
-            target = run_dir / name
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            target.write_text(text, encoding="utf-8")
-            if name.endswith((".sh", ".sbatch")):
-                target.chmod(0o700)
-        (run_dir / PLAN_FILE).write_text(json.dumps(prepared.plan.to_json(), indent=2) + "\n")
-        (run_dir / LOADED_FILE).write_text(json.dumps(prepared.loaded.to_json(), indent=2)
-                                           + "\n")
+        safeplace.write_tree(run_dir, everything)
+    except safeplace.UnsafePlace as exc:
+        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
     except OSError as exc:
         raise _unwritable(prepared, exc, run_dir) from None
     return run_dir
+
+
+def unsafe_error(unsafe: safeplace.Unsafe, source: str, host: str = "") -> UserError:
+    """A place another user could swap, as a user error (exit 2) naming the folder, its owner
+    and mode, and the fix."""
+    where = f"{host}: " if host else ""
+    return UserError.single(f"{where}unsafe place for the run directory: {unsafe.message()}",
+                            source=source, field="run_root", got=unsafe.folder, hint=unsafe.fix)
 
 
 def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:

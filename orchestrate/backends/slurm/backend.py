@@ -13,14 +13,19 @@ There is no supervisor: Slurm is the one watching the ranks.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.backends.base import Backend, new_record, rank_files, write_run_dir
+from orchestrate.backends.base import (
+    Backend,
+    new_record,
+    rank_files,
+    unsafe_error,
+    write_run_dir,
+)
 from orchestrate.backends.slurm.ctl import (
     FINAL_STATES,
     SlurmClient,
@@ -36,8 +41,9 @@ from orchestrate.backends.slurm.view import (
     view_of,
 )
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import SBATCH_SCRIPT, slurm_secrets
+from orchestrate.core.layout import SBATCH_SCRIPT, SIDECAR_DIR, slurm_secrets
 from orchestrate.core.plan.outcome import Attempt
+from orchestrate.hostside import safeplace
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -85,6 +91,7 @@ class SlurmBackend:
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
         _write_secrets(run_dir, secrets, prepared)
+        _check_batch(run_dir, prepared)
         submitted_at = time.time()
         try:
             done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir,
@@ -121,6 +128,7 @@ class SlurmBackend:
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
         _write_secrets(run_dir, secrets, prepared)
+        _check_batch(run_dir, prepared)
         runs = read_runs(run_dir)
         base = runs[-1].restart + 1 if runs else job.attempt
         store.reopen(job.id, Attempt(job.attempt + 1, time.time()))
@@ -270,17 +278,31 @@ def _write_secrets(run_dir: Path, values: list[str], prepared: Prepared) -> None
     if not values:
         return
     path = slurm_secrets(run_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write("".join(v + "\n" for v in values))
+    try:  # through the run directory's checked folder (hostside/safeplace.py)
+        safeplace.write_tree(run_dir, {path.relative_to(run_dir).as_posix():
+                                       "".join(v + "\n" for v in values)})
+    except safeplace.UnsafePlace as exc:
+        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
     except OSError as exc:
         _remove_run_dir(run_dir)
         raise UserError.single(f"cannot write the job's secrets: {exc.strerror}",
                                source=str(prepared.path), field="run_root",
                                got=str(path)) from None
+
+
+def _check_batch(run_dir: Path, prepared: Prepared) -> None:
+    """Right before sbatch reads ``job.sbatch`` by its path: every folder above the run
+    directory checked again, the run directory and its sidecar folder the user's own 0700
+    folders, the script a file of the user's nobody else may write (so sbatch reads what was
+    written: :func:`orchestrate.hostside.safeplace.runnable`)."""
+    try:
+        safeplace.runnable(run_dir, SBATCH_SCRIPT, (SIDECAR_DIR,))
+    except safeplace.UnsafePlace as exc:
+        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
+    except OSError as exc:
+        raise UserError.single(f"cannot read {run_dir / SBATCH_SCRIPT}: {exc.strerror}",
+                               source=str(prepared.path), field="run_root",
+                               hint="the run directory changed after it was written") from None
 
 
 def forget_secrets(run_dir: Path) -> None:

@@ -17,9 +17,11 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
   older waiting job wants them (then say which; a waiting job's ticket stays queued), and make
   the job's cgroup where one can be made;
 - ``queue``: a waiting job's ticket in the host's queue (held by this agent), its claim dropped;
-- ``files``: write the run directory's files (0700 directory, 0600/0700 files);
-- ``start``: join the job's lease as a holder (and its cgroup), run ``bash launch-<node>.sh
-  LOCAL_RANK`` as a child that inherits the pty, say its pid, wait for it and say how it ended
+- ``files``: write the run directory's files (0700 directory, 0600/0700 files), through its
+  checked folder (:mod:`orchestrate.hostside.safeplace`: an unsafe place is refused, named);
+- ``start``: join the job's lease as a holder (and its cgroup), check the whole path of the
+  script again (:func:`checked`), run ``bash launch-<node>.sh LOCAL_RANK`` as a child that
+  inherits the pty, say its pid, wait for it and say how it ended
   and what of the job is left here;
 - ``end``: the job is over: stop what the rank left below this agent, leave the lease (dropped
   once nothing of the job lives), name the survivors, exit the way the rank did;
@@ -50,6 +52,7 @@ import socket
 import subprocess
 import sys
 
+from orchestrate.core.layout import SIDECAR_DIR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.hostside.containment import (
     JobGroup,
@@ -77,6 +80,7 @@ from orchestrate.hostside.leases import (
     machine_gpus,
     new_lease,
 )
+from orchestrate.hostside.safeplace import UnsafePlace, refusal, runnable, write_tree
 from orchestrate.hostside.watchdog import stop_job
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
@@ -273,19 +277,14 @@ class Serving:
         return named
 
     def files(self, request: dict[str, Any]) -> dict[str, Any]:
-        run_dir = request["run_dir"]
+        """The run directory's files, written through its checked folder's descriptor: every
+        folder above it safe, it the user's own 0700 folder (:mod:`~orchestrate.hostside.
+        safeplace`); an unsafe place is named with its owner, mode and fix."""
         os.umask(0o077)
         try:
-            os.makedirs(run_dir, mode=0o700, exist_ok=True)
-            os.chmod(run_dir, 0o700)
-            for name, text in request["files"].items():
-                path = os.path.join(run_dir, name)
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"  # shared FS
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(text)
-                os.chmod(tmp, 0o700 if name.endswith(".sh") else 0o600)
-                os.replace(tmp, path)
+            write_tree(request["run_dir"], request["files"])
+        except UnsafePlace as exc:
+            return refusal(exc)
         except OSError as exc:
             return {"ok": False, "detail": f"{exc.strerror}: {exc.filename}"}
         return {"ok": True}
@@ -301,6 +300,7 @@ class Serving:
         os._exit(128 + signum)
 
     def start(self, request: dict[str, Any]) -> int:
+        script = checked(request["script"])  # before anything: a refused script starts nothing
         self.job_id = request["job_id"]
         self.grace_s = float(request.get("grace_s", 5.0))
         self.lease_dir = request.get("lease_dir", self.lease_dir)
@@ -323,8 +323,8 @@ class Serving:
         env[TAG] = self.job_id
         local_rank = request.get("local_rank")  # None: a node's one process (per_node)
         argument = [] if local_rank is None else [str(local_rank)]
-        child = subprocess.Popen(["bash", request["script"], *argument],
-                                 cwd=os.path.dirname(request["script"]), env=env)
+        child = subprocess.Popen(["bash", script, *argument], cwd=os.path.dirname(script),
+                                 env=env)
         say("pid", {"pid": child.pid})
         while True:
             try:
@@ -347,6 +347,18 @@ class Serving:
         with suppress(OSError):
             say("exit", result)
         return code
+
+
+def checked(script: str) -> str:
+    """The launch script's path, re-checked right before ``bash`` opens it by that path: every
+    folder above the run directory again, the run directory and its sidecar folder the user's
+    own 0700 folders, the script a file of the user's nobody else may write
+    (:func:`orchestrate.hostside.safeplace.runnable`). Refused, the rank's log says why."""
+    try:
+        return runnable(os.path.dirname(script), os.path.basename(script), (SIDECAR_DIR,))
+    except UnsafePlace as exc:
+        raise RuntimeError(f"refused to run {script}: unsafe place: {exc}; fix: "
+                           f"{exc.unsafe.fix}") from None
 
 
 def serve() -> int:

@@ -28,6 +28,7 @@ from typing import Any
 
 import orchestrate.backends.ssh.agent
 import orchestrate.core.exits
+import orchestrate.core.layout
 import orchestrate.core.plan.outcome
 import orchestrate.core.plan.restart
 import orchestrate.hostside.bookdir
@@ -35,6 +36,7 @@ import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leases
+import orchestrate.hostside.safeplace
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
@@ -56,8 +58,8 @@ _MARK = MARK.encode()
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
-    orchestrate.hostside.watchdog, orchestrate.core.exits, orchestrate.core.plan.outcome,
-    orchestrate.core.plan.restart,
+    orchestrate.hostside.watchdog, orchestrate.hostside.safeplace, orchestrate.core.exits,
+    orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.backends.ssh.agent))
 
 
