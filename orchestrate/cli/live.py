@@ -20,6 +20,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from orchestrate.cli.interrupt import Interrupts
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.report.straggler import MATERIAL_GAP_PCT, Pace, Straggler
 
@@ -158,21 +159,32 @@ def render(snap: Snapshot) -> RenderableType:
 def watch(take: Callable[[], Snapshot], console: Console, *, interval_s: float = 1.0,
           limit_s: float | None = None) -> Snapshot:
     """Redraw ``take()`` every ``interval_s`` until the job has ended (or ``limit_s`` passed);
-    returns the last snapshot. Ctrl-C ends the view and leaves the job running."""
+    returns the last snapshot. Ctrl-C raises :class:`KeyboardInterrupt` between two redraws
+    (:class:`~orchestrate.cli.interrupt.Interrupts`), never in the middle of asking for the
+    job's state: the caller leaves the view and the job runs on."""
     from rich.live import Live
 
     from orchestrate.run.store import TERMINAL
 
-    snap = take()
-    deadline = None if limit_s is None else time.monotonic() + limit_s
-    with Live(render(snap), console=console, refresh_per_second=4, transient=False) as live:
-        try:
+    with Interrupts() as interrupts:
+        snap = take()
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        with Live(render(snap), console=console, refresh_per_second=4, transient=False) as live:
             while str(snap.status.get("state")) not in TERMINAL:
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                time.sleep(interval_s)
+                _pause(interval_s, interrupts)
                 snap = take()
                 live.update(render(snap))
-        except KeyboardInterrupt:
-            pass
     return snap
+
+
+def _pause(seconds: float, interrupts: Interrupts) -> None:
+    """Sleep ``seconds``, answering Ctrl-C within a tenth of a second."""
+    end = time.monotonic() + seconds
+    while True:
+        interrupts.check()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
