@@ -268,6 +268,10 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     out = console()
     out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
               + (f" - {job.reason}" if job.reason else ""))
+    from orchestrate.cli.live import why_lines
+
+    for line in why_lines(job.to_json())[1 if job.reason else 0:]:  # a diagnosis not said yet
+        out.print(line, markup=False, soft_wrap=True)
     out.print(f"run dir: {job.run_dir}")
     table = Table()
     for column in ("rank", "node", "host", "pid", "state", "exit"):
