@@ -60,6 +60,7 @@ from orchestrate.probe.gathering import (
     read_facts,
     shell_command,
 )
+from orchestrate.run.extras import require
 
 #: The controller waits this much longer than a host's own bound (the host stops itself first,
 #: and says so; this covers the session opening and a host that cannot even do that).
@@ -75,6 +76,7 @@ def gather_over_ssh(
     import_torch: bool = False,
 ) -> dict[str, Gathered]:
     """Facts (or why not) for every target, by target name, in the targets' order."""
+    require("ssh", "reaching hosts over SSH")  # not one ModuleNotFoundError per host
     links = Links()
     try:
         opened = fan_out(list(targets), lambda t: links.get(t).open(), fanout)
