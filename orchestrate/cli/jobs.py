@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrate.backends import get_backend
+from orchestrate.cli import completion
 from orchestrate.cli.tables import console
 from orchestrate.core.errors import EXIT_BUSY, UserError
 from orchestrate.core.layout import DOCTOR_FILE, rank_log
@@ -179,7 +180,7 @@ def _summary(job: JobRecord) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("--follow/--detach", default=None,
               help="stream output until the job ends (default on a terminal; Ctrl-C then "
               "cancels the job and exits 130) or return at once")
@@ -239,7 +240,7 @@ def list_jobs(as_json: bool, limit: int) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB", required=False)
+@click.argument("job_ref", metavar="JOB", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--watch", is_flag=True,
               help="redraw per-rank pace, straggler, heartbeats and loss until the job ends; "
@@ -302,7 +303,7 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("--rank", type=int, default=None, help="only this rank's log")
 @click.option("-f", "--follow", "follow_", is_flag=True,
               help="keep printing until the job ends; Ctrl-C stops printing (exit 130), the "
@@ -333,7 +334,8 @@ def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
 
 
 @click.command()
-@click.argument("job_refs", metavar="JOB...", nargs=-1, required=True)
+@click.argument("job_refs", metavar="JOB...", nargs=-1, required=True,
+                shell_complete=completion.running_jobs)
 def cancel(job_refs: tuple[str, ...]) -> None:
     """Stop every process of the job(s), on every host."""
     store = _store()

@@ -8,11 +8,12 @@ from typing import Any
 
 import click
 
+from orchestrate.cli import completion
 from orchestrate.run.store import JobRecord, Store
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="write the HTML here instead of <run dir>/report.html")
 def report(job_ref: str, output: Path | None) -> None:
