@@ -89,16 +89,19 @@ def _updated(latest: MetricRecord | None, lines: Iterator[bytes]) -> MetricRecor
     return latest
 
 
-def _show(lines: Iterator[bytes], writer: LineWriter, status: Status | None) -> None:
+def _show(lines: Iterator[bytes], writer: LineWriter, status: Status | None) -> int:
     """New output lines: above the progress line when there is one (a terminal: escaped), else
-    through ``writer``."""
+    through ``writer``; how many."""
+    count = 0
     for line in lines:
+        count += 1
         if status is not None:
             status.console.print(visible(line).rstrip("\n"), markup=False, highlight=False,
                                  soft_wrap=True)
         else:
             writer.write(line)
     writer.flush()
+    return count
 
 
 def follow(
@@ -127,7 +130,8 @@ def follow(
         from rich.console import Console
         from rich.status import Status as LiveStatus
 
-        status = LiveStatus("starting...", console=Console(file=sys.stderr))
+        status = LiveStatus("starting the ranks; waiting for their first lines...",
+                            console=Console(file=sys.stderr))
         status.start()
     try:
         with Interrupts() as interrupts:
@@ -144,13 +148,17 @@ def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every
     """:func:`follow`'s loop."""
     latest: MetricRecord | None = None
     last_refresh = 0.0
+    quiet = True  # no line yet: the status line says it waits for one
     while True:
         interrupts.check()
-        _show(log.lines(), writer, status)
+        shown = _show(log.lines(), writer, status)
         if status is not None:
             latest = _updated(latest, metrics.lines())
             if latest is not None:
                 status.update(progress_text(latest))
+            elif quiet and shown:
+                status.update("running...")
+        quiet = quiet and not shown
         now = time.monotonic()
         if now - last_refresh >= refresh_every_s:
             last_refresh = now

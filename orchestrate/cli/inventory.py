@@ -191,8 +191,11 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
     reach = ssh_reach(hosts, from_file, {k: v for k, v in settings.items() if v is not None},
                       python)
 
-    gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout, torch=torch,
-                                    import_torch=import_torch))
+    from orchestrate.cli.progress import progress
+
+    with progress(f"probing {len(reach.targets)} host(s)"):  # each step, on which hosts
+        gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout,
+                                        torch=torch, import_torch=import_torch))
     return write_probed(gathered, output=output, yes=yes, inventory_name=name or "hosts",
                         addresses=reach.addresses, extras=reach.extras,
                         defaults=reach.defaults)

@@ -67,14 +67,16 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
     --preflight, when a check failed and nothing was submitted), 75 when it could not be
     placed now (or, waiting, within its bound), 130 when Ctrl-C cancelled a followed job."""
+    from orchestrate.cli.progress import progress
     from orchestrate.core.render.render import merged
     from orchestrate.run.prepare import new_id_suffix, prepare
 
     if wait is not None:
         overrides = (*overrides, "resources.wait=" + (
             "true" if wait == "true" else repr(wait)))
-    prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
-                       debug=debug)
+    with progress("planning"):  # a memory trace takes up to a minute
+        prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
+                           debug=debug)
     backend = get_backend(prepared.plan.backend)
     if dry_run:
         click.echo(merged(backend.files(prepared.plan, prepared.templates_dir)), nl=False)
@@ -90,7 +92,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
             "or choose another id",
         )
     checked = _preflight(prepared, store) if preflight else None
-    record = backend.submit(prepared, store)
+    with progress("starting the job's supervisor"):  # it reports its phases and hosts
+        record = backend.submit(prepared, store)
     if checked is not None:
         # The report of the job shows the doctor's figures (orchestrate/report/runfiles.py).
         import shutil
@@ -121,9 +124,11 @@ def _preflight(prepared: Prepared, store: Store) -> Run:
     """The doctor's static, connect and smoke tiers on the job's nodes, through its backend;
     refuses (exit 1) when a check failed."""
     from orchestrate.cli.doctor import report
+    from orchestrate.cli.progress import progress
     from orchestrate.doctor import run as doctor
 
-    run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
+    with progress("preflight: the doctor's static, connect and smoke tiers"):
+        run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
     report(run, stderr=True)
     if run.exit_status:
         click.echo(f"preflight failed: {doctor.names(run.failed())}; job not submitted", err=True)
