@@ -205,7 +205,10 @@ def resume(job_ref: str, follow: bool | None) -> None:
                                field="JOB", hint="submit the job file again to train anew")
     prepared = plan_job(reloaded(job), job.id)
     backend = get_backend(job.backend)
-    record = backend.resume(job, prepared, store)
+    from orchestrate.cli.progress import progress
+
+    with progress("starting the job's supervisor"):  # it reports its phases and hosts
+        record = backend.resume(job, prepared, store)
     if follow is None:
         follow = sys.stdout.isatty()
     click.echo(f"job {record.id} resumed: attempt {record.attempt}"
