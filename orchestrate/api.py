@@ -41,6 +41,9 @@ def submit_function(
     ``fn`` raised, and :class:`~orchestrate.backends.slurm.function.FunctionJobFailed` when the job
     ended (failed, cancelled, timed out, node failure, forgotten) without a result from every rank.
     """
+    from orchestrate.run.extras import require
+
+    require("slurm", "submit_function")
     from orchestrate.backends.slurm.function import run_function
     from orchestrate.run.prepare import load, load_spec, new_id_suffix, plan_job
     from orchestrate.run.store import Store

@@ -22,7 +22,12 @@ _MODULES = {
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called ``name``."""
+    """The backend called ``name``; refuses (exit 2, naming the pip command) when the extra it
+    needs is not installed."""
+    if name == "ssh":  # Fabric: checked here, not first in a detached supervisor's log
+        from orchestrate.run.extras import require
+
+        require("ssh", "backend: ssh")
     module = importlib.import_module(_MODULES[name])
     backend: Backend = module.BACKEND
     return backend

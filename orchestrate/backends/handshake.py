@@ -3,13 +3,16 @@
 ``submit`` starts the supervisor with pipes on its stdin and stdout, writes one
 :class:`Handshake` line (the job as loaded and planned: the supervisor reads no file again) and
 waits for one :class:`Verdict` line: launched, or refused with the problems (and, where hosts
-were checked, the per-host table). Everything the supervisor prints after that goes to its log.
+were checked, the per-host table). Before it, the supervisor may write progress lines
+(``{"progress": phase, "host": host}``: :meth:`VerdictLine.progress`), which ``submit`` shows on
+a terminal. Everything the supervisor prints after that goes to its log.
 Both are typed records with ``to_json``/``from_json``, read and written by the same classes on
 both sides.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -21,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 from orchestrate.backends.hosttable import HostTable
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import Plan
+from orchestrate.run.progress import show
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; only mypy needs it
@@ -112,6 +116,16 @@ class VerdictLine:
         self.fd: int | None = os.dup(1)
         os.dup2(2, 1)
 
+    def progress(self, phase: str, host: str | None = None) -> None:
+        """A progress line before the verdict (:class:`orchestrate.run.progress.Progress`):
+        ``submit`` shows it on a terminal; after the verdict, nothing. One ``os.write`` of a
+        short line: atomic on a pipe, so the SSH fan-out's threads may call it at once."""
+        fd = self.fd
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):  # submit is gone: the verdict will say so
+            os.write(fd, (json.dumps({"progress": phase, "host": host})[:4000] + "\n").encode())
+
     def send(self, verdict: Verdict) -> None:
         """Send it (once; later calls do nothing)."""
         if self.fd is None:
@@ -127,11 +141,18 @@ class VerdictLine:
 
 def read_verdict(stream: IO[bytes], timeout: float) -> Verdict | None:
     """``submit``'s end: the supervisor's verdict, or None if it ended (or hung for
-    ``timeout``) without one."""
+    ``timeout``) without one. Progress lines before it go to
+    :func:`orchestrate.run.progress.show`."""
     deadline = time.monotonic() + timeout
     data = b""
     fd = stream.fileno()
-    while b"\n" not in data:
+    while True:
+        while b"\n" in data:
+            line, data = data.split(b"\n", 1)
+            message = json.loads(line)
+            if "progress" not in message:
+                return Verdict.from_json(message)
+            show(str(message["progress"]), message.get("host"))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None
@@ -142,4 +163,3 @@ def read_verdict(stream: IO[bytes], timeout: float) -> Verdict | None:
         if not chunk:
             return None
         data += chunk
-    return Verdict.from_json(json.loads(data.split(b"\n", 1)[0]))

@@ -30,6 +30,7 @@ from orchestrate.core.errors import EXIT_BUSY, Problem, UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.run.jobrecord import JobState
+from orchestrate.run.progress import reporting, show
 from orchestrate.run.store import PATIENCE_S, SUPERVISOR_PATIENCE_S, Store
 
 if TYPE_CHECKING:
@@ -151,7 +152,8 @@ class Supervisor(ABC):
             from orchestrate.run.prepare import Prepared
 
             self._submitted = Prepared(self.handshake.loaded_job(), self.handshake.plan)
-            prepared = self._first_attempt(verdict)
+            with reporting(verdict.progress):  # the phases, for submit's progress line
+                prepared = self._first_attempt(verdict)
             self.prepared = prepared
         except BaseException as exc:
             if self.pending is not None:
@@ -240,10 +242,12 @@ class Supervisor(ABC):
 
     def _prepare(self, attempt: int, excluded: tuple[str, ...]) -> Prepared | None:
         """Claim, write the run directory, record: an attempt made ready to start."""
+        show("claiming what the plan needs")
         prepared = self.claim(attempt, excluded)
         if prepared is None:
             return None
         files = self.backend.files(prepared.plan, prepared.templates_dir)
+        show("copying the job's files")
         self.ship(prepared, files)
         write_run_dir(prepared, files)
         self._record(prepared, attempt)

@@ -1,7 +1,8 @@
 """The ``orchestrate`` command line.
 
 Every user mistake surfaces as :class:`~orchestrate.core.errors.UserError` and leaves through
-:func:`main` as ``file: field: problem`` lines with hints and exit status 2, never a traceback.
+:func:`main` as ``file: field: problem`` lines with hints and exit status 2, never a traceback;
+so does an optional extra that is not installed (:mod:`orchestrate.run.extras`).
 The commands themselves are imported only when they run (:mod:`orchestrate.cli.group`).
 """
 
@@ -31,6 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
+    except ImportError as exc:  # an optional extra not installed: say which, no traceback
+        from orchestrate.run.extras import missing
+
+        error = missing(exc)
+        if error is None:
+            raise
+        for problem in error.problems:
+            click.echo(f"error: {problem.render()}", err=True)
+        return error.exit_status
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return 130

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from orchestrate.cli import completion
 from orchestrate.cli.tables import console
 from orchestrate.core.layout import SSH_HOSTS
 from orchestrate.core.spec.backendtraits import traits
@@ -101,7 +102,7 @@ def _as_json(diagnosis: Diagnosis | None) -> dict[str, Any] | None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB", required=False)
+@click.argument("job_ref", metavar="JOB", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.5, 60), default=4.0,
               show_default=True, help="seconds to wait for the ranks' answers")

@@ -85,14 +85,16 @@ def doctor(job_file: Path, tier: str, as_json: bool, overrides: tuple[str, ...],
     and a checked all_reduce (smoke); all_reduce and node-to-node bandwidth against the
     inventory (bandwidth). Exits 0 when nothing failed, 1 when a check failed, 2 for a mistake
     in the job or inventory."""
+    from orchestrate.cli.progress import progress
     from orchestrate.doctor import run as doctoring
     from orchestrate.run.prepare import prepare
 
-    prepared = prepare(job_file, overrides, job_id=job_id)
     settings = doctoring.Settings(tier=tier, sizes=sizes, pair_size=pair_size,
                                   budget_s=budget_s, timeout_s=timeout_s,
                                   window_s=connect_window_s, deadline_s=deadline_s)
-    run = doctoring.run(prepared, settings)
+    with progress("planning", enabled=not as_json):  # each tier and host as it runs
+        prepared = prepare(job_file, overrides, job_id=job_id)
+        run = doctoring.run(prepared, settings)
     if as_json:
         click.echo(json.dumps(run.document, indent=2))
         click.echo(f"doctor: {run.verdict} ({len(run.failed())} failed) in {run.seconds:.1f} s",

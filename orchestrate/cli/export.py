@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from orchestrate.cli import completion
 from orchestrate.core.errors import UserError
 
 
@@ -29,7 +30,7 @@ def _checkpoints(job_ref: str) -> Path:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("--step", type=int, default=None, help="the checkpoint of this optimizer step "
               "(default: the latest)")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,

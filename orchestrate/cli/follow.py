@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol
 
+from orchestrate.cli.interrupt import Interrupts
 from orchestrate.cli.terminal import LineWriter, visible
 from orchestrate.core.layout import MERGED_INDEX, METRICS, OLD_MERGED_LOG
 from orchestrate.core.metricrecord import MetricRecord
@@ -88,16 +89,19 @@ def _updated(latest: MetricRecord | None, lines: Iterator[bytes]) -> MetricRecor
     return latest
 
 
-def _show(lines: Iterator[bytes], writer: LineWriter, status: Status | None) -> None:
+def _show(lines: Iterator[bytes], writer: LineWriter, status: Status | None) -> int:
     """New output lines: above the progress line when there is one (a terminal: escaped), else
-    through ``writer``."""
+    through ``writer``; how many."""
+    count = 0
     for line in lines:
+        count += 1
         if status is not None:
             status.console.print(visible(line).rstrip("\n"), markup=False, highlight=False,
                                  soft_wrap=True)
         else:
             writer.write(line)
     writer.flush()
+    return count
 
 
 def follow(
@@ -111,7 +115,9 @@ def follow(
 ) -> JobRecord:
     """Print the job's merged view (or the file at ``path``) until it ends; returns the final
     record. ``refresh`` is called at most every ``refresh_every_s``. ``live``: a progress line
-    on standard error (a terminal), the output printed above it."""
+    on standard error (a terminal), the output printed above it. Ctrl-C raises
+    :class:`KeyboardInterrupt` between two steps (:class:`~orchestrate.cli.interrupt.Interrupts`):
+    the caller decides what it does to the job."""
     writer = LineWriter(out or sys.stdout.buffer)
     run_dir = Path(job.run_dir)
     log = reader(run_dir, path)
@@ -120,32 +126,47 @@ def follow(
         for _ in log.lines():
             pass
     status: Status | None = None
-    latest: MetricRecord | None = None
     if live:
         from rich.console import Console
         from rich.status import Status as LiveStatus
 
-        status = LiveStatus("starting...", console=Console(file=sys.stderr))
+        status = LiveStatus("starting the ranks; waiting for their first lines...",
+                            console=Console(file=sys.stderr))
         status.start()
     try:
-        last_refresh = 0.0
-        while True:
-            _show(log.lines(), writer, status)
-            if status is not None:
-                latest = _updated(latest, metrics.lines())
-                if latest is not None:
-                    status.update(progress_text(latest))
-            now = time.monotonic()
-            if now - last_refresh >= refresh_every_s:
-                last_refresh = now
-                job = refresh()
-                if job.terminal:
-                    time.sleep(POLL_S)
-                    for line in log.lines(final=True):
-                        writer.write(line)
-                    writer.flush()
-                    return job
-            time.sleep(POLL_S)
+        with Interrupts() as interrupts:
+            return _until_ended(job, refresh, refresh_every_s, log, metrics, writer, status,
+                                interrupts)
     finally:
         if status is not None:
             status.stop()
+
+
+def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every_s: float,
+                 log: Reader, metrics: Tail, writer: LineWriter, status: Status | None,
+                 interrupts: Interrupts) -> JobRecord:
+    """:func:`follow`'s loop."""
+    latest: MetricRecord | None = None
+    last_refresh = 0.0
+    quiet = True  # no line yet: the status line says it waits for one
+    while True:
+        interrupts.check()
+        shown = _show(log.lines(), writer, status)
+        if status is not None:
+            latest = _updated(latest, metrics.lines())
+            if latest is not None:
+                status.update(progress_text(latest))
+            elif quiet and shown:
+                status.update("running...")
+        quiet = quiet and not shown
+        now = time.monotonic()
+        if now - last_refresh >= refresh_every_s:
+            last_refresh = now
+            job = refresh()
+            if job.terminal:
+                time.sleep(POLL_S)
+                for line in log.lines(final=True):
+                    writer.write(line)
+                writer.flush()
+                return job
+        time.sleep(POLL_S)

@@ -84,7 +84,8 @@ COMMANDS: Mapping[str, Lazy] = {
     "submit": Lazy("orchestrate.cli.jobs", "submit",
                    "Launch a job; exits 0 when a followed job completes, 1 when it fails (or, "
                    "with --preflight, when a check failed and nothing was submitted), 75 when it "
-                   "could not be placed now (or, waiting, within its bound)."),
+                   "could not be placed now (or, waiting, within its bound), 130 when Ctrl-C "
+                   "cancelled a followed job."),
     "validate": Lazy("orchestrate.cli.inspect", "validate",
                      "Check inventory and job files; prints every problem found."),
 }

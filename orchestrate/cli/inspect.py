@@ -104,7 +104,10 @@ def readable_json(value: Any, level: int = 0, depth: int = 2) -> str:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(job: Path, overrides: tuple[str, ...], job_id: str | None, as_json: bool) -> None:
     """Show where every rank runs and with what environment; launches nothing."""
-    prepared = prepare(job, overrides, job_id=job_id)
+    from orchestrate.cli.progress import progress
+
+    with progress("planning", enabled=not as_json):  # a memory trace takes up to a minute
+        prepared = prepare(job, overrides, job_id=job_id)
     if as_json:
         click.echo(readable_json(prepared.plan.to_json()))
         return

@@ -191,8 +191,11 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
     reach = ssh_reach(hosts, from_file, {k: v for k, v in settings.items() if v is not None},
                       python)
 
-    gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout, torch=torch,
-                                    import_torch=import_torch))
+    from orchestrate.cli.progress import progress
+
+    with progress(f"probing {len(reach.targets)} host(s)"):  # each step, on which hosts
+        gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout,
+                                        torch=torch, import_torch=import_torch))
     return write_probed(gathered, output=output, yes=yes, inventory_name=name or "hosts",
                         addresses=reach.addresses, extras=reach.extras,
                         defaults=reach.defaults)
@@ -235,8 +238,11 @@ def _probe_slurm(partition: str | None, node_list: str | None, python: str | Non
                 source="command line", field="--nodes", got=hostlist.compress(missing),
                 hint="`sinfo -N` lists the nodes")
         nodes = [n for n in nodes if n.name in wanted]
-    gathered, extras = gather_cluster(nodes, partition, python, bound_s=bound_s, torch=torch,
-                                      import_torch=import_torch)
+    from orchestrate.cli.progress import progress
+
+    with progress(f"probing {len(nodes)} Slurm node(s)"):
+        gathered, extras = gather_cluster(nodes, partition, python, bound_s=bound_s,
+                                          torch=torch, import_torch=import_torch)
     defaults = {"python": python} if python else {}
     return write_probed(gathered, output=output, yes=yes, inventory_name=name, extras=extras,
                         defaults=defaults)
@@ -370,8 +376,11 @@ def inventory_check(file: Path, as_json: bool, no_torch: bool, import_torch: boo
     spec, lines = load_inventory_spec(file)
     inv = resolve_inventory(spec, str(file), lines)
     text = _read(file) or ""
-    gathered = gather_for_check(inv, slurm_nodes_of(spec), torch=not no_torch,
-                                import_torch=import_torch, bound_s=bound_s, fanout=fanout)
+    from orchestrate.cli.progress import progress
+
+    with progress(f"probing {len(inv.nodes)} node(s)", enabled=not as_json):
+        gathered = gather_for_check(inv, slurm_nodes_of(spec), torch=not no_torch,
+                                    import_torch=import_torch, bound_s=bound_s, fanout=fanout)
     return check_gathered(inv, text, str(file), gathered, as_json=as_json)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from orchestrate.backends import get_backend
+from orchestrate.cli import completion
 from orchestrate.cli.tables import console
 from orchestrate.core.errors import EXIT_BUSY, UserError
 from orchestrate.core.layout import DOCTOR_FILE, rank_log
@@ -46,7 +47,8 @@ def _refreshed(store: Store, job: JobRecord) -> JobRecord:
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="override a job field (repeatable)")
 @click.option("--follow/--detach", default=None,
-              help="stream output until the job ends (default on a terminal) or return at once")
+              help="stream output until the job ends (default on a terminal; Ctrl-C then "
+              "cancels the job and exits 130) or return at once")
 @click.option("--dry-run", is_flag=True, help="print what would be submitted; launch nothing")
 @click.option("--job-id", default=None, help="use this job id instead of a fresh one")
 @click.option("--debug", is_flag=True,
@@ -64,15 +66,17 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
            job_id: str | None, debug: bool, preflight: bool, wait: str | None) -> None:
     """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
     --preflight, when a check failed and nothing was submitted), 75 when it could not be
-    placed now (or, waiting, within its bound)."""
+    placed now (or, waiting, within its bound), 130 when Ctrl-C cancelled a followed job."""
+    from orchestrate.cli.progress import progress
     from orchestrate.core.render.render import merged
     from orchestrate.run.prepare import new_id_suffix, prepare
 
     if wait is not None:
         overrides = (*overrides, "resources.wait=" + (
             "true" if wait == "true" else repr(wait)))
-    prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
-                       debug=debug)
+    with progress("planning"):  # a memory trace takes up to a minute
+        prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
+                           debug=debug)
     backend = get_backend(prepared.plan.backend)
     if dry_run:
         click.echo(merged(backend.files(prepared.plan, prepared.templates_dir)), nl=False)
@@ -88,7 +92,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
             "or choose another id",
         )
     checked = _preflight(prepared, store) if preflight else None
-    record = backend.submit(prepared, store)
+    with progress("starting the job's supervisor"):  # it reports its phases and hosts
+        record = backend.submit(prepared, store)
     if checked is not None:
         # The report of the job shows the doctor's figures (orchestrate/report/runfiles.py).
         import shutil
@@ -101,9 +106,9 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     if not follow:
         click.echo(record.id)
         return
-    click.echo(f"job {record.id} submitted ({record.backend}); run dir {record.run_dir}",
-               err=True)
-    final = _follow(store, record)
+    click.echo(f"job {record.id} submitted ({record.backend}); run dir {record.run_dir}; "
+               "Ctrl-C cancels it (`orchestrate logs -f` follows without cancelling)", err=True)
+    final = _follow(store, record, cancel_on_interrupt=True)
     _summary(final)
     raise click.exceptions.Exit(_exit_status(final))
 
@@ -119,9 +124,11 @@ def _preflight(prepared: Prepared, store: Store) -> Run:
     """The doctor's static, connect and smoke tiers on the job's nodes, through its backend;
     refuses (exit 1) when a check failed."""
     from orchestrate.cli.doctor import report
+    from orchestrate.cli.progress import progress
     from orchestrate.doctor import run as doctor
 
-    run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
+    with progress("preflight: the doctor's static, connect and smoke tiers"):
+        run = doctor.run(prepared, doctor.Settings(tier="smoke"), store=store)
     report(run, stderr=True)
     if run.exit_status:
         click.echo(f"preflight failed: {doctor.names(run.failed())}; job not submitted", err=True)
@@ -129,8 +136,13 @@ def _preflight(prepared: Prepared, store: Store) -> Run:
     return run
 
 
-def _follow(store: Store, record: JobRecord, path: Path | None = None) -> JobRecord:
+def _follow(store: Store, record: JobRecord, path: Path | None = None, *,
+            cancel_on_interrupt: bool = False) -> JobRecord:
+    """Follow the job until it ends. Ctrl-C leaves the view (exit 130) and the job runs on;
+    with ``cancel_on_interrupt`` (``submit``/``resume --follow``, which say so first) it cancels
+    the job, then exits 130."""
     from orchestrate.cli.follow import follow
+    from orchestrate.cli.interrupt import EXIT_INTERRUPTED, ignoring_interrupts, leave_view
 
     backend = get_backend(record.backend)
     try:
@@ -142,8 +154,19 @@ def _follow(store: Store, record: JobRecord, path: Path | None = None) -> JobRec
             path=path,
         )
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: cancelling job {record.id}", err=True)
-        return backend.cancel(store.get(record.id) or record, store)
+        if not cancel_on_interrupt:
+            raise leave_view(record.id) from None
+    click.echo(f"\ninterrupted: cancelling job {record.id}", err=True)
+    previous = ignoring_interrupts()  # a cancel once begun is finished
+    try:
+        final = backend.cancel(store.get(record.id) or record, store)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGINT, previous)
+    _summary(final)
+    raise click.exceptions.Exit(EXIT_INTERRUPTED)
 
 
 def _summary(job: JobRecord) -> None:
@@ -162,9 +185,10 @@ def _summary(job: JobRecord) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("--follow/--detach", default=None,
-              help="stream output until the job ends (default on a terminal) or return at once")
+              help="stream output until the job ends (default on a terminal; Ctrl-C then "
+              "cancels the job and exits 130) or return at once")
 def resume(job_ref: str, follow: bool | None) -> None:
     """Run an ended job again as its next attempt: same id and run directory, so the built-in
     trainer resumes from its last checkpoint; planned again from the job as it was submitted."""
@@ -181,14 +205,18 @@ def resume(job_ref: str, follow: bool | None) -> None:
                                field="JOB", hint="submit the job file again to train anew")
     prepared = plan_job(reloaded(job), job.id)
     backend = get_backend(job.backend)
-    record = backend.resume(job, prepared, store)
-    click.echo(f"job {record.id} resumed: attempt {record.attempt}", err=True)
+    from orchestrate.cli.progress import progress
+
+    with progress("starting the job's supervisor"):  # it reports its phases and hosts
+        record = backend.resume(job, prepared, store)
     if follow is None:
         follow = sys.stdout.isatty()
+    click.echo(f"job {record.id} resumed: attempt {record.attempt}"
+               + ("; Ctrl-C cancels it" if follow else ""), err=True)
     if not follow:
         click.echo(record.id)
         return
-    final = _follow(store, record)
+    final = _follow(store, record, cancel_on_interrupt=True)
     _summary(final)
     raise click.exceptions.Exit(_exit_status(final))
 
@@ -220,10 +248,11 @@ def list_jobs(as_json: bool, limit: int) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB", required=False)
+@click.argument("job_ref", metavar="JOB", required=False, shell_complete=completion.jobs)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--watch", is_flag=True,
-              help="redraw per-rank pace, straggler, heartbeats and loss until the job ends")
+              help="redraw per-rank pace, straggler, heartbeats and loss until the job ends; "
+              "Ctrl-C leaves the view (exit 130), the job runs on")
 def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     """A job's state, per-rank exit status, the first failure and the straggler (default: the
     latest job)."""
@@ -233,7 +262,12 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     job = _refreshed(store, resolve_or_latest(store, job_ref))
     job = store.get(job.id) or job
     if watch:
-        report.watch_job(store, job)
+        from orchestrate.cli.interrupt import leave_view
+
+        try:
+            report.watch_job(store, job)
+        except KeyboardInterrupt:
+            raise leave_view(job.id, "watching") from None
         return
     if as_json:
         click.echo(json.dumps(report.status_json(job), indent=2))
@@ -243,6 +277,10 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     out = console()
     out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
               + (f" - {job.reason}" if job.reason else ""))
+    from orchestrate.cli.live import why_lines
+
+    for line in why_lines(job.to_json())[1 if job.reason else 0:]:  # a diagnosis not said yet
+        out.print(line, markup=False, soft_wrap=True)
     out.print(f"run dir: {job.run_dir}")
     table = Table()
     for column in ("rank", "node", "host", "pid", "state", "exit"):
@@ -273,9 +311,11 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("--rank", type=int, default=None, help="only this rank's log")
-@click.option("-f", "--follow", "follow_", is_flag=True, help="keep printing until the job ends")
+@click.option("-f", "--follow", "follow_", is_flag=True,
+              help="keep printing until the job ends; Ctrl-C stops printing (exit 130), the "
+              "job runs on")
 def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
     """A job's merged output with [node:rank] prefixes, or one rank's.
 
@@ -302,7 +342,8 @@ def logs(job_ref: str, rank: int | None, follow_: bool) -> None:
 
 
 @click.command()
-@click.argument("job_refs", metavar="JOB...", nargs=-1, required=True)
+@click.argument("job_refs", metavar="JOB...", nargs=-1, required=True,
+                shell_complete=completion.running_jobs)
 def cancel(job_refs: tuple[str, ...]) -> None:
     """Stop every process of the job(s), on every host."""
     store = _store()

@@ -8,11 +8,12 @@ from typing import Any
 
 import click
 
+from orchestrate.cli import completion
 from orchestrate.run.store import JobRecord, Store
 
 
 @click.command()
-@click.argument("job_ref", metavar="JOB")
+@click.argument("job_ref", metavar="JOB", shell_complete=completion.jobs)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="write the HTML here instead of <run dir>/report.html")
 def report(job_ref: str, output: Path | None) -> None:
@@ -74,7 +75,7 @@ def status_lines(job: JobRecord) -> list[str]:
 def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> None:
     """The live view of ``status --watch`` until the job ends or Ctrl-C."""
     from orchestrate.backends import get_backend
-    from orchestrate.cli.live import RECENT_S, Snapshot, watch
+    from orchestrate.cli.live import RECENT_S, Snapshot, activity, progress_time, watch
     from orchestrate.cli.tables import console
     from orchestrate.diagnosis.evidence import read_heartbeats
     from orchestrate.report.runfiles import losses, read_metrics, run_pace
@@ -97,9 +98,10 @@ def watch_job(store: Store, job: JobRecord, *, limit_s: float | None = None) -> 
             pace=run_pace(run_dir, nodes, None if current.terminal else RECENT_S),
             losses=losses(records),
             last_metrics=last,
-            heartbeats={rank: None if b is None else b.t for rank, b in beats.items()},
+            heartbeats={rank: progress_time(b) for rank, b in beats.items()},
             now=time.time(),
             shares=next((r.batch_shares for r in reversed(records) if r.batch_shares), ()),
+            activity={rank: text for rank, b in beats.items() if (text := activity(b))},
         )
 
     watch(take, console(), limit_s=limit_s)

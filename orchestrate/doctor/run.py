@@ -39,6 +39,7 @@ from orchestrate.core.layout import DOCTOR_FILE, rank_log
 from orchestrate.core.spec.backendtraits import traits
 from orchestrate.doctor import findings, grading
 from orchestrate.doctor.checkup import transcript
+from orchestrate.run.progress import hosts, show
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import Backend
@@ -202,7 +203,8 @@ def run(prepared: Prepared, settings: Settings, *, store: Store | None = None,
                                   refused=exc.problems)
         else:
             phases["launch"] = time.monotonic() - began
-            record, end = _wait(backend, store, record, deadline, bound)
+            record, end = _wait(backend, store, record, deadline, bound,
+                                lambda: _show_tier(run_dir, derived.plan, settings.tiers))
             phases["run"] = time.monotonic() - began - phases["launch"]
     except KeyboardInterrupt:
         if record is not None:
@@ -241,12 +243,38 @@ def _checkup_phases(payloads: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _wait(backend: Backend, store: Store, record: JobRecord, deadline: float, bound: float
-          ) -> tuple[JobRecord, findings.JobEnd]:
-    """Follow the job until it ends or the deadline passes (then cancel it)."""
+def tier_phase(tiers: Sequence[str], nodes: Sequence[str], done: Sequence[str]
+               ) -> tuple[str, str | None]:
+    """What the checkup does now, for the progress line: the node tiers (static, connect) on
+    the nodes that have not reported them (``done``), then the rank tiers (smoke, bandwidth)."""
+    node_tiers = [t for t in tiers if t in ("static", "connect")]
+    rank_tiers = [t for t in tiers if t not in node_tiers]
+    left = [n for n in nodes if n not in done]
+    if node_tiers and left:
+        return f"doctor: {_tiers(node_tiers)}", hosts(left)
+    if rank_tiers:
+        return f"doctor: {_tiers(rank_tiers)}", hosts(list(nodes))
+    return "doctor: grading", None
+
+
+def _tiers(names: Sequence[str]) -> str:
+    return " and ".join(names) + (" tiers" if len(names) > 1 else " tier")
+
+
+def _show_tier(run_dir: Path, plan: Plan, tiers: Sequence[str]) -> None:
+    done = [str(p.get("node")) for p in read_payloads(run_dir, plan.world_size)
+            if p.get("kind") == "node"]
+    show(*tier_phase(tiers, [n.name for n in plan.nodes], done))
+
+
+def _wait(backend: Backend, store: Store, record: JobRecord, deadline: float, bound: float,
+          progress: Callable[[], None] = lambda: None) -> tuple[JobRecord, findings.JobEnd]:
+    """Follow the job until it ends or the deadline passes (then cancel it); ``progress`` is
+    called between two looks."""
     from orchestrate.backends import detached
 
     while True:
+        progress()
         current = store.get(record.id) or record
         record = backend.refresh(current, store)
         if record.terminal:

@@ -31,6 +31,7 @@ from orchestrate.core.spec.inventory import (
     resolve_inventory,
 )
 from orchestrate.core.spec.job import JobSpec, check_job_id, job_dir, load_job
+from orchestrate.run.progress import show
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
 PREVIEW_SUFFIX = "dryrun"
@@ -274,4 +275,5 @@ def _model(job: JobSpec, inventory: Inventory, workdir: Path, source: str
 
     if not modelfacts.wanted(job, inventory):
         return None, ""
+    show("tracing the model's memory (a child process, up to a minute)")
     return modelfacts.probe(job, workdir, source)

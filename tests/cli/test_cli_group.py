@@ -76,8 +76,8 @@ print(json.dumps([code, sorted(m for m in sys.modules if m.startswith("orchestra
     (["--version"], ["orchestrate.cli.group"]),
     (["schema", "--help"], ["orchestrate.cli.group", "orchestrate.cli.inspect",
                             "orchestrate.cli.tables"]),
-    (["list", "--help"], ["orchestrate.cli.group", "orchestrate.cli.jobs",
-                          "orchestrate.cli.tables"]),
+    (["list", "--help"], ["orchestrate.cli.completion", "orchestrate.cli.group",
+                          "orchestrate.cli.jobs", "orchestrate.cli.tables"]),
 ])
 def test_only_the_command_that_runs_is_imported(args: list[str], modules: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", IMPORTED, *args], capture_output=True,

@@ -42,6 +42,7 @@ from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.spec.inventory import Inventory
+from orchestrate.run.progress import hosts, show
 
 if TYPE_CHECKING:
     from orchestrate.run.prepare import Prepared
@@ -112,6 +113,7 @@ class Launcher:
     def check(self, plan: Plan, with_ranks: bool = True) -> Judgement:
         """Ask every node of ``plan`` whose questions changed; judge all answers."""
         targets = self.targets(plan)
+        show("logging in", hosts([node.name for node in plan.nodes]))
         for node in plan.nodes:  # log in everywhere at once (a no-op where it started)
             self.pool.open(targets[node.name], node.nproc if with_ranks else 1)
         logged_in = self.pool.sessions()
@@ -155,6 +157,7 @@ class Launcher:
         except Exception as exc:  # paramiko's own errors on a half-open connection, ...
             return HostAnswer(target, failed="ssh", detail=f"{type(exc).__name__}: {exc}")
         asked_at = time.monotonic()
+        show("preflight", target.name)
         try:
             facts = session.channels[0].request(wanted, "preflight", PREFLIGHT_TIMEOUT_S)
         except ChannelError as exc:
@@ -270,6 +273,7 @@ class Launcher:
             }, "claim", STEP_TIMEOUT_S)
 
         targets = self.targets(plan)
+        show("claiming GPUs and the port", hosts(list(targets)))
         answers = fan_out(list(targets.values()), claim, self.fanout)
         failures = Judgement()
         conflict = False
@@ -308,6 +312,7 @@ class Launcher:
         common = {name: text for name, text in rendered.items() if name not in scripts}
 
         def put(target: Target) -> None:
+            show("copying the job's files", target.name)
             own = node_script_name(target.name)
             files = {own: rendered[own], **common}
             session = self.pool.session(target, nproc[target.name])  # a channel per rank

@@ -60,6 +60,8 @@ from orchestrate.probe.gathering import (
     read_facts,
     shell_command,
 )
+from orchestrate.run.extras import require
+from orchestrate.run.progress import hosts, show
 
 #: The controller waits this much longer than a host's own bound (the host stops itself first,
 #: and says so; this covers the session opening and a host that cannot even do that).
@@ -75,8 +77,10 @@ def gather_over_ssh(
     import_torch: bool = False,
 ) -> dict[str, Gathered]:
     """Facts (or why not) for every target, by target name, in the targets' order."""
+    require("ssh", "reaching hosts over SSH")  # not one ModuleNotFoundError per host
     links = Links()
     try:
+        show("logging in", hosts([t.name for t in targets]))
         opened = fan_out(list(targets), lambda t: links.get(t).open(), fanout)
         gathered: dict[str, Gathered] = {}
         reached: list[Target] = []
@@ -88,6 +92,7 @@ def gather_over_ssh(
                 gathered[t.name] = Unreachable(_reason(result.error))
         seen_at = [links.get(t).peer_ip() or t.address for t in reached]
         index = {t.name: i for i, t in enumerate(reached)}
+        show("gathering facts", hosts([t.name for t in reached]))
         answers = fan_out(reached, lambda t: _gather(
             links.get(t), peers_of(seen_at, index[t.name]), bound_s, torch, import_torch),
             fanout)

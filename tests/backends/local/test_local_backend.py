@@ -167,7 +167,7 @@ def test_ctrl_c_on_follow_cancels_the_job(cli: Cli) -> None:
     _wait_ranks_running(cli, cli.id("ctrlc-1"))
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
-    assert proc.returncode != 0
+    assert proc.returncode == 130, proc.stderr
     assert cli.status(cli.id("ctrlc-1"))["state"] == "CANCELLED"
     assert host.job_pids(cli.id("ctrlc-1")) == []
 
