@@ -235,14 +235,18 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     if watch:
         report.watch_job(store, job)
         return
+    foreign = _foreign(job)
     if as_json:
-        click.echo(json.dumps(report.status_json(job), indent=2))
+        click.echo(json.dumps({**report.status_json(job), "foreign_gpu_use": foreign},
+                              indent=2))
         return
     from rich.table import Table
 
     out = console()
     out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
               + (f" - {job.reason}" if job.reason else ""))
+    for line in foreign:
+        out.print(line, markup=False, soft_wrap=True)
     out.print(f"run dir: {job.run_dir}")
     table = Table()
     for column in ("rank", "node", "host", "pid", "state", "exit"):
@@ -313,3 +317,13 @@ def cancel(job_refs: tuple[str, ...]) -> None:
             continue
         final = get_backend(job.backend).cancel(job, store)
         click.echo(f"job {final.id} {final.state}")
+
+
+def _foreign(job: JobRecord) -> list[str]:
+    """Another user's processes on the GPUs a running local job leases (read now)."""
+    if job.backend != "local" or job.state != "RUNNING" or not job.lease_books:
+        return []
+    from orchestrate.backends.sharing import foreign_gpu_use
+
+    return [line for lease_dir in sorted(set(job.lease_books.values()), key=str)
+            for line in foreign_gpu_use(job.id, lease_dir)]

@@ -32,8 +32,10 @@ from orchestrate.backends.detached import start_watchdog
 from orchestrate.backends.handshake import Handshake
 from orchestrate.backends.local.backend import LocalBackend
 from orchestrate.backends.sharing import (
+    FOREIGN_POLL_S,
     blocked,
     book_error,
+    foreign_gpu_use,
     lease_dir,
     occupancy,
     ticket,
@@ -192,9 +194,12 @@ class LocalSupervisor(Supervisor):
             _check_gpus_exist(prepared, found)
             _check_runtime(prepared)
         except UserError as exc:
-            if waits and exc.exit_status == EXIT_BUSY:
+            if isinstance(want, leases.Ticket) and exc.exit_status == EXIT_BUSY:
                 book.enqueue(want)
             raise
+        finally:
+            for line in book.problems:  # files of the book it ignored or could not read
+                self.log(f"lease book: {line}")
         plan = prepared.plan
         chosen = plan.nodes[0]
         key = f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}"
@@ -207,12 +212,23 @@ class LocalSupervisor(Supervisor):
         book.forget(self.job_id)
         return prepared
 
+    def _watch_foreign(self) -> None:
+        """While the job runs: another user's process on one of its GPUs is named in the job's
+        log, once per process (the owner of the job is told; nothing is stopped)."""
+        seen: set[int] = set()
+        while True:
+            time.sleep(FOREIGN_POLL_S)
+            for line in foreign_gpu_use(self.job_id, self.lease_root, seen):
+                self.log(line)
+
     def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
         """A process per rank (or the node's one process under ``launcher: per_node`` or
         ``torchrun``), on this machine, running the node's launch script (in the job's cgroup
         where there is one: its children are born there)."""
         if self.group is not None and not self.group.join():
             self.group = None
+        if attempt == self.first and prepared.plan.nodes[0].gpu_indices:
+            threading.Thread(target=self._watch_foreign, daemon=True).start()
         plan = prepared.plan
         node = plan.nodes[0]
         script = self.run_dir / node_script_name(node.name)

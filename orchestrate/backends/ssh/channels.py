@@ -34,6 +34,7 @@ import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
+import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
@@ -55,7 +56,8 @@ _MARK = MARK.encode()
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
+    orchestrate.hostside.leases,
     orchestrate.hostside.watchdog, orchestrate.core.exits, orchestrate.core.plan.outcome,
     orchestrate.core.plan.restart,
     orchestrate.backends.ssh.agent))
