@@ -96,7 +96,7 @@ if TYPE_CHECKING:
 
 #: How much earlier than its holder started a ticket may say it was submitted (the SSH agent
 #: starts seconds after the submit; a clock a little off): an earlier place is not believed.
-PLACE_SLACK_S = 120.0
+PLACE_SLACK_S = float(os.environ.get("ORCHESTRATE_QUEUE_SLACK_S") or 120.0)
 
 
 def holders_of(record: Lease | Ticket) -> list[tuple[int, int | None]]:
@@ -187,8 +187,8 @@ class LeaseBook:
     def _squatted(self, path: str) -> None:
         info = lstat_or_none(path)
         owner = self._user(info.st_uid) if info is not None else "?"
-        self._note(path, f"{path} was taken first by {owner}, not by orchestrate: another "
-                   "name was used; its owner or root can remove it")
+        self.found[path] = (f"{path} was taken first by {owner}, not by orchestrate: another "
+                            "name was used; its owner or root can remove it")
 
     def _write(self, record: Lease | Ticket, kind: str = LEASE) -> None:
         """Write one of this user's records: a new file renamed over the old one (only its
@@ -464,7 +464,9 @@ def machine_gpus(lease_dir: str | None) -> dict[str, Any]:
     ``lease_dir``: the book's folder (None: its default)."""
     found = usage()
     answer: dict[str, Any] = {"host": socket.gethostname(), "gpus": [], "problems": [],
-                              "book": {"path": None, "trust": None}}
+                              "book": {"path": os.path.join(book_root(lease_dir),
+                                                            socket.gethostname()),
+                                       "trust": None}}
     leases: list[Lease] = []
     try:
         book = LeaseBook(lease_dir)
