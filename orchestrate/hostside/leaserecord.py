@@ -98,9 +98,8 @@ def _pairs(data: dict[str, Any], name: str) -> Holders:
     for item in _list(data, name):
         if not isinstance(item, list) or len(item) != 2:
             raise _bad(name, "not a list of [pid, start time]", item)
-        pid, start = _int({"p": item[0]}, "p", 1, MAX_PID), item[1]
-        if start is not None:
-            start = _int({"s": start}, "s", 0, 1 << 62)
+        pid = _int({name: item[0]}, name, 1, MAX_PID)
+        start = None if item[1] is None else _int({name: item[1]}, name, 0, 1 << 62)
         pairs.append((pid, start))
     return pairs
 
@@ -108,7 +107,8 @@ def _pairs(data: dict[str, Any], name: str) -> Holders:
 def _holders(data: dict[str, Any]) -> Holders:
     pairs = _pairs(data, "holders")
     if not pairs and data.get("holder_pid") is not None:  # a lease of an older orchestrate
-        pairs = _pairs({"h": [[data.get("holder_pid"), data.get("holder_start")]]}, "h")
+        pairs = _pairs({"holder_pid": [[data["holder_pid"], data.get("holder_start")]]},
+                       "holder_pid")
     return pairs
 
 

@@ -48,11 +48,16 @@ def lab() -> Iterator[tuple[Path, list[User]]]:
         (folder / "tmp").chmod(0o1777)  # like /var/tmp, where the default book lives
         bin_dir = fake_nvidia_smi(folder / "bin", LAB)
         env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-               "ORCHESTRATE_LEASES": str(folder / "tmp" / "leases"), "ORCHESTRATE_QUEUE_SLACK_S": "1"}
+               "ORCHESTRATE_LEASES": str(_root(folder)), "ORCHESTRATE_QUEUE_SLACK_S": "1"}
         with unix_users(folder, [f"la{tag}", f"lb{tag}"], env) as made:
             yield folder, made
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _root(folder: Path) -> Path:
+    """The test's book, in a ``1777`` folder as the default is in /var/tmp."""
+    return folder / "tmp" / "leases"
 
 
 def _py(user: User, code: str, root: Path) -> Any:
@@ -76,7 +81,7 @@ def test_a_book_another_user_made_is_refused_with_roots_one_line_fix(
     ben refuses ann's book (exit 78 from `submit`, never 2), `gpus` says why; root's one line
     fixes it, and then neither can delete the other's lease."""
     folder, (ann, ben) = lab
-    root = folder / "tmp" / "leases"
+    root = _root(folder)
     made = _py(ann, "b = leases.LeaseBook(ROOT)\nout(b.trust)", root)
     assert made.startswith(f"made by {ann.name}: other users refuse it")
     refused = _py(ben, "try:\n    leases.LeaseBook(ROOT)\nexcept leases.BookError as e:\n"
@@ -127,16 +132,16 @@ def test_bad_files_are_named_with_their_owner_never_an_internal_error(
     them (busy, not an internal error); `gpus` names them; 1,000 of them make a few lines; a
     lock file made a folder by ben locks nobody out."""
     folder, (ann, ben) = lab
-    host = _root_makes(folder / "tmp" / "leases")
+    host = _root_makes(_root(folder))
     plant = ("pid = sleeper()\nfor job, bad in [('g', {'gpus': 5}), ('p', {'port': 'x'}),\n"
              "                 ('s', {'since': 1e300})]:\n"
              "    record = dict({'job_id': job, 'holders': [[pid, None]], 'gpus': [1]}, **bad)\n"
              "    path = os.path.join(ROOT, os.uname()[1], f'{job}@{os.geteuid()}.json')\n"
              "    open(path, 'w').write(json.dumps(record))\n"
              "os.mkdir(os.path.join(ROOT, os.uname()[1], '.lock'))\nout(pid)")
-    _py(ben, plant, folder / "tmp" / "leases")
+    _py(ben, plant, _root(folder))
     claim = _py(ann, "b = leases.LeaseBook(ROOT)\nout(b.claim(leases.new_lease("
-                "'a1', 'h', [0], 0, None, [sleeper()])))", folder / "tmp" / "leases")
+                "'a1', 'h', [0], 0, None, [sleeper()])))", _root(folder))
     assert claim["ok"] is False and len(claim["unknown"]) == 3
     for job, field in (("g", "gpus"), ("p", "port"), ("s", "since")):
         [line] = [u for u in claim["unknown"] if f"/{job}@{ben.uid}.json" in u]
@@ -148,7 +153,7 @@ def test_bad_files_are_named_with_their_owner_never_an_internal_error(
     assert sum(f"of {ben.name} cannot be read" in p
                for p in json.loads(listed.stdout)["problems"]) == 3
     _py(ben, "for i in range(1000):\n    open(os.path.join(ROOT, os.uname()[1], "
-            "f'x{i}@{os.geteuid()}.json'), 'w').write('{not json')\nout(0)", folder / "tmp" / "leases")
+            "f'x{i}@{os.geteuid()}.json'), 'w').write('{not json')\nout(0)", _root(folder))
     many = ann.run("gpus")
     assert many.returncode == 0 and "Traceback" not in many.stderr
     assert "more files of" in many.stdout and len(many.stdout) < 8000, len(many.stdout)
@@ -161,14 +166,14 @@ def test_squatted_names_and_forged_tickets_are_named_and_ignored(
     claim still succeeds, under a second name, and ben is named); a ticket ben forges with
     pid 1 as its holder, or with a place before its holder started, does not hold her back."""
     folder, (ann, ben) = lab
-    host = _root_makes(folder / "tmp" / "leases")
+    host = _root_makes(_root(folder))
     for kind in (".json", ".ticket"):
         ben.sh(["touch", str(host / f"a1@{ann.uid}{kind}")], check=True)
     ann_ticket = ("pid = sleeper()\nt = Ticket(job_id='a1', uid=os.geteuid(), "
                   "submitted_at=time.time(), gpus=[0], holders=[(pid, None)])\n"
                   "b = leases.LeaseBook(ROOT)\nwith b.locked():\n    b.enqueue(t)\n"
                   "out([pid, time.time()])")
-    pid, queued_at = _py(ann, ann_ticket, folder / "tmp" / "leases")
+    pid, queued_at = _py(ann, ann_ticket, _root(folder))
     time.sleep(2.5)  # ben forges after her ticket; the queue's slack is 1 s in this test
     forge = ("one = [1, int(open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19])]\n"
              "for job, holder in (('f1', one), ('f2', [sleeper(), None])):\n"
@@ -176,11 +181,11 @@ def test_squatted_names_and_forged_tickets_are_named_and_ignored(
              "         'holders': [holder]}\n"
              "    open(os.path.join(ROOT, os.uname()[1], f'{job}@{os.geteuid()}.ticket'),"
              " 'w').write(json.dumps(t))\nout(0)")
-    _py(ben, forge, folder / "tmp" / "leases")
+    _py(ben, forge, _root(folder))
     claim = _py(ann, f"b = leases.LeaseBook(ROOT)\nt = Ticket(job_id='a1', uid=os.geteuid(), "
                 f"submitted_at={queued_at}, gpus=[0], holders=[({pid}, None)])\n"
                 f"out(b.claim(leases.new_lease('a1', 'h', [0], 0, None, [{pid}]), ticket=t))",
-                folder / "tmp" / "leases")
+                _root(folder))
     assert claim["ok"] is True, claim
     said = " ".join(claim["problems"])
     assert f"a1@{ann.uid}.json was taken first by {ben.name}" in said
@@ -189,7 +194,7 @@ def test_squatted_names_and_forged_tickets_are_named_and_ignored(
     [lease] = [p for p in host.glob(f"a1@{ann.uid}.*.json")]
     assert lease.stat().st_uid == ann.uid and json.loads(lease.read_text())["gpus"] == [0]
     seen = _py(ann, "b = leases.LeaseBook(ROOT)\nwith b.locked():\n"
-               "    out([[l.job_id, l.user] for l in b.live()] + b.problems)", folder / "tmp" / "leases")
+               "    out([[l.job_id, l.user] for l in b.live()] + b.problems)", _root(folder))
     assert ["a1", ann.name] in seen
     assert any(f"a1@{ann.uid}.json belongs to {ben.name} but is named for uid {ann.uid}"
                in str(line) for line in seen)
@@ -200,11 +205,11 @@ def test_another_users_process_on_a_leased_gpu_is_named_not_listed_as_the_jobs(
     """Class 4, foreign use: ben's process on the GPU ann's job leases is not the job's; `gpus`
     says so, and ann is told "GPU 3 of your job is also used by pid N (ben, ...)"."""
     folder, (ann, ben) = lab
-    _root_makes(folder / "tmp" / "leases")
+    _root_makes(_root(folder))
     ann_pid = _py(ann, "pid = sleeper()\nb = leases.LeaseBook(ROOT)\nwith b.locked():\n"
                   "    b.record(leases.new_lease('a3', 'h', [3], 0, None, [pid]))\nout(pid)",
-                  folder / "tmp" / "leases")
-    ben_pid = _py(ben, "out(sleeper())", folder / "tmp" / "leases")
+                  _root(folder))
+    ben_pid = _py(ben, "out(sleeper())", _root(folder))
     set_compute_apps(folder / "bin", [(ann_pid, "sleep", 3, 2048),
                                       (ben_pid, "python", 3, 12288)])
     listed = json.loads(ann.run("gpus", "--json", check=True).stdout)
@@ -215,6 +220,6 @@ def test_another_users_process_on_a_leased_gpu_is_named_not_listed_as_the_jobs(
     assert f"GPU 3 of {ann.name}'s job a3 is also used by pid {ben_pid} ({ben.name}, " \
         "sleep 300, 12.0 GB)" in listed["problems"]
     told = _py(ann, "from orchestrate.backends.sharing import foreign_gpu_use\n"
-               "out(foreign_gpu_use('a3', ROOT))", folder / "tmp" / "leases")
+               "out(foreign_gpu_use('a3', ROOT))", _root(folder))
     assert told == [f"GPU 3 of your job is also used by pid {ben_pid} ({ben.name}, "
                     "sleep 300, 12.0 GB)"]
