@@ -26,7 +26,7 @@ from orchestrate.hostside.leases import BookError
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import NodePlan
-    from orchestrate.run.jobrecord import LeaseBooks
+    from orchestrate.run.jobrecord import JobRecord, LeaseBooks
     from orchestrate.run.prepare import Prepared
 
 
@@ -149,3 +149,12 @@ def foreign_gpu_use(job_id: str, lease_dir: str | None, seen: set[int] | None = 
             if seen is not None:
                 seen.add(use["pid"])
     return lines
+
+
+def foreign_uses(job: JobRecord) -> list[str]:
+    """What ``status`` tells a running local job's owner about its GPUs (read now): the book
+    and the GPUs are this machine's. An SSH job's are its hosts' (not asked here)."""
+    if job.backend != "local" or job.state != "RUNNING" or not job.lease_books:
+        return []
+    return [line for lease_dir in sorted(set(job.lease_books.values()), key=str)
+            for line in foreign_gpu_use(job.id, lease_dir)]

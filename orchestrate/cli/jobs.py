@@ -235,7 +235,9 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     if watch:
         report.watch_job(store, job)
         return
-    foreign = _foreign(job)
+    from orchestrate.backends.sharing import foreign_uses
+
+    foreign = foreign_uses(job)
     if as_json:
         click.echo(json.dumps({**report.status_json(job), "foreign_gpu_use": foreign},
                               indent=2))
@@ -318,12 +320,3 @@ def cancel(job_refs: tuple[str, ...]) -> None:
         final = get_backend(job.backend).cancel(job, store)
         click.echo(f"job {final.id} {final.state}")
 
-
-def _foreign(job: JobRecord) -> list[str]:
-    """Another user's processes on the GPUs a running local job leases (read now)."""
-    if job.backend != "local" or job.state != "RUNNING" or not job.lease_books:
-        return []
-    from orchestrate.backends.sharing import foreign_gpu_use
-
-    return [line for lease_dir in sorted(set(job.lease_books.values()), key=str)
-            for line in foreign_gpu_use(job.id, lease_dir)]
