@@ -8,9 +8,9 @@ Local backend, the lab server of issue 20 (2x A100 + 6x A6000) replayed by the s
 nvidia-smi. The leases are files of 5 users (as root they are written and handed to uids
 1001-1005, as those users' own claims would be), each held by a live process of its user, so
 every claim reads, validates and checks the liveness of all of them. The sides run interleaved,
-rotated, so that machine noise hits each alike. The waiting case: job A holds both A100s for
-3 s, job B (``--wait``) wants them; measured from A's lease leaving the book to B's rank's first
-statement (it writes ``time.time()``).
+rotated, so that machine noise hits each alike. The waiting case: job A holds both A100s until
+it is cancelled, job B (``--wait``) wants them; measured from A's lease leaving the book to B's
+rank's first statement (it writes ``time.time()``).
 
     python bench/shared_book.py [--runs 5] [--leases 1000] [--before /work/main]
 """
@@ -92,7 +92,7 @@ def free_to_running(env: dict[str, str], work: Path, runs: int) -> list[float]:
         stamp = work / f"{waiter}.t"
         hold = work / "hold.yaml"
         hold.write_text("name: hold\nresources: {nodes: 1, gpus_per_node: 2, gpu_model: "
-                        "A100-80GB}\ncommand: [sleep, '3']\n")
+                        "A100-80GB}\ncommand: [sleep, '600']\n")
         wait = work / "wait.yaml"
         wait.write_text("name: wait\nresources: {nodes: 1, gpus_per_node: 2, gpu_model: "
                         f"A100-80GB}}\ncommand: [python3, -c, 'import time; open(\"{stamp}\", "
@@ -100,12 +100,15 @@ def free_to_running(env: dict[str, str], work: Path, runs: int) -> list[float]:
         _cli(env, "submit", str(hold), "--detach", "--job-id", holder)
         _cli(env, "submit", str(wait), "--detach", "--job-id", waiter, "--wait")
         lease = next(book.glob(f"{holder}@*.json"))
+        cancel = subprocess.Popen([sys.executable, "-m", "orchestrate", "cancel", holder],
+                                  env=env, cwd=env["WORK"], stdout=subprocess.DEVNULL)
         while lease.exists():
             time.sleep(0.005)
         freed = time.time()
         while not stamp.exists() or not stamp.read_text():
             time.sleep(0.01)
         took.append(float(stamp.read_text()) - freed)
+        cancel.wait()
     return took
 
 
@@ -131,13 +134,14 @@ def main() -> None:
                                              PYTHONPATH=str(args.before.resolve()))
     try:
         _fill(work / "full", {uid: p.pid for uid, p in sleepers.items()}, args.leases)
-        for side in sides.values():
-            submit_to_running(side, job, "warm", 1)
+        for n, side in enumerate(sides.values()):
+            submit_to_running(side, job, f"warm{n}", 1)
         took: dict[str, list[float]] = {name: [] for name in sides}
         names = list(sides)
         for run in range(args.runs):
             for name in names[run % len(names):] + names[:run % len(names)]:
-                took[name] += submit_to_running(sides[name], job, f"r{run}", 1)
+                took[name] += submit_to_running(sides[name], job,
+                                                f"r{run}-{names.index(name)}", 1)
         freed = free_to_running(sides["empty book"], work, args.runs)
     finally:
         for proc in sleepers.values():

@@ -73,7 +73,7 @@ def open_book(base: str, directory: str) -> str:
     """Make the book's missing folders (``1777``; the legacy lock file with the host's
     folder), then check every folder from ``/`` down (:func:`check_dir`); the book's trust
     state (:func:`trust`), or :class:`BookError` with the fix."""
-    check_ancestors(base)
+    check_ancestors(base, directory)
     for path in (base, directory):
         if not os.path.lexists(path):
             _make(path)
@@ -99,7 +99,7 @@ def _make(folder: str) -> None:
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
 
 
-def check_ancestors(base: str) -> None:
+def check_ancestors(base: str, directory: str = "") -> None:
     """Every folder above the book, as written and as resolved: owned by root or this user,
     and writable by nobody else unless it has the sticky bit (like ``/tmp``). Otherwise whoever
     can write there can rename the book away and put their own in its place."""
@@ -116,7 +116,8 @@ def check_ancestors(base: str) -> None:
                     raise BookError(
                         f"the lease book {base} is below {folder} (owner "
                         f"{user_name(info.st_uid)}, mode {mode:04o}), which another user "
-                        "could use to replace the book", root_fix([folder, base])
+                        "could use to replace the book",
+                        root_fix([f for f in (folder, base, directory) if f])
                         if info.st_uid != 0 else f"point {ROOT_VAR} at a folder below "
                         f"folders only root controls, made {root_fix([base])}")
             if folder == os.path.dirname(folder):
