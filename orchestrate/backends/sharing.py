@@ -26,7 +26,7 @@ from orchestrate.hostside.leases import BookError
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import NodePlan
-    from orchestrate.run.jobrecord import JobRecord, LeaseBooks
+    from orchestrate.run.jobrecord import LeaseBooks
     from orchestrate.run.prepare import Prepared
 
 
@@ -128,33 +128,19 @@ def waiting_reason(exc: UserError) -> str:
 FOREIGN_POLL_S = float(os.environ.get("ORCHESTRATE_FOREIGN_POLL_S") or 30.0)
 
 
-def foreign_gpu_use(job_id: str, lease_dir: str | None, seen: set[int] | None = None
-                    ) -> list[str]:
+def foreign_gpu_use(job_id: str, lease_dir: str | None) -> dict[int, str]:
     """What the job's owner is told about this machine's GPUs that the job leases and another
-    user's process uses too: "GPU 3 of your job j1 is also used by pid 4242 (ben, python
-    train.py, 12.0 GB)"; pids in ``seen`` are left out (and the new ones added)."""
+    user's process uses too, by pid: "GPU 3 of your job is also used by pid 4242 (ben, python
+    train.py, 12.0 GB)"."""
     from orchestrate.hostside.gpuuse import foreign_use, usage
     from orchestrate.hostside.leases import LeaseBook
 
     try:
         lease = LeaseBook(lease_dir).own(job_id)
     except (BookError, OSError):
-        return []
-    found = usage() if lease is not None and lease.gpus else {"ok": False}
-    lines = []
-    for use in foreign_use(found, [lease] if lease is not None else []):
-        if seen is None or use["pid"] not in seen:
-            lines.append(f"GPU {use['gpu']} of your job is also used by pid {use['pid']} "
-                         f"({use['user']}, {use['name']}, {use['memory_gb']:.1f} GB)")
-            if seen is not None:
-                seen.add(use["pid"])
-    return lines
-
-
-def foreign_uses(job: JobRecord) -> list[str]:
-    """What ``status`` tells a running local job's owner about its GPUs (read now): the book
-    and the GPUs are this machine's. An SSH job's are its hosts' (not asked here)."""
-    if job.backend != "local" or job.state != "RUNNING" or not job.lease_books:
-        return []
-    return [line for lease_dir in sorted(set(job.lease_books.values()), key=str)
-            for line in foreign_gpu_use(job.id, lease_dir)]
+        return {}
+    if lease is None or not lease.gpus:
+        return {}
+    return {use["pid"]: f"GPU {use['gpu']} of your job is also used by pid {use['pid']} "
+            f"({use['user']}, {use['name']}, {use['memory_gb']:.1f} GB)"
+            for use in foreign_use(usage(), [lease])}

@@ -235,9 +235,7 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     if watch:
         report.watch_job(store, job)
         return
-    from orchestrate.backends.sharing import foreign_uses
-
-    foreign = foreign_uses(job)
+    foreign = _foreign_use(job)
     if as_json:
         click.echo(json.dumps({**report.status_json(job), "foreign_gpu_use": foreign},
                               indent=2))
@@ -320,3 +318,15 @@ def cancel(job_refs: tuple[str, ...]) -> None:
         final = get_backend(job.backend).cancel(job, store)
         click.echo(f"job {final.id} {final.state}")
 
+
+def _foreign_use(job: JobRecord) -> list[str]:
+    """Other users' processes on the GPUs of a running job, as its supervisor last saw them."""
+    from orchestrate.core.layout import FOREIGN_GPU_USE
+
+    if job.state != "RUNNING":
+        return []
+    try:
+        lines = json.loads((Path(job.run_dir) / FOREIGN_GPU_USE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(line) for line in lines] if isinstance(lines, list) else []

@@ -220,6 +220,6 @@ def test_another_users_process_on_a_leased_gpu_is_named_not_listed_as_the_jobs(
     assert f"GPU 3 of {ann.name}'s job a3 is also used by pid {ben_pid} ({ben.name}, " \
         "sleep 300, 12.0 GB)" in listed["problems"]
     told = _py(ann, "from orchestrate.backends.sharing import foreign_gpu_use\n"
-               "out(foreign_gpu_use('a3', ROOT))", _root(folder))
+               "out(list(foreign_gpu_use('a3', ROOT).values()))", _root(folder))
     assert told == [f"GPU 3 of your job is also used by pid {ben_pid} ({ben.name}, "
                     "sleep 300, 12.0 GB)"]
