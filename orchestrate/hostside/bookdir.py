@@ -1,9 +1,12 @@
-"""The lease book's folder: where it is, the permissions that make it safe to share, its
-bounded lock, and reading its files without following a link or trusting their size.
+"""The lease book's folder: where it is, who must own it and the folders above it, its bounded
+lock (the folder itself), and reading its files without following a link or trusting their
+size.
 
 The mechanisms :mod:`orchestrate.hostside.leases` builds the book on (its docstring says why
-each one is there). Standard library only, Python 3.8+: shipped with the SSH agent and the local
-watchdog (:mod:`orchestrate.hostside.shipping`).
+each one is there). A folder's owner can delete every file in it, sticky bit or not, so only
+root (or the one user who reads it) may own the book's folders; root makes them once with the
+line :func:`root_fix` prints. Standard library only, Python 3.8+: shipped with the SSH agent and
+the local watchdog (:mod:`orchestrate.hostside.shipping`).
 """
 
 from __future__ import annotations
