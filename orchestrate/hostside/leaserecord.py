@@ -227,12 +227,12 @@ class Ticket:
 
 
 #: How many bad files one report names before it counts the rest.
-REPORT_FIRST = 3
+REPORT_FIRST = 5
 
 
 def summary(lines: list[str], where: str = "the lease book", first: int = REPORT_FIRST
             ) -> list[str]:
-    """At most ``first`` lines and a count of the rest: 1,000 bad files make four lines."""
+    """At most ``first`` lines and a count of the rest: 1,000 bad files make six lines."""
     if len(lines) <= first + 1:
         return list(lines)
     return [*lines[:first], f"... and {len(lines) - first} more files of {where} like these"]

@@ -164,11 +164,14 @@ def test_squatted_names_and_forged_tickets_are_named_and_ignored(
         lab: tuple[Path, list[User]]) -> None:
     """Class 4: ben takes the names of ann's ticket and lease before she writes them (her
     claim still succeeds, under a second name, and ben is named); a ticket ben forges with
-    pid 1 as its holder, or with a place before its holder started, does not hold her back."""
+    pid 1 as its holder, or with a place before its holder started, does not hold her back;
+    class 3: a ``0600`` lock file of ben's locks nobody out (the folder is the lock)."""
     folder, (ann, ben) = lab
     host = _root_makes(_root(folder))
     for kind in (".json", ".ticket"):
         ben.sh(["touch", str(host / f"a1@{ann.uid}{kind}")], check=True)
+    # and the lock file older orchestrates use, made first and unreadable to others
+    ben.sh(["sh", "-c", f"umask 077 && touch {host / '.lock'}"], check=True)
     ann_ticket = ("pid = sleeper()\nt = Ticket(job_id='a1', uid=os.geteuid(), "
                   "submitted_at=time.time(), gpus=[0], holders=[(pid, None)])\n"
                   "b = leases.LeaseBook(ROOT)\nwith b.locked():\n    b.enqueue(t)\n"
@@ -191,6 +194,7 @@ def test_squatted_names_and_forged_tickets_are_named_and_ignored(
     assert f"a1@{ann.uid}.json was taken first by {ben.name}" in said
     assert f"f1@{ben.uid}.ticket of {ben.name} names pid 1 (root, " in said
     assert f"f2@{ben.uid}.ticket of {ben.name} claims a place in the queue from" in said
+    assert f".lock (Permission denied, owner {ben.name}) is skipped" in said
     [lease] = [p for p in host.glob(f"a1@{ann.uid}.*.json")]
     assert lease.stat().st_uid == ann.uid and json.loads(lease.read_text())["gpus"] == [0]
     seen = _py(ann, "b = leases.LeaseBook(ROOT)\nwith b.locked():\n"
