@@ -33,6 +33,7 @@ import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
+import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
@@ -250,7 +251,8 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
 #: The local supervisor's watchdog: kill-by-tag, containment, and the lease book it leaves.
 WATCHDOG = Manifest("watchdog", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
+    orchestrate.hostside.leases,
     orchestrate.hostside.watchdog))
 
 

@@ -21,6 +21,7 @@ from orchestrate.core.plan.strategy import model_facts, placement_need
 from orchestrate.core.spec.backendtraits import traits
 from orchestrate.core.spec.job import wait_seconds
 from orchestrate.hostside.containment import user_name
+from orchestrate.hostside.leaserecord import Ticket, summary
 from orchestrate.hostside.leases import BookError
 
 if TYPE_CHECKING:
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 
 
 def book_error(exc: BookError, source: str, host: str = "") -> UserError:
-    """The book cannot be used: a user error with the fix (exit 2: waiting will not help)."""
+    """The book cannot be used: not the user's mistake. Its lock stayed held: exit 75 (try
+    again later); else the machine's setup, with the fix for root: exit 78."""
     where = f"{host}: " if host else ""
     return UserError.single(f"{where}{exc}", source=source, field="leases",
-                            hint=exc.hint or "see docs/shared-servers.md")
+                            hint=exc.hint or "see docs/shared-servers.md", busy=exc.busy,
+                            setup=not exc.busy)
 
 
 def lease_dir(prepared: Prepared, node: str) -> str | None:
@@ -69,12 +72,15 @@ def wants(prepared: Prepared, node: NodePlan) -> dict[str, Any]:
 
 
 def ticket(prepared: Prepared, node: NodePlan, submitted_at: float, holder: int,
-           start: int | None) -> dict[str, Any]:
-    """A waiting job's place in ``node``'s queue (the host fills in who holds it there)."""
+           start: int | None) -> Ticket:
+    """A waiting job's place in ``node``'s queue (``holder`` 0: the host fills in who holds
+    it there)."""
     uid = os.geteuid()
-    return {"job_id": prepared.plan.job_id, "user": user_name(uid), "uid": uid,
-            "hostname": socket.gethostname(), "submitted_at": submitted_at,
-            "holders": [[holder, start]], "since": time.time(), **wants(prepared, node)}
+    want = wants(prepared, node)
+    return Ticket(job_id=prepared.plan.job_id, uid=uid, submitted_at=submitted_at,
+                  user=user_name(uid), hostname=socket.gethostname(),
+                  gpus=sorted(set(want["gpus"])), slots=int(want["slots"]), port=want["port"],
+                  holders=[(holder, start)] if holder else [], since=time.time())
 
 
 def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[str, Any]]
@@ -99,18 +105,42 @@ def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[
 
 def blocked(held: Mapping[str, Any], queue: list[str], source: str) -> UserError | None:
     """A refusal (exit 75) for what no re-plan avoids: a lease that cannot be read (honoured as
-    holding everything) or older waiting jobs that want the same things."""
+    holding everything; the book's report is bounded) or older waiting jobs that want the same
+    things (the first few named, then a count)."""
     if held.get("unknown"):
         return UserError.single("; ".join(held["unknown"]), source=source, field="leases",
                                 hint="its owner (or root) can remove the file", busy=True)
     if queue:
         return UserError.single(
             f"{len(queue)} job(s) waiting longer want the same GPUs or slots: "
-            + ", ".join(queue), source=source, field="resources", busy=True,
-            hint="waiting jobs start first come, first served (submit --wait joins the queue)")
+            + "; ".join(summary(queue, "the queue")), source=source, field="resources",
+            busy=True, hint="waiting jobs start first come, first served (submit --wait joins "
+            "the queue)")
     return None
 
 
 def waiting_reason(exc: UserError) -> str:
     """What a waiting job waits for, from the refusal that made it wait."""
     return "waiting: " + "; ".join(p.message for p in exc.problems)
+
+
+#: How often a running local job looks for other users' processes on its GPUs.
+FOREIGN_POLL_S = float(os.environ.get("ORCHESTRATE_FOREIGN_POLL_S") or 30.0)
+
+
+def foreign_gpu_use(job_id: str, lease_dir: str | None) -> dict[int, str]:
+    """What the job's owner is told about this machine's GPUs that the job leases and another
+    user's process uses too, by pid: "GPU 3 of your job is also used by pid 4242 (ben, python
+    train.py, 12.0 GB)"."""
+    from orchestrate.hostside.gpuuse import foreign_use, usage
+    from orchestrate.hostside.leases import LeaseBook
+
+    try:
+        lease = LeaseBook(lease_dir).own(job_id)
+    except (BookError, OSError):
+        return {}
+    if lease is None or not lease.gpus:
+        return {}
+    return {use["pid"]: f"GPU {use['gpu']} of your job is also used by pid {use['pid']} "
+            f"({use['user']}, {use['name']}, {use['memory_gb']:.1f} GB)"
+            for use in foreign_use(usage(), [lease])}

@@ -111,7 +111,8 @@ def _holder(h: dict[str, Any]) -> str:
                        "that outlived SIGKILL" for s in h.get("survivors") or [])
         return f"job {h['job_id']} ({h['user']}{since}{left})"
     job = f", job {h['job_id']}" if h.get("job_id") else ""
-    return f"pid {h['pid']} ({h['user']}, {h['name']}, {h['memory_gb']:.1f} GB{job})"
+    foreign = " -- another user's, on a leased GPU" if h.get("foreign") else ""
+    return f"pid {h['pid']} ({h['user']}, {h['name']}, {h['memory_gb']:.1f} GB{job}){foreign}"
 
 
 def show(answer: dict[str, Any]) -> None:
@@ -132,5 +133,11 @@ def show(answer: dict[str, Any]) -> None:
         out.print(table)
     else:
         out.print(f"{answer['host']}: no GPUs", markup=False)
+    book = answer.get("book") or {}
+    if book.get("trust"):
+        out.print(f"{answer['host']}: lease book {book.get('path') or ''}: {book['trust']}",
+                  markup=False, soft_wrap=True)
+    for line in answer.get("queue") or []:
+        out.print(f"{answer['host']}: waiting: {line}", markup=False, soft_wrap=True)
     for problem in answer.get("problems") or []:
         out.print(f"{answer['host']}: {problem}", markup=False, soft_wrap=True)

@@ -19,6 +19,8 @@ from orchestrate.core.layout import DOCTOR_FILE, rank_log
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from orchestrate.doctor.run import Run
     from orchestrate.run.prepare import Prepared
 
@@ -247,41 +249,10 @@ def list_jobs(as_json: bool, limit: int) -> None:
         out.print(f"{j.id} is {j.reason}", markup=False, soft_wrap=True)
 
 
-@click.command()
-@click.argument("job_ref", metavar="JOB", required=False, shell_complete=completion.jobs)
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--watch", is_flag=True,
-              help="redraw per-rank pace, straggler, heartbeats and loss until the job ends; "
-              "Ctrl-C leaves the view (exit 130), the job runs on")
-def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
-    """A job's state, per-rank exit status, the first failure and the straggler (default: the
-    latest job)."""
-    from orchestrate.cli import report
-
-    store = _store()
-    job = _refreshed(store, resolve_or_latest(store, job_ref))
-    job = store.get(job.id) or job
-    if watch:
-        from orchestrate.cli.interrupt import leave_view
-
-        try:
-            report.watch_job(store, job)
-        except KeyboardInterrupt:
-            raise leave_view(job.id, "watching") from None
-        return
-    if as_json:
-        click.echo(json.dumps(report.status_json(job), indent=2))
-        return
+def _rank_tables(out: Console, job: JobRecord) -> None:
+    """``status``'s table of ranks, and of attempts when there were several."""
     from rich.table import Table
 
-    out = console()
-    out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
-              + (f" - {job.reason}" if job.reason else ""))
-    from orchestrate.cli.live import why_lines
-
-    for line in why_lines(job.to_json())[1 if job.reason else 0:]:  # a diagnosis not said yet
-        out.print(line, markup=False, soft_wrap=True)
-    out.print(f"run dir: {job.run_dir}")
     table = Table()
     for column in ("rank", "node", "host", "pid", "state", "exit"):
         table.add_column(column)
@@ -304,6 +275,45 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
                             if a.excluded_nodes else ""),
             )
         out.print(attempts)
+
+
+@click.command()
+@click.argument("job_ref", metavar="JOB", required=False, shell_complete=completion.jobs)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--watch", is_flag=True,
+              help="redraw per-rank pace, straggler, heartbeats and loss until the job ends; "
+              "Ctrl-C leaves the view (exit 130), the job runs on")
+def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
+    """A job's state, per-rank exit status, the first failure and the straggler (default: the
+    latest job)."""
+    from orchestrate.cli import report
+
+    store = _store()
+    job = _refreshed(store, resolve_or_latest(store, job_ref))
+    job = store.get(job.id) or job
+    if watch:
+        from orchestrate.cli.interrupt import leave_view
+
+        try:
+            report.watch_job(store, job)
+        except KeyboardInterrupt:
+            raise leave_view(job.id, "watching") from None
+        return
+    foreign = _foreign_use(job)
+    if as_json:
+        click.echo(json.dumps({**report.status_json(job), "foreign_gpu_use": foreign},
+                              indent=2))
+        return
+    out = console()
+    out.print(f"job {job.id} ({job.name}) via {job.backend}: {job.state}"
+              + (f" - {job.reason}" if job.reason else ""))
+    from orchestrate.cli.live import why_lines
+
+    # a diagnosis its reason has not said yet, then another user's use of the job's GPUs
+    for line in [*why_lines(job.to_json())[1 if job.reason else 0:], *foreign]:
+        out.print(line, markup=False, soft_wrap=True)
+    out.print(f"run dir: {job.run_dir}")
+    _rank_tables(out, job)
     for line in report.status_lines(job):
         out.print(line, markup=False)
     if job.failure:
@@ -354,3 +364,16 @@ def cancel(job_refs: tuple[str, ...]) -> None:
             continue
         final = get_backend(job.backend).cancel(job, store)
         click.echo(f"job {final.id} {final.state}")
+
+
+def _foreign_use(job: JobRecord) -> list[str]:
+    """Other users' processes on the GPUs of a running job, as its supervisor last saw them."""
+    from orchestrate.core.layout import FOREIGN_GPU_USE
+
+    if job.state != "RUNNING":
+        return []
+    try:
+        lines = json.loads((Path(job.run_dir) / FOREIGN_GPU_USE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(line) for line in lines] if isinstance(lines, list) else []

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from orchestrate.core.exits import EXIT_BUSY, EXIT_USER_ERROR
+from orchestrate.core.exits import EXIT_BUSY, EXIT_SETUP, EXIT_USER_ERROR
 
-__all__ = ["EXIT_BUSY", "EXIT_USER_ERROR", "Problem", "UserError", "show_value"]
+__all__ = ["EXIT_BUSY", "EXIT_SETUP", "EXIT_USER_ERROR", "Problem", "UserError", "show_value"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class Problem:
     #: Not a mistake: what the job needs (GPUs, CPU slots, its port) is held by other jobs now,
     #: and the same request may succeed later.
     busy: bool = False
+    #: Not a mistake either: the machine is set up so that orchestrate cannot run safely (a
+    #: lease book another user could subvert); whoever runs it fixes it once.
+    setup: bool = False
 
     def render(self) -> str:
         """``file:line: field: message (got value)`` and, on its own line, the hint."""
@@ -58,9 +61,12 @@ class UserError(Exception):
     @property
     def exit_status(self) -> int:
         """75 (:data:`EXIT_BUSY`) when every problem is that other jobs hold what the job
-        needs; else 2: a mistake among them is to be fixed first."""
+        needs; 78 (:data:`EXIT_SETUP`) when the others are the machine's setup; else 2: a
+        mistake among them is to be fixed first."""
         if self.problems and all(p.busy for p in self.problems):
             return EXIT_BUSY
+        if self.problems and all(p.busy or p.setup for p in self.problems):
+            return EXIT_SETUP
         return EXIT_USER_ERROR
 
     @classmethod
@@ -74,6 +80,7 @@ class UserError(Exception):
         hint: str = "",
         line: int | None = None,
         busy: bool = False,
+        setup: bool = False,
     ) -> UserError:
         """Build an error with one problem; ``got`` is shown with :func:`show_value`."""
         return cls(
@@ -85,6 +92,7 @@ class UserError(Exception):
                 got=None if got is None else show_value(got),
                 hint=hint,
                 busy=busy,
+                setup=setup,
             )
         )
 

@@ -20,6 +20,11 @@ EXIT_REQUEUE = 75
 #: :data:`EXIT_REQUEUE` (a rank's "start me again later"); a request that can never fit is
 #: :data:`EXIT_USER_ERROR`.
 EXIT_BUSY = 75
+#: The CLI: the machine is set up so that orchestrate cannot safely run there (a lease book
+#: another user could subvert, one nobody can write): not the user's mistake, and waiting
+#: will not help; whoever runs the machine fixes it once (the message says how). EX_CONFIG from
+#: sysexits.h, "something was found in an unconfigured or misconfigured state".
+EXIT_SETUP = 78
 #: Interrupted by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 #: A rank whose channel ended without a word about how it ended (an SSH connection lost): what

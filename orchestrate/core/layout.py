@@ -29,6 +29,9 @@ OLD_MERGED_LOG = "output.log"
 LOG_DIR = "logs"
 METRICS = "metrics.jsonl"
 SUPERVISOR_LOG = "supervisor.log"
+#: While a local job runs: other users' processes on the GPUs it leases, one line each (JSON
+#: list), rewritten by its supervisor when they change; ``status`` shows them.
+FOREIGN_GPU_USE = "foreign-gpu-use.json"
 #: The Slurm backend's records: ``events.jsonl`` (one line per start and end of the batch script)
 #: and ``exits/<restart>/rank-R`` (how each rank ended), written by job.sbatch on the nodes.
 SLURM_STATE = "slurm"

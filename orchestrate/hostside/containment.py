@@ -24,7 +24,7 @@ import os
 import signal
 import time
 
-from orchestrate.hostside.host import alive, proc_start, signal_all, suppress
+from orchestrate.hostside.host import alive, proc_start, signal_all, suppress, tagged
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -146,6 +146,49 @@ def started_before(uid: int, when: float) -> bool:
         if start is not None and boot + start / ticks <= when + 1.0:
             return True
     return False
+
+
+def started_at(pid: int) -> float | None:
+    """When a live process started (wall clock, to the second); None if it is gone."""
+    start = proc_start(pid)
+    if start is None:
+        return None
+    boot, ticks = _clock()
+    return boot + start / ticks
+
+
+class OldestStarts:
+    """Each user's oldest live process (when it started, wall clock), read from ``/proc`` once,
+    the first time it is asked: 1,000 unreadable leases cost one pass, not a thousand."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, float] | None = None
+
+    def before(self, uid: int, when: float) -> bool:
+        """Whether a live process of ``uid`` started before ``when`` (a second of slack)."""
+        if self.found is None:
+            boot, ticks = _clock()
+            self.found = {}
+            for name in os.listdir("/proc"):
+                owner, start = (owner_uid(int(name)), proc_start(int(name))) \
+                    if name.isdigit() else (None, None)
+                if owner is not None and start is not None:
+                    began = boot + start / ticks
+                    self.found[owner] = min(self.found.get(owner, began), began)
+        return uid in self.found and self.found[uid] <= when + 1.0
+
+
+class TagScan:
+    """One scan of ``/proc/*/environ`` for job tags, made the first time it is needed."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, list[int]] | None = None
+
+    def running(self, job_id: str, uid: int) -> bool:
+        """Whether a process of ``uid`` carries ``job_id``'s tag."""
+        if self.found is None:
+            self.found = tagged()
+        return any(owner_uid(pid) == uid for pid in self.found.get(job_id, []))
 
 
 def live_survivors(pairs: object) -> list[int]:
@@ -282,6 +325,8 @@ def alive_cgroup(path: object) -> bool:
 
 __all__ = [
     "JobGroup",
+    "OldestStarts",
+    "TagScan",
     "alive_cgroup",
     "become_subreaper",
     "command_name",
@@ -291,6 +336,7 @@ __all__ = [
     "members",
     "owner_uid",
     "reap_orphans",
+    "started_at",
     "started_before",
     "stop_processes",
     "user_name",

@@ -22,6 +22,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from orchestrate.hostside.leaserecord import Lease
+
 #: How long one ``nvidia-smi`` call may take before it counts as hung.
 SMI_TIMEOUT_S = float(os.environ.get("ORCHESTRATE_NVIDIA_SMI_TIMEOUT_S") or 5.0)
 GPU_FIELDS = ("index", "uuid", "pci.bus_id", "name", "memory.total", "memory.used",
@@ -117,28 +119,66 @@ def outside_use(found: dict[str, Any], leased: set[int]) -> dict[str, dict[str, 
     return busy
 
 
-def holders(found: dict[str, Any], leases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every GPU with its holders, as ``orchestrate gpus`` shows them: the orchestrate jobs
-    leasing it and the compute processes on it (each with the job it belongs to, if any)."""
-    owners: dict[int, list[dict[str, Any]]] = {}
+def command_line(pid: int, limit: int = 40) -> str:
+    """``python train.py``: a process's program (its file name) and arguments, shortened;
+    its command name when ``/proc/PID/cmdline`` cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read(4096).decode(errors="replace").split("\0")
+    except OSError:
+        words = []
+    words = [w for w in words if w]
+    if not words:
+        return command_name(pid)
+    text = " ".join([os.path.basename(words[0]), *words[1:]])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def foreign_use(found: dict[str, Any], leases: list[Lease]) -> list[dict[str, Any]]:
+    """Compute processes of another user on GPUs a job leases: each with the job, its owner
+    and ``line``, what the job's owner is told ("GPU 3 of your job j1 is also used by pid
+    4242 (ben, python train.py, 12.0 GB)"). A process of the job's own user counts as the
+    job's (another user's environment cannot be read to tell)."""
+    if not found.get("ok"):
+        return []
+    uses = []
     for lease in leases:
-        for index in lease.get("gpus") or []:
-            owners.setdefault(int(index), []).append(lease)
+        for app in found["apps"]:
+            if app["gpu"] in lease.gpus and app["uid"] is not None and app["uid"] != lease.uid:
+                what = command_line(app["pid"])
+                uses.append({"gpu": app["gpu"], "job_id": lease.job_id, "owner": lease.user,
+                             "pid": app["pid"], "user": app["user"], "name": what,
+                             "memory_gb": gb(app["memory_mib"]),
+                             "line": f"GPU {app['gpu']} of {lease.user}'s job {lease.job_id} "
+                             f"is also used by pid {app['pid']} ({app['user']}, {what}, "
+                             f"{gb(app['memory_mib']):.1f} GB)"})
+    return uses
+
+
+def holders(found: dict[str, Any], leases: list[Lease]) -> list[dict[str, Any]]:
+    """Every GPU with its holders, as ``orchestrate gpus`` shows them: the orchestrate jobs
+    leasing it and the compute processes on it (each with the job it belongs to, if any: one of
+    the job's user; another user's process is ``foreign``, beside the job, not of it)."""
+    owners: dict[int, list[Lease]] = {}
+    for lease in leases:
+        for index in lease.gpus:
+            owners.setdefault(index, []).append(lease)
     table = []
     for gpu in found.get("gpus", []):
         index = int(gpu["index"])
         jobs = owners.get(index, [])
-        held = [{"kind": "job", "user": lease.get("user"), "job_id": lease.get("job_id"),
-                 "pid": None, "name": None, "memory_gb": None,
-                 "since": lease.get("since") or lease.get("created"),
+        held = [{"kind": "job", "user": lease.user, "job_id": lease.job_id,
+                 "pid": None, "name": None, "memory_gb": None, "since": lease.since or None,
                  "survivors": [{"pid": pid, "user": user_name(owner_uid(pid)),
                                 "name": command_name(pid)}
-                               for pid in live_survivors(lease.get("survivors"))]}
+                               for pid in live_survivors([list(p) for p in lease.survivors])]}
                 for lease in jobs]
         for app in found.get("apps", []):
             if app["gpu"] == index:
-                job = jobs[0].get("job_id") if len(jobs) == 1 else None
-                held.append({"kind": "process", "user": app["user"], "job_id": job,
+                mine = [lease for lease in jobs if lease.uid == app["uid"]]
+                held.append({"kind": "process", "user": app["user"],
+                             "job_id": mine[0].job_id if len(mine) == 1 else None,
+                             "foreign": bool(jobs) and not mine,
                              "pid": app["pid"], "name": app["name"],
                              "memory_gb": gb(app["memory_mib"]), "since": None})
         table.append({"index": index, "name": gpu["name"],
@@ -150,4 +190,5 @@ def holders(found: dict[str, Any], leases: list[dict[str, Any]]) -> list[dict[st
     return table
 
 
-__all__ = ["SMI_TIMEOUT_S", "bus_key", "gb", "holders", "outside_use", "usage"]
+__all__ = ["SMI_TIMEOUT_S", "bus_key", "command_line", "foreign_use", "gb", "holders",
+           "outside_use", "usage"]

@@ -45,15 +45,16 @@ def stop_job(job_id: str, grace_s: float, lease_root: str | None = None,
     except (BookError, OSError) as exc:
         result["lease_error"] = str(exc)
         return result
-    lease = book.own(job_id) or {}
-    path = lease.get("cgroup")
-    if isinstance(path, str) and path:
+    lease = book.own(job_id)
+    path = lease.cgroup if lease is not None else None
+    if path:
         group = JobGroup(path, os.path.dirname(path))
         me = {os.getpid()}
         survivors = stop_processes(lambda: group.members(me), grace_s)
         result["found"] += len(survivors)
         group.remove()
-    holders = [p for p, _ in holders_of(lease)] if gone is None else gone
+    holders = [p for p, _ in holders_of(lease)] if gone is None and lease is not None \
+        else gone or []
     try:
         book.leave(job_id, holders, survivors,
                    [f"{describe_pid(p)} outlived the job" for p in survivors])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def test_the_book_is_made_shared_with_the_sticky_bit(tmp_path: Path) -> None:
     assert _mode(lease) == 0o644  # who holds which GPU is no secret on a shared box
     with book.locked():
         [live] = book.live()
-    assert live["gpus"] == [0, 1] and live["port"] == 29500
+    assert live.gpus == [0, 1] and live.port == 29500
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o757])
@@ -76,7 +77,7 @@ def test_a_lease_that_cannot_be_read_is_honoured_and_its_owner_named(tmp_path: P
     (tmp_path / "leases" / "box" / f"broken@{os.geteuid()}.json").write_text("{not json")
     with book.locked():
         [entry] = book.live()
-    assert entry["job_id"] == "broken" and "cannot be read" in entry["unreadable"]
+    assert entry.job_id == "broken" and "cannot be read" in entry.unreadable
     with book.locked():
         held = leases.held(book.live())
     assert held["unknown"]  # a claim is refused while it is honoured
@@ -87,8 +88,8 @@ def test_a_lease_that_cannot_be_read_is_honoured_and_its_owner_named(tmp_path: P
 def test_a_claim_waits_behind_an_older_ticket_for_the_same_gpus(tmp_path: Path) -> None:
     book = leases.LeaseBook(str(tmp_path / "leases"), "box")
     me, start = os.getpid(), None
-    older = {"job_id": "first", "gpus": [0], "slots": 0, "port": None,
-             "submitted_at": 100.0, "holders": [[me, start]]}
+    older = leases.Ticket(job_id="first", uid=os.geteuid(), submitted_at=time.time(),
+                          gpus=[0], holders=[(me, start)])
     with book.locked():
         book.enqueue(older)
     later = book.claim(leases.new_lease("second", "localhost", [0], 0, None, [me]))
@@ -117,7 +118,7 @@ def test_a_survivor_holds_the_lease_and_is_named_to_whoever_is_refused(tmp_path:
     assert book.leave("surv-1", [os.getpid()], [survivor]) is False
     with book.locked():
         [lease] = book.live()
-    assert [pid for pid, _ in lease["survivors"]] == [survivor]
+    assert [pid for pid, _ in lease.survivors] == [survivor]
     said = leases.describe(lease)
     assert said.startswith("job surv-1 (") and f"but pid {survivor} (" in said
     assert said.endswith("outlived SIGKILL and still run)")

@@ -16,6 +16,7 @@ right before (:func:`checked_script`, :mod:`orchestrate.hostside.safeplace`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -33,8 +34,10 @@ from orchestrate.backends.detached import start_watchdog
 from orchestrate.backends.handshake import Handshake
 from orchestrate.backends.local.backend import LocalBackend
 from orchestrate.backends.sharing import (
+    FOREIGN_POLL_S,
     blocked,
     book_error,
+    foreign_gpu_use,
     lease_dir,
     occupancy,
     ticket,
@@ -43,7 +46,7 @@ from orchestrate.backends.sharing import (
 )
 from orchestrate.backends.supervisor import Supervisor
 from orchestrate.core.errors import EXIT_BUSY, UserError
-from orchestrate.core.layout import SIDECAR_DIR, node_script_name
+from orchestrate.core.layout import FOREIGN_GPU_USE, SIDECAR_DIR, node_script_name
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.core.plan.plan import Occupancy, Plan, checkpoint_dir
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
@@ -193,9 +196,12 @@ class LocalSupervisor(Supervisor):
             _check_gpus_exist(prepared, found)
             _check_runtime(prepared)
         except UserError as exc:
-            if waits and exc.exit_status == EXIT_BUSY:
+            if isinstance(want, leases.Ticket) and exc.exit_status == EXIT_BUSY:
                 book.enqueue(want)
             raise
+        finally:
+            for line in book.problems:  # files of the book it ignored or could not read
+                self.log(f"lease book: {line}")
         plan = prepared.plan
         chosen = plan.nodes[0]
         key = f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}"
@@ -208,12 +214,31 @@ class LocalSupervisor(Supervisor):
         book.forget(self.job_id)
         return prepared
 
+    def _watch_foreign(self) -> None:
+        """While the job runs: another user's process on one of its GPUs is named in the job's
+        log (once per process) and in the run dir's list that ``status`` shows (the owner of
+        the job is told; nothing is stopped)."""
+        seen: dict[int, str] = {}
+        path = self.run_dir / FOREIGN_GPU_USE
+        while True:
+            time.sleep(FOREIGN_POLL_S)
+            now = foreign_gpu_use(self.job_id, self.lease_root)
+            for pid in sorted(set(now) - set(seen)):
+                self.log(now[pid])
+            if now != seen:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps(list(now.values())))
+                tmp.replace(path)
+            seen = now
+
     def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
         """A process per rank (or the node's one process under ``launcher: per_node`` or
         ``torchrun``), on this machine, running the node's launch script (in the job's cgroup
         where there is one: its children are born there)."""
         if self.group is not None and not self.group.join():
             self.group = None
+        if attempt == self.first and prepared.plan.nodes[0].gpu_indices:
+            threading.Thread(target=self._watch_foreign, daemon=True).start()
         plan = prepared.plan
         node = plan.nodes[0]
         script = checked_script(prepared, self.run_dir, node_script_name(node.name))

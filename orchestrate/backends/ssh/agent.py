@@ -72,6 +72,7 @@ from orchestrate.hostside.host import (
     reap,
     suppress,
 )
+from orchestrate.hostside.leaserecord import Ticket
 from orchestrate.hostside.leases import (
     BookError,
     LeaseBook,
@@ -170,9 +171,11 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
             report["leases"]["queue"] = [describe(t) for t in
                                          book.ahead(request.get("want") or {},
                                                     request["job_id"])]
+            report["leases"]["problems"] = book.problems
     except (BookError, OSError) as exc:
         report["leases"] = {"error": str(exc), "hint": getattr(exc, "hint", ""), "gpus": [],
-                            "slots": 0, "ports": [], "jobs": []}
+                            "slots": 0, "ports": [], "jobs": [],
+                            "busy": bool(getattr(exc, "busy", False))}
     if found is not None:
         report["gpu_use"] = outside_use(found, set(report["leases"].get("gpus") or []))
     candidates = request.get("ports") or []
@@ -231,9 +234,9 @@ class Serving:
         lease = new_lease(self.job_id, str(request.get("node")), request.get("gpus") or [],
                           int(request.get("slots") or 0), request.get("port"), [os.getpid()],
                           group.path if group else None)
-        ticket = request.get("ticket")
-        if ticket is not None:
-            ticket = dict(ticket, holders=[[os.getpid(), lease["holder_start"]]])
+        asked = request.get("ticket")
+        ticket = None if asked is None else \
+            Ticket.from_dict(asked).with_holder(os.getpid(), proc_start(os.getpid()))
         answer = self.book().claim(lease, slot_capacity=request.get("slot_capacity"),
                                    ticket=ticket)
         self.claimed = self.joined = bool(answer.get("ok"))
@@ -246,7 +249,8 @@ class Serving:
         self.lease_dir = request.get("lease_dir")
         book = self.book()
         with book.locked():
-            book.enqueue(dict(request["ticket"], holders=[[os.getpid(), proc_start(os.getpid())]]))
+            book.enqueue(Ticket.from_dict(request["ticket"]).with_holder(
+                os.getpid(), proc_start(os.getpid())))
             if self.claimed:
                 book.forget_lease(self.job_id)
                 self.claimed = self.joined = False
@@ -311,7 +315,7 @@ class Serving:
         lease = None
         with suppress(OSError, BookError):
             lease = self.book().own(self.job_id)
-        if (lease or {}).get("cgroup"):  # the claim made one: every rank here is born in it
+        if lease is not None and lease.cgroup:  # the claim made one: every rank here is born in it
             self.group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
             if self.group is not None and not self.group.join():
                 self.group = None

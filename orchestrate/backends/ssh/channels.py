@@ -35,6 +35,7 @@ import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
+import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
 import orchestrate.hostside.safeplace
 import orchestrate.hostside.smi
@@ -57,9 +58,10 @@ _MARK = MARK.encode()
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
-    orchestrate.hostside.watchdog, orchestrate.hostside.safeplace, orchestrate.core.exits,
-    orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
+    orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
+    orchestrate.core.exits, orchestrate.core.layout, orchestrate.core.plan.outcome,
+    orchestrate.core.plan.restart,
     orchestrate.backends.ssh.agent))
 
 

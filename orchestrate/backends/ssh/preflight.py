@@ -307,6 +307,7 @@ def problems(verdict: Judgement, source: str) -> list[Problem]:
             source=source,
             field="preflight",
             hint=HINTS.get(check, ""),
+            setup=check == "leases",  # the host's book is unusable: its root fixes it once
         )
         for target, check, detail in verdict.failures
     ]

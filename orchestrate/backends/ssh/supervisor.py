@@ -97,7 +97,7 @@ class SSHSupervisor(Supervisor):
             submitted_at = self.handshake.submitted_at
 
             def tickets(node: NodePlan) -> dict[str, Any]:
-                return ticket(self.submitted, node, submitted_at, 0, None)
+                return ticket(self.submitted, node, submitted_at, 0, None).to_dict()
 
         self._launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason, self.log,
                                   tickets)

@@ -2,8 +2,8 @@
 promise that two jobs on one server never collide, whoever submits them.
 
 As root, two users are made (tests/support/unixusers.py) and run orchestrate under their own
-uids with a shared interpreter, against one lease book (``ORCHESTRATE_LEASES``, made by the
-first user who needs it, as the default /var/tmp/orchestrate/leases would be) and the stand-in
+uids with a shared interpreter, against one lease book (``ORCHESTRATE_LEASES``, made by root
+once, as docs/shared-servers.md says: a book one user made, the other refuses) and the stand-in
 nvidia-smi of the lab server (2x A100 + 6x A6000). One SSH host shared by two users is in
 tests/backends/ssh/test_ssh_users.py.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import stat
 import time
 import uuid
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.fakesmi import fake_nvidia_smi, set_compute_apps
 from tests.support.labserver import LAB
 from tests.support.unixusers import User, processes_of, unix_users
 
@@ -33,11 +34,12 @@ def users() -> Iterator[list[User]]:
     folder = Path(f"/var/tmp/orchestrate-users-{tag}")
     folder.mkdir(mode=0o755)
     try:
-        (folder / "book").mkdir()
-        (folder / "book").chmod(0o1777)  # like /var/tmp, where the default book lives
+        for book in (folder / "book", folder / "book" / socket.gethostname()):
+            book.mkdir()
+            book.chmod(0o1777)  # root's, as `install -d -o root -m 1777` makes it
         bin_dir = fake_nvidia_smi(folder / "bin", LAB)
         env = {"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-               "ORCHESTRATE_LEASES": str(folder / "book" / "leases")}
+               "ORCHESTRATE_LEASES": str(folder / "book"), "ORCHESTRATE_FOREIGN_POLL_S": "0.5"}
         with unix_users(folder, [f"oa{tag}", f"ob{tag}"], env) as made:
             yield made
     finally:
@@ -120,6 +122,36 @@ def test_waiting_jobs_of_two_users_start_first_come_first_served(users: list[Use
     ben.run("cancel", ben_first, check=True)
     ann.until(ann_later, "RUNNING", timeout=15)
     ann.run("cancel", ann_later, check=True)
+    _nothing_left(users)
+
+
+@pytest.mark.timeout(240)
+def test_another_users_process_on_a_jobs_gpu_is_named_to_the_jobs_owner(
+        users: list[User]) -> None:
+    """Issue #32, class 4: ben runs a process on the GPU ann's job leases. It is not listed as
+    the job's; ann is told, in `status` and in the job's log, which process, whose, and how
+    much memory it takes."""
+    ann, ben = users
+    job = f"f-{ann.name}"
+    ann.run("submit", _job(ann, "f", 1, "A100-80GB"), "--detach", "--job-id", job, check=True)
+    status = ann.until(job, "RUNNING")
+    [gpu] = _placed(status)[0]
+    sleeper = ben.sh(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"], check=True)
+    pid = int(sleeper.stdout.strip())
+    set_compute_apps(Path(ann.env["PATH"].split(":")[0]), [(pid, "python", int(gpu), 12288)])
+    told = f"GPU {gpu} of your job is also used by pid {pid} ({ben.name}, sleep 300, 12.0 GB)"
+    deadline = time.monotonic() + 30  # the supervisor looks every 0.5 s in this test
+    while ann.status(job)["foreign_gpu_use"] != [told] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ann.status(job)["foreign_gpu_use"] == [told]
+    assert told in " ".join(ann.run("status", job, check=True).stdout.split())
+    assert told in (Path(str(status["run_dir"])) / "supervisor.log").read_text()
+    listed = json.loads(ben.run("gpus", "--json", check=True).stdout)
+    [on_gpu] = [h for g in listed["gpus"] if g["index"] == int(gpu) for h in g["holders"]
+                if h["pid"] == pid]
+    assert on_gpu["foreign"] and on_gpu["job_id"] is None  # not listed as ann's job's
+    ann.run("cancel", job, check=True)
+    ben.sh(["kill", str(pid)])
     _nothing_left(users)
 
 

@@ -4,8 +4,8 @@ one server never collide, for the SSH backend, whoever submits them.
 As root, two users are made (tests/support/unixusers.py, their interpreter with Fabric and
 paramiko) and run orchestrate under their own uids; each logs in to h1 *as itself* with its
 own copy of the test hosts' key, and h1's agents run under that user's uid against one lease
-book (the inventory's ``lease_dir``, a 1777 folder as the default /var/tmp/orchestrate/leases
-would be). h1 has the lab server's GPUs (2x A100 + 6x A6000) through the inventory's python,
+book (the inventory's ``lease_dir``, folders root made ``1777`` once, as docs/shared-servers.md
+says). h1 has the lab server's GPUs (2x A100 + 6x A6000) through the inventory's python,
 a wrapper every user can run that puts the stand-in nvidia-smi on PATH.
 """
 
@@ -37,8 +37,9 @@ def users(ssh_hosts: SshHosts) -> Iterator[tuple[list[User], Path]]:
     folder = Path(f"/var/tmp/orchestrate-sshusers-{tag}")
     folder.mkdir(mode=0o755)
     try:
-        (folder / "book").mkdir()
-        (folder / "book").chmod(0o1777)
+        for book in (folder / "book", folder / "book" / "h1"):  # root's, made once
+            book.mkdir()
+            book.chmod(0o1777)
         bin_dir = fake_nvidia_smi(folder / "bin", LAB)
         with unix_users(folder, [f"sa{tag}", f"sb{tag}"],
                         {"PATH": "/usr/local/bin:/usr/bin:/bin"}, SSH_DEPENDENCIES) as made:
