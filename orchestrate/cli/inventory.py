@@ -191,10 +191,11 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
     reach = ssh_reach(hosts, from_file, {k: v for k, v in settings.items() if v is not None},
                       python)
 
+    found: dict[str, str] = {}  # a resolvable address for each alias (MASTER_ADDR)
     gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout, torch=torch,
-                                    import_torch=import_torch))
+                                    import_torch=import_torch, addresses=found))
     return write_probed(gathered, output=output, yes=yes, inventory_name=name or "hosts",
-                        addresses=reach.addresses, extras=reach.extras,
+                        addresses={**found, **reach.addresses}, extras=reach.extras,
                         defaults=reach.defaults)
 
 
