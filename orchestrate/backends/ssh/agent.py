@@ -10,13 +10,17 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 ``<RS>orchestrate:<kind> <json>``:
 
 - ``preflight``: every check of this host in one go (python, torch, workdir, master port,
-  network interface towards MASTER_ADDR, GPUs by nvidia-smi and which of them processes outside
-  orchestrate use, the leases other jobs hold and the jobs queued before this one);
+  whether MASTER_ADDR resolves here, network interface towards MASTER_ADDR, GPUs by
+  nvidia-smi and which of them processes outside orchestrate use, the leases other jobs hold
+  and the jobs queued before this one);
 - ``claim``: record this job's GPUs and port in the host's shared lease book
   (:mod:`orchestrate.hostside.leases`), under flock, unless another live job holds them or an
   older waiting job wants them (then say which; a waiting job's ticket stays queued), and make
   the job's cgroup where one can be made;
 - ``queue``: a waiting job's ticket in the host's queue (held by this agent), its claim dropped;
+- ``listen``, ``reach``, ``unlisten``: the check that every node reaches MASTER_ADDR's port
+  before launch (rank 0's node holds a probe listener on the port meanwhile,
+  :mod:`orchestrate.hostside.masterreach`);
 - ``files``: write the run directory's files (0700 directory, 0600/0700 files);
 - ``start``: join the job's lease as a holder (and its cgroup), run ``bash launch-<node>.sh
   LOCAL_RANK`` as a child that inherits the pty, say its pid, wait for it and say how it ended
@@ -77,6 +81,7 @@ from orchestrate.hostside.leases import (
     machine_gpus,
     new_lease,
 )
+from orchestrate.hostside.masterreach import ProbeListener, listen, reach, resolve
 from orchestrate.hostside.watchdog import stop_job
 
 TYPE_CHECKING = False  # typing costs a few ms per start; the agent starts once per rank
@@ -156,6 +161,8 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
     }
     if request.get("interface_to"):
         report["interface"] = interface_towards(request["interface_to"])
+    if request.get("master_addr"):
+        report["master"] = resolve(request["master_addr"])
     found = usage() if request.get("gpus") else None
     if found is not None:
         report["gpus"] = present(found)
@@ -216,6 +223,21 @@ class Serving:
         self.lease_dir: str | None = None
         self.group: JobGroup | None = None
         self.code = 0  # how the rank ended
+        self.probe: ProbeListener | None = None  # on the master port, only during the check
+
+    def master(self, op: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The check that every node reaches the master before launch (rank 0's node listens
+        on the master port, the others connect, rank 0's node stops listening), with
+        :mod:`orchestrate.hostside.masterreach`."""
+        if op == "reach":
+            return reach(str(request["master_addr"]), int(request["port"]))
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        if op == "unlisten":
+            return {"ok": True}
+        self.probe, answer = listen(int(request["port"]))
+        return answer
 
     def book(self) -> LeaseBook:
         return LeaseBook(self.lease_dir)
@@ -376,6 +398,8 @@ def serve() -> int:
                 say("queue", state.queue(request))
             elif op == "files":
                 say("files", state.files(request))
+            elif op in ("listen", "unlisten", "reach"):
+                say(op, state.master(op, request))
             elif op == "start":
                 code = state.start(request)
                 # The rank ended; the job may not have. Stay, holding the lease and whatever

@@ -35,6 +35,7 @@ import orchestrate.hostside.containment
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leases
+import orchestrate.hostside.masterreach
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
@@ -56,8 +57,8 @@ _MARK = MARK.encode()
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leases,
-    orchestrate.hostside.watchdog, orchestrate.core.exits, orchestrate.core.plan.outcome,
-    orchestrate.core.plan.restart,
+    orchestrate.hostside.watchdog, orchestrate.hostside.masterreach, orchestrate.core.exits,
+    orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.backends.ssh.agent))
 
 

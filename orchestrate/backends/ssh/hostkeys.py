@@ -17,10 +17,23 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from orchestrate.backends.ssh.connections import Target
+
+class Target(Protocol):
+    """What these checks read of a :class:`~.connections.Target` (declared here: that module
+    imports this one)."""
+
+    @property
+    def known_hosts_file(self) -> str | None: ...
+    @property
+    def accept_unknown_host_keys(self) -> bool: ...
+    @property
+    def identity_file(self) -> str | None: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+    @property
+    def label(self) -> str: ...
 
 
 class ConnectError(Exception):

@@ -4,7 +4,9 @@ The steps, each in parallel over the hosts (at most ``ssh.fanout`` being set up 
 
 1. connect to every node of the plan and open one pty channel per rank, each running the
    agent; local rank 0's channel answers the host's preflight request;
-2. judge the answers against the plan; any failed check stops here with nothing launched;
+2. judge the answers against the plan; any failed check stops here with nothing launched
+   (once the plan holds, every node also connects to MASTER_ADDR's port, held by a probe
+   listener on rank 0's node for that moment: :mod:`.reach`);
 3. re-plan when the hosts said so: GPUs held by other jobs' leases (``busy_gpus``), a busy derived
    master port (``master_port``, picked with :func:`~orchestrate.core.plan.ports.pick_port` from the
    ports the master host found free) and the network interface towards MASTER_ADDR where the
@@ -35,6 +37,7 @@ from orchestrate.backends.ssh.connections import (
     targets_for,
 )
 from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, request
+from orchestrate.backends.ssh.reach import reach_master
 from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
 from orchestrate.core.errors import UserError
@@ -97,6 +100,7 @@ class Launcher:
         self.facts: dict[str, HostAnswer] = {}
         self.discover = needs_interface(prepared.inventory)
         self.timings: dict[str, float] = {}
+        self._reached: tuple[str, int] | None = None  # the master address and port checked
 
     @property
     def links(self) -> Links:
@@ -208,6 +212,7 @@ class Launcher:
                 self.timings["replan_s"] = round(time.monotonic() - started, 3)
                 continue
             self._cancel_point()
+            self._reach(plan)
             started = time.monotonic()
             claimed = self._claim(plan)
             self.timings["claim_s"] = round(time.monotonic() - started, 3)
@@ -222,6 +227,25 @@ class Launcher:
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
             source=str(self.prepared.path), field="preflight", hint="submit again", busy=True,
         )
+
+    def _reach(self, plan: Plan) -> None:
+        """Every node reaches MASTER_ADDR's port (:mod:`.reach`), once per address and port;
+        raises :class:`PreflightFailed` naming each node that cannot."""
+        if (plan.master_addr, plan.master_port) == self._reached:
+            return
+        started = time.monotonic()
+        targets = self.targets(plan)
+        sessions = self.pool.sessions()
+        failures = reach_master(plan, {n: s.channels[0] for n, s in sessions.items()},
+                                targets, self.fanout)
+        self.timings["reach_s"] = round(time.monotonic() - started, 3)
+        if failures:
+            verdict = judge(plan, self.facts, self.discover)
+            verdict.failures.extend(failures)
+            for target, check, detail in failures:
+                verdict.cells.setdefault(target.name, {})[check] = detail
+            raise PreflightFailed(verdict, targets)
+        self._reached = (plan.master_addr, plan.master_port)
 
     def _refuse_waits(self, verdict: Judgement) -> None:
         """Older waiting jobs want the same things, or a lease cannot be read: exit 75."""

@@ -3,7 +3,8 @@
 Each host answers every question in one request to its agent (one remote program, so a host
 costs one login): does the node's python run (it runs the agent) and import torch, does the
 working directory exist, which of the candidate master ports are free on the master host (its
-own port space, not the controller's), which interface carries traffic to MASTER_ADDR, which
+own port space, not the controller's), whether MASTER_ADDR resolves there, which interface
+carries traffic to MASTER_ADDR, which
 GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
 
 Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
@@ -29,7 +30,7 @@ from orchestrate.core.plan.plan import NodePlan, Plan
 from orchestrate.core.plan.ports import pick_port
 
 #: Columns of the table, in order. "ssh" covers reaching the host, its key and the login.
-CHECKS = ("ssh", "python", "torch", "workdir", "port", "gpus", "interface", "leases")
+CHECKS = ("ssh", "python", "torch", "workdir", "master", "port", "gpus", "interface", "leases")
 #: Master ports asked about at once when the derived one may be busy.
 PORT_CANDIDATES = 64
 
@@ -41,6 +42,9 @@ HINTS = {
     "torch": "install torch for that interpreter (the same version on every host), or point the "
              "inventory's python at one with it",
     "workdir": "create it on the host (SSH jobs do not copy your code), or set the job's workdir",
+    "master": "every node must resolve and reach MASTER_ADDR (rank 0's node's address): give "
+              "that node an 'address:' in the inventory that every node resolves (an IP, or a "
+              "name in their DNS), or open the master port between the nodes",
     "port": "choose another distributed.master_port, or 'auto' to have one picked",
     "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
     "interface": "set network.interface for the node in the inventory",
@@ -128,6 +132,7 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
         "pythonpath": {**plan.env, **node.env}.get("PYTHONPATH"),
         "python": node.python,
         "interface_to": plan.master_addr if discover else None,
+        "master_addr": plan.master_addr,
         "gpus": bool(node.gpu_indices),
         "ports": candidate_ports(plan) if node.node_rank == 0 else [],
     }
@@ -162,6 +167,7 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
         _judge_leases(node, leases, cells, fail, verdict)
         verdict.sharing[node.name] = occupancy(node.name, leases, facts.get("gpu_use") or {})
         _judge_gpus(node, facts, cells, fail)
+        _judge_master(plan, facts, cells, fail)
         if node.name in wanted_interface:
             _judge_interface(plan, node, facts, cells, fail, verdict)
         elif node.env.get("GLOO_SOCKET_IFNAME"):
@@ -252,6 +258,19 @@ def _judge_interface(plan: Plan, node: NodePlan, facts: dict[str, Any], cells: d
     else:
         fail("interface", f"no interface towards {plan.master_addr}: "
                           f"{found.get('detail', 'not answered')}")
+
+
+def _judge_master(plan: Plan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
+                  ) -> None:
+    """MASTER_ADDR resolves on the host (an older agent does not say: nothing to judge)."""
+    master = facts.get("master")
+    if master is None:
+        return
+    if master.get("ok"):
+        cells["master"] = "resolves"
+    else:
+        fail("master", str(master.get("detail") or f"MASTER_ADDR {plan.master_addr} "
+                                                   "does not resolve"))
 
 
 def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
