@@ -277,6 +277,7 @@ def write_probed(
     if output is None:
         click.echo(text, nl=False)
     elif old is None:
+        output.parent.mkdir(parents=True, exist_ok=True)  # -o newdir/x.yaml: made, as cp does not
         output.write_text(text, encoding="utf-8")
         out.print(f"wrote {output}", highlight=False)
     elif text == old:

@@ -193,7 +193,14 @@ def _config(config_file: str | None) -> Any:
 
 
 def _check_files(t: Target) -> None:
-    """The files the inventory names must exist (else the login fails for a reason it hides)."""
+    """The files the inventory names must exist (else the login fails for a reason it hides);
+    and the ``[ssh]`` extra must be installed (else every host fails with an import error)."""
+    try:
+        import fabric  # noqa: F401
+        import paramiko  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise ConnectError("ssh", f"SSH needs the [ssh] extra ({exc.name} is not installed): "
+                                  "pip install 'orchestrate[ssh]'") from None
     if t.config_file and not os.path.isfile(os.path.expanduser(t.config_file)):
         raise ConnectError("ssh", f"ssh config file {t.config_file} not found "
                                   "(inventory ssh.config_file)")

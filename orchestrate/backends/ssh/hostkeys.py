@@ -177,15 +177,27 @@ def refusal(exc: Exception, where: str, conn: Any, timeout: float, known: list[s
     return None
 
 
+def _looked(known: list[str], wanted: list[str]) -> str:
+    """The known_hosts files that were read, each once."""
+    read = list(dict.fromkeys(known))
+    return ", ".join(read) or f"any known_hosts file (none of {', '.join(dict.fromkeys(wanted))})"
+
+
+def _keyscan(conn: Any, wanted: list[str]) -> str:
+    """The line that adds the host's key: into the first known_hosts file that is not
+    /dev/null (ssh_config often points one there), else ~/.ssh/known_hosts."""
+    into = next((f for f in wanted if f != os.devnull), "~/.ssh/known_hosts")
+    port = "" if int(conn.port or 22) == 22 else f"-p {conn.port} "
+    return (f"check its fingerprint, then add it: ssh-keyscan {port}{conn.host} >> {into} "
+            "(or set ssh.accept_unknown_host_keys: true in the inventory)")
+
+
 def _handshake_refusal(exc: Exception, where: str, conn: Any, known: list[str],
                        wanted: list[str]) -> ConnectError:
     """An SSH-level failure: an unknown host key, a login refused, or the handshake itself."""
     if "known_hosts" in str(exc):
-        looked = ", ".join(known) or f"any known_hosts file (none of {', '.join(wanted)})"
-        return ConnectError(
-            "host key",
-            f"unknown host key for {where}: not in {looked} (add it, e.g. with "
-            "ssh-keyscan, or set ssh.accept_unknown_host_keys: true in the inventory)")
+        return ConnectError("host key", f"unknown host key for {where}: not in "
+                                        f"{_looked(known, wanted)}; {_keyscan(conn, wanted)}")
     if "authentication" in str(exc).lower():
         return ConnectError(
             "login", f"cannot log in to {where} as {conn.user}: {exc} (give "
