@@ -131,8 +131,8 @@ def test_a_newcomer_probes_two_aliases_and_runs_a_two_node_job(ssh_cli: SshCli,
     # The same inventory without the addresses (what probe wrote before): MASTER_ADDR is an
     # alias no node resolves. Refused before launch, each node named with the cause.
     text = written.read_text().replace(f"address: {h1}", "").replace(f"address: {h2}", "")
-    bare = ssh_cli.write("bare.yaml", text)
-    assert "address" not in bare.read_text()
+    bare = ssh_cli.write("no-address.yaml", text)
+    assert "address:" not in bare.read_text()
     job = _job(ssh_cli, str(bare), nodes=2, name="bare")
     proc = ssh_cli.run("submit", str(job), "--follow", "--job-id", "bare-1", timeout=120)
     said = " ".join((proc.stdout + proc.stderr).split())
