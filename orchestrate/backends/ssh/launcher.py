@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.ssh.channels import ChannelError, SSHRank
@@ -40,6 +41,7 @@ from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, req
 from orchestrate.backends.ssh.reach import reach_master
 from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
+from orchestrate.backends.ssh.wire import Claim, Files, Outcome, Preflight, Queue, Start
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
@@ -148,7 +150,7 @@ class Launcher:
                                                 + time.monotonic() - started, 3)
         return judge(plan, self.facts, self.discover)
 
-    def _ask(self, target: Target, node: NodePlan, wanted: dict[str, Any],
+    def _ask(self, target: Target, node: NodePlan, wanted: Preflight,
              with_ranks: bool) -> HostAnswer:
         try:
             session = self.pool.session(target, node.nproc if with_ranks else 1)
@@ -270,9 +272,8 @@ class Launcher:
         def put(target: Target) -> dict[str, Any]:
             node = next(n for n in nodes if n.name == target.name)
             channel = sessions[node.name].channels[0]
-            return channel.request({"op": "queue", "job_id": plan.job_id,
-                                    "lease_dir": target.lease_dir, "ticket": tickets(node)},
-                                   "queue", STEP_TIMEOUT_S)
+            return channel.request(Queue(job_id=plan.job_id, lease_dir=target.lease_dir,
+                                         ticket=tickets(node)), "queue", STEP_TIMEOUT_S)
 
         fan_out([targets[n.name] for n in nodes], put, self.fanout)
 
@@ -283,15 +284,14 @@ class Launcher:
             channel = self.pool.sessions()[node.name].channels[0]
             spec = self.prepared.inventory.node(node.name)
             cpu = not node.gpu_indices
-            return channel.request({
-                "op": "claim", "job_id": plan.job_id, "node": node.name,
-                "lease_dir": target.lease_dir,
-                "ticket": self.tickets(node) if self.tickets is not None else None,
-                "gpus": list(node.gpu_indices),
-                "slots": node.nproc if cpu else 0,
-                "slot_capacity": spec.capacity if cpu and spec is not None else None,
-                "port": plan.master_port if node.node_rank == 0 else None,
-            }, "claim", STEP_TIMEOUT_S)
+            return channel.request(Claim(
+                job_id=plan.job_id, node=node.name, lease_dir=target.lease_dir,
+                ticket=self.tickets(node) if self.tickets is not None else None,
+                gpus=list(node.gpu_indices),
+                slots=node.nproc if cpu else 0,
+                slot_capacity=spec.capacity if cpu and spec is not None else None,
+                port=plan.master_port if node.node_rank == 0 else None,
+            ), "claim", STEP_TIMEOUT_S)
 
         targets = self.targets(plan)
         answers = fan_out(list(targets.values()), claim, self.fanout)
@@ -335,11 +335,10 @@ class Launcher:
             own = node_script_name(target.name)
             files = {own: rendered[own], **common}
             session = self.pool.session(target, nproc[target.name])  # a channel per rank
-            reply = session.channels[0].request(
-                {"op": "files", "run_dir": plan.run_dir, "files": files}, "files",
-                STEP_TIMEOUT_S)
-            if not reply.get("ok"):
-                raise ChannelError(f"writing {plan.run_dir}: {reply.get('detail')}")
+            reply = Outcome.from_json(session.channels[0].request(
+                Files(run_dir=plan.run_dir, files=files), "files", STEP_TIMEOUT_S))
+            if not reply.ok:
+                raise ChannelError(f"writing {plan.run_dir}: {reply.detail}")
             for channel in session.channels[1:]:
                 channel.ready(READY_TIMEOUT_S)
 
@@ -371,9 +370,9 @@ class Launcher:
                     rank=rank,
                     node=node.name,
                     channel=session.channels[local_rank or 0],
-                    start_request={"op": "start", "job_id": plan.job_id, "script": script,
-                                   "local_rank": local_rank, "grace_s": grace_s,
-                                   "env": {ATTEMPT_VAR: str(attempt)}},
+                    start_request=Start(job_id=plan.job_id, script=script,
+                                        local_rank=local_rank, grace_s=grace_s,
+                                        env={ATTEMPT_VAR: str(attempt)}),
                     stop_host=_stopper_for(stopper, node.name),
                 ))
         return handles
@@ -419,9 +418,8 @@ def _keep_torch(answer: HostAnswer, known: HostAnswer | None) -> None:
         answer.facts["torch"] = torch
 
 
-def _differs(asked: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    return {k: v for k, v in asked.items() if k != "torch"} != {
-        k: v for k, v in wanted.items() if k != "torch"}
+def _differs(asked: Preflight, wanted: Preflight) -> bool:
+    return replace(asked, torch=False) != replace(wanted, torch=False)
 
 
 def _stopper_for(stopper: HostStopper, node: str) -> Callable[[bool], None]:

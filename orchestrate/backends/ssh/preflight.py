@@ -25,6 +25,7 @@ from typing import Any
 from orchestrate.backends.hosttable import HostRow, HostTable
 from orchestrate.backends.sharing import occupancy
 from orchestrate.backends.ssh.connections import Target
+from orchestrate.backends.ssh.wire import Preflight
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
 from orchestrate.core.plan.ports import pick_port
@@ -120,22 +121,23 @@ def candidate_ports(plan: Plan) -> list[int]:
 
 
 def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
-            **extra: Any) -> dict[str, Any]:
-    """The preflight request for one node of ``plan`` (``extra``: the host's ``lease_dir`` and
-    what the job ``want``s there, for the queue)."""
-    return {**extra,
-        "op": "preflight",
-        "job_id": plan.job_id,
-        "workdir": plan.workdir,
-        "torch": uses_python(node) and not torch_known_ok,
-        "orchestrate": orchestrate_module(plan, node),
-        "pythonpath": {**plan.env, **node.env}.get("PYTHONPATH"),
-        "python": node.python,
-        "interface_to": plan.master_addr if discover else None,
-        "master_addr": plan.master_addr,
-        "gpus": bool(node.gpu_indices),
-        "ports": candidate_ports(plan) if node.node_rank == 0 else [],
-    }
+            lease_dir: str | None = None, want: dict[str, Any] | None = None) -> Preflight:
+    """The preflight request for one node of ``plan`` (the host's ``lease_dir`` and what the
+    job ``want``s there, for the queue)."""
+    return Preflight(
+        job_id=plan.job_id,
+        workdir=plan.workdir,
+        torch=uses_python(node) and not torch_known_ok,
+        orchestrate=orchestrate_module(plan, node),
+        pythonpath={**plan.env, **node.env}.get("PYTHONPATH"),
+        python=node.python,
+        interface_to=plan.master_addr if discover else None,
+        master_addr=plan.master_addr,
+        gpus=bool(node.gpu_indices),
+        ports=candidate_ports(plan) if node.node_rank == 0 else [],
+        lease_dir=lease_dir,
+        want=want,
+    )
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrate.backends.ssh.channels import AgentChannel
 from orchestrate.backends.ssh.connections import Target, fan_out
+from orchestrate.backends.ssh.wire import Listen, Reach, Unlisten
 from orchestrate.core.plan.plan import Plan
 from orchestrate.hostside.masterreach import REACH_TIMEOUT_S
 
@@ -40,7 +41,7 @@ def reach_master(plan: Plan, channels: Mapping[str, AgentChannel],
     bound = REACH_TIMEOUT_S + GRACE_S
     probe = channels[master.name]
     try:
-        listening = probe.request({"op": "listen", "port": port}, "listen", bound)
+        listening = probe.request(Listen(port), "listen", bound)
     except Exception as exc:  # an agent that does not know the step: say so, start nothing
         return [(targets[master.name], "master", f"cannot hold a probe on port {port}: {exc}")]
     if not listening.get("ok"):
@@ -49,7 +50,7 @@ def reach_master(plan: Plan, channels: Mapping[str, AgentChannel],
         others = [targets[n.name] for n in plan.nodes[1:]]
         answers = fan_out(others, _asker(channels, plan.master_addr, port, bound), fanout)
     finally:
-        probe.request({"op": "unlisten"}, "unlisten", bound)
+        probe.request(Unlisten(), "unlisten", bound)
     failures: list[Failure] = []
     for target in others:
         answer = answers[target.name]
@@ -65,6 +66,5 @@ def reach_master(plan: Plan, channels: Mapping[str, AgentChannel],
 def _asker(channels: Mapping[str, AgentChannel], address: str, port: int, bound: float
            ) -> Callable[[Target], dict[str, Any]]:
     def ask(target: Target) -> dict[str, Any]:
-        return channels[target.name].request(
-            {"op": "reach", "master_addr": address, "port": port}, "reach", bound)
+        return channels[target.name].request(Reach(address, port), "reach", bound)
     return ask
