@@ -16,11 +16,11 @@ from orchestrate.backends.ssh.wire import (
     Exited,
     Files,
     Listen,
-    Outcome,
     Preflight,
     Queue,
     Reach,
     Start,
+    StepAnswer,
     Unlisten,
     WireError,
     read_request,
@@ -73,7 +73,7 @@ def test_replies_carry_no_op_and_read_back() -> None:
     exited = Exited(code=None, signal=9, left=0)
     assert exited.to_json() == {"code": None, "signal": 9, "left": 0}
     assert Exited.from_json({"signal": 9, "left": 0}) == exited
-    assert Outcome.from_json({"ok": False, "detail": "Permission denied: /r"}).detail == \
+    assert StepAnswer.from_json({"ok": False, "detail": "Permission denied: /r"}).detail == \
         "Permission denied: /r"
-    with pytest.raises(WireError, match="Outcome: missing field ok"):
-        Outcome.from_json({"detail": "x"})
+    with pytest.raises(WireError, match="StepAnswer: missing field ok"):
+        StepAnswer.from_json({"detail": "x"})

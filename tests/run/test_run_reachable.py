@@ -20,11 +20,11 @@ def _files(tmp_path: Path, nodes: str, distributed: str = "") -> tuple[Path, Pat
     inv = tmp_path / "inv.yaml"
     inv.write_text("name: lab\ndefaults: {python: python3}\nnodes:\n" + textwrap.dedent(nodes))
     job = tmp_path / "job.yaml"
-    job.write_text(textwrap.dedent(f"""\
+    job.write_text(textwrap.dedent("""\
         name: two
         backend: ssh
         inventory: inv.yaml
-        resources: {{nodes: 2, gpus_per_node: all}}
+        resources: {nodes: 2, gpus_per_node: all}
         command: [python, train.py]
         """) + distributed)
     return inv, job
@@ -81,6 +81,19 @@ def test_a_loopback_master_addr_in_the_job_is_refused_at_its_line(tmp_path: Path
     text = str(_refusal(job))
     assert text.startswith(f"{job}:6: distributed.master_addr: MASTER_ADDR localhost is "
                            "loopback, and this job spans 2 nodes"), text
+
+
+def test_nodes_that_are_all_this_machine_are_planned(tmp_path: Path) -> None:
+    # Every node says loopback: they are all this machine, where the store is reachable.
+    _, job = _files(tmp_path, """\
+        - name: h1
+          address: 127.0.0.1
+          slots: 2
+        - name: h2
+          address: 127.0.0.2
+          slots: 2
+        """)
+    assert prepare(job).plan.master_addr == "127.0.0.1"
 
 
 def test_one_node_on_loopback_and_remote_nodes_are_planned(tmp_path: Path) -> None:

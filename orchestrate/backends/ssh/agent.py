@@ -62,7 +62,6 @@ from orchestrate.backends.ssh.wire import (
     Exited,
     Files,
     Listen,
-    Outcome,
     Pid,
     Preflight,
     Queue,
@@ -70,6 +69,7 @@ from orchestrate.backends.ssh.wire import (
     Ready,
     Record,
     Start,
+    StepAnswer,
     Unlisten,
     WireError,
     read_request,
@@ -314,7 +314,7 @@ class Serving:
             self.joined = False
         return named
 
-    def files(self, request: Files) -> Outcome:
+    def files(self, request: Files) -> StepAnswer:
         run_dir = request.run_dir
         os.umask(0o077)
         try:
@@ -329,8 +329,8 @@ class Serving:
                 os.chmod(tmp, 0o700 if name.endswith(".sh") else 0o600)
                 os.replace(tmp, path)
         except OSError as exc:
-            return Outcome(ok=False, detail=f"{exc.strerror}: {exc.filename}")
-        return Outcome(ok=True)
+            return StepAnswer(ok=False, detail=f"{exc.strerror}: {exc.filename}")
+        return StepAnswer(ok=True)
 
     def hangup(self, signum: int, _frame: object) -> None:
         """The channel closed under us: stop the job's processes here, then go."""

@@ -20,7 +20,7 @@ import time
 from typing import Any, Protocol
 
 
-class Target(Protocol):
+class KeyRules(Protocol):
     """What these checks read of a :class:`~.connections.Target` (declared here: that module
     imports this one)."""
 
@@ -45,7 +45,7 @@ class ConnectError(Exception):
         self.detail = detail
 
 
-def known_hosts(target: Target, ssh_config: Any) -> list[str]:
+def known_hosts(target: KeyRules, ssh_config: Any) -> list[str]:
     """The known_hosts files to check ``target`` (or a jump host towards it) against: the
     inventory's, else ssh_config's User/GlobalKnownHostsFile, else OpenSSH's defaults."""
     if target.known_hosts_file:
@@ -85,7 +85,7 @@ def gateways(conn: Any) -> list[Any]:
     return list(reversed(hops))
 
 
-def _check_keys(conn: Any, t: Target) -> tuple[list[str], list[str]]:
+def _check_keys(conn: Any, t: KeyRules) -> tuple[list[str], list[str]]:
     """Load the known_hosts files into ``conn``'s client and set the policy; (found, wanted)."""
     import paramiko
 
@@ -98,7 +98,7 @@ def _check_keys(conn: Any, t: Target) -> tuple[list[str], list[str]]:
     return found, wanted
 
 
-def verify_chain(conn: Any, t: Target, kwargs: dict[str, Any]) -> None:
+def verify_chain(conn: Any, t: KeyRules, kwargs: dict[str, Any]) -> None:
     """Give every jump host of ``conn`` the target's host-key rules, timeouts and identity
     (Fabric made them with AutoAddPolicy and its defaults)."""
     for hop in gateways(conn):
@@ -111,7 +111,7 @@ def verify_chain(conn: Any, t: Target, kwargs: dict[str, Any]) -> None:
             hop.connect_kwargs["look_for_keys"] = False
 
 
-def open_verified(conn: Any, t: Target) -> None:
+def open_verified(conn: Any, t: KeyRules) -> None:
     """Open ``conn`` and its jump hosts (innermost first), host keys checked on each; whatever
     fails is a :class:`ConnectError` naming the hop and the step."""
     for hop in gateways(conn):
@@ -119,7 +119,7 @@ def open_verified(conn: Any, t: Target) -> None:
     _open_one(conn, t, f"{conn.host}:{conn.port}")
 
 
-def _open_one(conn: Any, t: Target, where: str) -> None:
+def _open_one(conn: Any, t: KeyRules, where: str) -> None:
     found, wanted = _check_keys(conn, t)
     started = time.monotonic()
     try:

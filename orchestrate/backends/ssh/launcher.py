@@ -41,7 +41,7 @@ from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, req
 from orchestrate.backends.ssh.reach import reach_master
 from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
-from orchestrate.backends.ssh.wire import Claim, Files, Outcome, Preflight, Queue, Start
+from orchestrate.backends.ssh.wire import Claim, Files, Preflight, Queue, Start, StepAnswer
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
@@ -335,7 +335,7 @@ class Launcher:
             own = node_script_name(target.name)
             files = {own: rendered[own], **common}
             session = self.pool.session(target, nproc[target.name])  # a channel per rank
-            reply = Outcome.from_json(session.channels[0].request(
+            reply = StepAnswer.from_json(session.channels[0].request(
                 Files(run_dir=plan.run_dir, files=files), "files", STEP_TIMEOUT_S))
             if not reply.ok:
                 raise ChannelError(f"writing {plan.run_dir}: {reply.detail}")

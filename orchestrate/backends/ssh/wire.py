@@ -240,7 +240,7 @@ class Ended(Record):
 
 
 @dataclass(frozen=True)
-class Outcome(Record):
+class StepAnswer(Record):
     """A step that worked or says why not (``files``, and the master reach check's ``listen``,
     ``unlisten`` and ``reach``: ``via`` the address the master answered at)."""
 

@@ -69,7 +69,7 @@ def is_loopback(address: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Unreachable:
+class UnreachableAddress:
     """An address the job's other nodes cannot reach: which node's (None: the job's own
     ``distributed.master_addr``), and why, as a sentence."""
 
@@ -80,16 +80,17 @@ class Unreachable:
 
 
 def unreachable_addresses(nodes: Sequence[tuple[str, str]], master_addr: str,
-                          addr_fixed: bool) -> list[Unreachable]:
-    """For a job over more than one node (``nodes``: name and address, rank 0's first): a
-    loopback MASTER_ADDR (every node would look for the master on itself) and a node written
-    with a loopback address (a node probed with ``inventory probe --local`` beside remote ones:
-    its ranks would tell the others to reach them at 127.0.0.1). Empty for one node."""
-    if len(nodes) < 2:
+                          addr_fixed: bool) -> list[UnreachableAddress]:
+    """For a job over more than one node (``nodes``: name and address, rank 0's first), some
+    of them on other machines: a loopback MASTER_ADDR (every node would look for the master on
+    itself) and a node written with a loopback address (a node probed with ``inventory probe
+    --local`` beside remote ones: its ranks would tell the others to reach them at 127.0.0.1).
+    Empty for one node, and for nodes that all say loopback (all this machine: it works)."""
+    if len(nodes) < 2 or all(is_loopback(address) for _, address in nodes):
         return []
     found = []
     if addr_fixed and is_loopback(master_addr):
-        found.append(Unreachable(
+        found.append(UnreachableAddress(
             None, master_addr,
             f"MASTER_ADDR {master_addr} is loopback, and this job spans {len(nodes)} nodes: "
             "the others would look for rank 0 on themselves",
@@ -101,7 +102,7 @@ def unreachable_addresses(nodes: Sequence[tuple[str, str]], master_addr: str,
         role = ("rank 0's node, so MASTER_ADDR would be loopback: the others would look "
                 "for the master on themselves" if index == 0 and not addr_fixed else
                 "its ranks would be reached at loopback by the other nodes")
-        found.append(Unreachable(
+        found.append(UnreachableAddress(
             name, address,
             f"node {name} has the loopback address {address} in a job over {len(nodes)} "
             f"nodes ({role}); a node probed on this machine (inventory probe --local) "
