@@ -104,6 +104,14 @@ def test_a_host_allowing_two_sessions_runs_four_ranks(ssh_cli: SshCli, tmp_path:
     assert ssh_cli.status("small-1")["state"] == "COMPLETED"
     assert_nothing_left(ssh_cli, "small-1")
 
+    # A host that takes no session at all is named as such, not with paramiko's exception.
+    with extra_sshd(hosts, "h1", tmp_path, MaxSessions="0") as port:
+        code, said = _probe(ssh_cli, hosts.ssh_config, "h1", "--port", str(port),
+                            "--known-hosts", str(known), "--identity", str(hosts.key))
+    assert code == 1, said
+    assert ("h1: h1 refuses every session on a new SSH connection (ChannelException(1, "
+            "'Administratively prohibited')): sshd's MaxSessions is 0") in said, said
+
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
