@@ -109,8 +109,8 @@ def test_a_host_allowing_two_sessions_runs_four_ranks(ssh_cli: SshCli, tmp_path:
         code, said = _probe(ssh_cli, hosts.ssh_config, "h1", "--port", str(port),
                             "--known-hosts", str(known), "--identity", str(hosts.key))
     assert code == 1, said
-    assert ("h1: h1 refuses every session on a new SSH connection (ChannelException(1, "
-            "'Administratively prohibited')): sshd's MaxSessions is 0") in said, said
+    assert "h1: h1 refuses every session on a new SSH connection (" in said, said
+    assert "sshd's MaxSessions is 0, or its configuration forbids sessions" in said
 
 
 @pytest.mark.torch
