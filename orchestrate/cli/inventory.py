@@ -193,11 +193,13 @@ def inventory_probe(hosts: tuple[str, ...], local: bool, use_slurm: bool,
 
     from orchestrate.cli.progress import progress
 
+    found: dict[str, str] = {}  # a resolvable address for each alias (MASTER_ADDR)
     with progress(f"probing {len(reach.targets)} host(s)"):  # each step, on which hosts
         gathered = dict(gather_over_ssh(reach.targets, bound_s=bound_s, fanout=fanout,
-                                        torch=torch, import_torch=import_torch))
+                                        torch=torch, import_torch=import_torch,
+                                        addresses=found))
     return write_probed(gathered, output=output, yes=yes, inventory_name=name or "hosts",
-                        addresses=reach.addresses, extras=reach.extras,
+                        addresses={**found, **reach.addresses}, extras=reach.extras,
                         defaults=reach.defaults)
 
 
@@ -282,6 +284,7 @@ def write_probed(
     if output is None:
         click.echo(text, nl=False)
     elif old is None:
+        output.parent.mkdir(parents=True, exist_ok=True)  # -o newdir/x.yaml: made, as cp does not
         output.write_text(text, encoding="utf-8")
         out.print(f"wrote {output}", highlight=False)
     elif text == old:

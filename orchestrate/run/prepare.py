@@ -20,9 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.core.errors import UserError
+from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.plan.memory import ModelFacts
 from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
+from orchestrate.core.plan.ports import unreachable_addresses
+from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.backendtraits import traits
 from orchestrate.core.spec.inventory import (
     Inventory,
@@ -31,6 +33,7 @@ from orchestrate.core.spec.inventory import (
     resolve_inventory,
 )
 from orchestrate.core.spec.job import JobSpec, check_job_id, job_dir, load_job
+from orchestrate.core.spec.loader import read_yaml
 from orchestrate.run.progress import show
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
@@ -200,7 +203,47 @@ def plan_job(
     )
     if loaded.notes:
         plan = replace(plan, notes=(*plan.notes, *loaded.notes))
+    _check_reachable(loaded, plan)
     return Prepared(loaded, plan)
+
+
+def _check_reachable(loaded: Loaded, plan: Plan) -> None:
+    """A job over several nodes whose MASTER_ADDR or a node's address is loopback would wait
+    in rendezvous until its timeout: refused here, at the file and line that say it."""
+    found = unreachable_addresses([(n.name, n.address) for n in plan.nodes], plan.master_addr,
+                                  plan.master_addr_fixed)
+    if not found:
+        return
+    problems = []
+    key: tuple[str, ...]
+    for bad in found:
+        if bad.node is None:
+            source, key = loaded.source, ("distributed", "master_addr")
+            field = "distributed.master_addr"
+        else:
+            index = _entry_of(loaded.inventory_spec, bad.node)
+            source, key = loaded.inventory_source, ("nodes", str(index), "address")
+            field = f"nodes.{index}.address"
+        problems.append(Problem(bad.message, source=source, field=field,
+                                line=_line_of(source, key), got=bad.address, hint=bad.hint))
+    raise UserError(problems)
+
+
+def _entry_of(spec: InventorySpec, node: str) -> int:
+    """The index of the inventory entry that holds ``node`` (its hostlist expanded)."""
+    for index, entry in enumerate(spec.nodes):
+        if node in hostlist.expand(entry.name):
+            return index
+    return 0
+
+
+def _line_of(source: str, key: tuple[str, ...]) -> int | None:
+    """The line of ``key`` in the YAML file ``source`` (read again: only on a refusal)."""
+    try:
+        _, lines = read_yaml(Path(source))
+    except (OSError, UserError):
+        return None
+    return lines.get(key) or lines.get(key[:-1])
 
 
 def default_python(job: JobSpec) -> str:

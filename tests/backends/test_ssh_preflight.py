@@ -74,7 +74,7 @@ def test_a_command_running_an_orchestrate_module_has_it_imported_on_each_host(
     checkup = _plan(tmp_path, ["python", "-m", "orchestrate.doctor.checkup", "--tier", "static"])
     node = checkup.nodes[2]
     assert orchestrate_module(checkup, node) == "orchestrate.doctor.checkup"
-    assert request(checkup, node, False, False)["orchestrate"] == "orchestrate.doctor.checkup"
+    assert request(checkup, node, False, False).orchestrate == "orchestrate.doctor.checkup"
     own = _plan(tmp_path, ["python", "train.py"])
     assert orchestrate_module(own, own.nodes[0]) is None
     odd = _plan(tmp_path, ["python", "-m", "orchestrate.x;import os"])

@@ -10,13 +10,17 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 ``<RS>orchestrate:<kind> <json>``:
 
 - ``preflight``: every check of this host in one go (python, torch, workdir, master port,
-  network interface towards MASTER_ADDR, GPUs by nvidia-smi and which of them processes outside
-  orchestrate use, the leases other jobs hold and the jobs queued before this one);
+  whether MASTER_ADDR resolves here, network interface towards MASTER_ADDR, GPUs by
+  nvidia-smi and which of them processes outside orchestrate use, the leases other jobs hold
+  and the jobs queued before this one);
 - ``claim``: record this job's GPUs and port in the host's shared lease book
   (:mod:`orchestrate.hostside.leases`), under flock, unless another live job holds them or an
   older waiting job wants them (then say which; a waiting job's ticket stays queued), and make
   the job's cgroup where one can be made;
 - ``queue``: a waiting job's ticket in the host's queue (held by this agent), its claim dropped;
+- ``listen``, ``reach``, ``unlisten``: the check that every node reaches MASTER_ADDR's port
+  before launch (rank 0's node holds a probe listener on the port meanwhile,
+  :mod:`orchestrate.hostside.masterreach`);
 - ``files``: write the run directory's files (0700 directory, 0600/0700 files), through its
   checked folder (:mod:`orchestrate.hostside.safeplace`: an unsafe place is refused, named);
 - ``start``: join the job's lease as a holder (and its cgroup), check the whole path of the
@@ -52,6 +56,26 @@ import socket
 import subprocess
 import sys
 
+from orchestrate.backends.ssh.wire import (
+    Abort,
+    Claim,
+    End,
+    Ended,
+    Exited,
+    Files,
+    Listen,
+    Pid,
+    Preflight,
+    Queue,
+    Reach,
+    Ready,
+    Record,
+    Start,
+    StepAnswer,
+    Unlisten,
+    WireError,
+    read_request,
+)
 from orchestrate.core.layout import SIDECAR_DIR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.hostside.containment import (
@@ -81,6 +105,7 @@ from orchestrate.hostside.leases import (
     machine_gpus,
     new_lease,
 )
+from orchestrate.hostside.masterreach import ProbeListener, listen, reach, resolve
 from orchestrate.hostside.safeplace import UnsafePlace, refusal, runnable, write_tree
 from orchestrate.hostside.watchdog import stop_job
 
@@ -94,7 +119,10 @@ TORCH_VERSION = "orchestrate-torch-version "
 
 
 def say(kind: str, payload: Any) -> None:
-    """One protocol line on stdout (all of it, even on a slow pty)."""
+    """One protocol line on stdout (all of it, even on a slow pty); a reply record is sent as
+    its JSON object."""
+    if isinstance(payload, Record):
+        payload = payload.to_json()
     data = (MARK + kind + " " + json.dumps(payload) + "\n").encode()
     while data:
         written = os.write(1, data)
@@ -108,7 +136,8 @@ class Requests:
     def __init__(self) -> None:
         self.buffer = b""
 
-    def next(self) -> dict[str, Any] | None:
+    def next(self) -> Any:
+        """The next request line, decoded (None at the end of stdin)."""
         while b"\n" not in self.buffer:
             try:
                 chunk = os.read(0, 65536)
@@ -118,28 +147,27 @@ class Requests:
                 return None
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
-        request: dict[str, Any] = json.loads(line.decode())
-        return request
+        return json.loads(line.decode())
 
 
-def _torch_probe(request: dict[str, Any]) -> tuple[subprocess.Popen[str] | None, str | None]:
+def _torch_probe(request: Preflight) -> tuple[subprocess.Popen[str] | None, str | None]:
     """Start importing torch (and the command's orchestrate module) as the ranks will: the
     node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
     directory. The probe running, or why it could not start."""
-    if not request.get("torch"):
+    if not request.torch:
         return None, None
     # The version on a line of its own (an import may print warnings first), flushed before a
     # later import's traceback reaches the shared pipe.
     probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
-    module = request.get("orchestrate")
-    if module:  # the module the command runs (True: an older controller's train job)
-        probe += "; import " + (module if isinstance(module, str) and
-                                re.match(r"^[\w.]+$", module) else "orchestrate.train")
-    python = str(request.get("python") or sys.executable)
+    module = request.orchestrate
+    if module:  # the module the command runs
+        probe += "; import " + (module if re.match(r"^[\w.]+$", module)
+                                else "orchestrate.train")
+    python = request.python or sys.executable
     env = dict(os.environ)
-    if request.get("pythonpath") is not None:
-        env["PYTHONPATH"] = str(request["pythonpath"])
-    workdir = request["workdir"]
+    if request.pythonpath is not None:
+        env["PYTHONPATH"] = request.pythonpath
+    workdir = request.workdir
     try:
         return subprocess.Popen(
             [python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -150,27 +178,28 @@ def _torch_probe(request: dict[str, Any]) -> tuple[subprocess.Popen[str] | None,
         return None, f"cannot run {python}: {exc.strerror or exc}"
 
 
-def preflight(request: dict[str, Any]) -> dict[str, Any]:
+def preflight(request: Preflight) -> dict[str, Any]:
     """Every check of this host; facts, the controller judges them against the plan."""
     torch, failed = _torch_probe(request)
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable + " " + sys.version.split()[0],
         "cpus": os.cpu_count(),
-        "workdir": {"ok": os.path.isdir(request["workdir"]), "path": request["workdir"]},
+        "workdir": {"ok": os.path.isdir(request.workdir), "path": request.workdir},
     }
-    if request.get("interface_to"):
-        report["interface"] = interface_towards(request["interface_to"])
-    found = usage() if request.get("gpus") else None
+    if request.interface_to:
+        report["interface"] = interface_towards(request.interface_to)
+    if request.master_addr:
+        report["master"] = resolve(request.master_addr)
+    found = usage() if request.gpus else None
     if found is not None:
         report["gpus"] = present(found)
     try:
-        book = LeaseBook(request.get("lease_dir"))
+        book = LeaseBook(request.lease_dir)
         with book.locked():
-            report["leases"] = held(book.live(except_job=request["job_id"]))
+            report["leases"] = held(book.live(except_job=request.job_id))
             report["leases"]["queue"] = [describe(t) for t in
-                                         book.ahead(request.get("want") or {},
-                                                    request["job_id"])]
+                                         book.ahead(request.want or {}, request.job_id)]
             report["leases"]["problems"] = book.problems
     except (BookError, OSError) as exc:
         report["leases"] = {"error": str(exc), "hint": getattr(exc, "hint", ""), "gpus": [],
@@ -178,7 +207,7 @@ def preflight(request: dict[str, Any]) -> dict[str, Any]:
                             "busy": bool(getattr(exc, "busy", False))}
     if found is not None:
         report["gpu_use"] = outside_use(found, set(report["leases"].get("gpus") or []))
-    candidates = request.get("ports") or []
+    candidates = request.ports
     if candidates:
         report["ports"] = {"free": [p for p in candidates if port_free(p)],
                            "tried": len(candidates)}
@@ -223,33 +252,46 @@ class Serving:
         self.lease_dir: str | None = None
         self.group: JobGroup | None = None
         self.code = 0  # how the rank ended
+        self.probe: ProbeListener | None = None  # on the master port, only during the check
+
+    def master(self, request: Record) -> dict[str, Any]:
+        """The check that every node reaches the master before launch (rank 0's node listens
+        on the master port, the others connect, rank 0's node stops listening), with
+        :mod:`orchestrate.hostside.masterreach`."""
+        if isinstance(request, Reach):
+            return reach(request.master_addr, request.port)
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        if not isinstance(request, Listen):
+            return {"ok": True}
+        self.probe, answer = listen(request.port)
+        return answer
 
     def book(self) -> LeaseBook:
         return LeaseBook(self.lease_dir)
 
-    def claim(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.job_id = request["job_id"]
-        self.lease_dir = request.get("lease_dir")
+    def claim(self, request: Claim) -> dict[str, Any]:
+        self.job_id = request.job_id
+        self.lease_dir = request.lease_dir
         group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
-        lease = new_lease(self.job_id, str(request.get("node")), request.get("gpus") or [],
-                          int(request.get("slots") or 0), request.get("port"), [os.getpid()],
-                          group.path if group else None)
-        asked = request.get("ticket")
+        lease = new_lease(self.job_id, request.node, request.gpus, request.slots, request.port,
+                          [os.getpid()], group.path if group else None)
+        asked = request.ticket
         ticket = None if asked is None else \
             Ticket.from_dict(asked).with_holder(os.getpid(), proc_start(os.getpid()))
-        answer = self.book().claim(lease, slot_capacity=request.get("slot_capacity"),
-                                   ticket=ticket)
+        answer = self.book().claim(lease, slot_capacity=request.slot_capacity, ticket=ticket)
         self.claimed = self.joined = bool(answer.get("ok"))
         return answer
 
-    def queue(self, request: dict[str, Any]) -> dict[str, Any]:
+    def queue(self, request: Queue) -> dict[str, Any]:
         """Keep this waiting job's place in the host's queue (its ticket, held by this agent);
         drop a claim it made meanwhile."""
-        self.job_id = request["job_id"]
-        self.lease_dir = request.get("lease_dir")
+        self.job_id = request.job_id
+        self.lease_dir = request.lease_dir
         book = self.book()
         with book.locked():
-            book.enqueue(Ticket.from_dict(request["ticket"]).with_holder(
+            book.enqueue(Ticket.from_dict(request.ticket).with_holder(
                 os.getpid(), proc_start(os.getpid())))
             if self.claimed:
                 book.forget_lease(self.job_id)
@@ -280,18 +322,18 @@ class Serving:
             self.joined = False
         return named
 
-    def files(self, request: dict[str, Any]) -> dict[str, Any]:
+    def files(self, request: Files) -> StepAnswer:
         """The run directory's files, written through its checked folder's descriptor: every
         folder above it safe, it the user's own 0700 folder (:mod:`~orchestrate.hostside.
         safeplace`); an unsafe place is named with its owner, mode and fix."""
         os.umask(0o077)
         try:
-            write_tree(request["run_dir"], request["files"])
+            write_tree(request.run_dir, request.files)
         except UnsafePlace as exc:
-            return refusal(exc)
+            return StepAnswer.from_json(refusal(exc))
         except OSError as exc:
-            return {"ok": False, "detail": f"{exc.strerror}: {exc.filename}"}
-        return {"ok": True}
+            return StepAnswer(ok=False, detail=f"{exc.strerror}: {exc.filename}")
+        return StepAnswer(ok=True)
 
     def hangup(self, signum: int, _frame: object) -> None:
         """The channel closed under us: stop the job's processes here, then go."""
@@ -303,11 +345,11 @@ class Serving:
                 self.unclaim()
         os._exit(128 + signum)
 
-    def start(self, request: dict[str, Any]) -> int:
-        script = checked(request["script"])  # before anything: a refused script starts nothing
-        self.job_id = request["job_id"]
-        self.grace_s = float(request.get("grace_s", 5.0))
-        self.lease_dir = request.get("lease_dir", self.lease_dir)
+    def start(self, request: Start) -> int:
+        script = checked(request.script)  # before anything: a refused script starts nothing
+        self.job_id = request.job_id
+        self.grace_s = float(request.grace_s)
+        self.lease_dir = request.lease_dir or self.lease_dir
         if not self.joined:  # every agent of the job here holds its lease while it lives
             with suppress(OSError, BookError):
                 self.book().join(self.job_id, os.getpid())
@@ -323,13 +365,13 @@ class Serving:
         # shows the environment a process was exec'd with, so kill-by-tag would otherwise miss
         # the script until it execs the rank.
         env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+        env.update({str(k): str(v) for k, v in request.env.items()})
         env[TAG] = self.job_id
-        local_rank = request.get("local_rank")  # None: a node's one process (per_node)
+        local_rank = request.local_rank  # None: a node's one process (per_node)
         argument = [] if local_rank is None else [str(local_rank)]
         child = subprocess.Popen(["bash", script, *argument], cwd=os.path.dirname(script),
                                  env=env)
-        say("pid", {"pid": child.pid})
+        say("pid", Pid(child.pid))
         while True:
             try:
                 _, status = os.waitpid(child.pid, 0)
@@ -337,19 +379,19 @@ class Serving:
             except ChildProcessError:
                 status = 255 << 8
                 break
-        result: dict[str, int]
+        signum: int | None = None
         if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            result, code = {"signal": sig}, 128 + sig
+            signum = os.WTERMSIG(status)
+            code = 128 + signum
         else:
             code = os.WEXITSTATUS(status)
-            result = {"code": code}
         # What of the job is left here (tagged, or below this agent): none, and the
         # controller need not come back to sweep this host.
         reap_orphans()
-        result["left"] = len(set(job_pids(self.job_id)) | set(descendants(os.getpid())))
+        left = len(set(job_pids(self.job_id)) | set(descendants(os.getpid())))
         with suppress(OSError):
-            say("exit", result)
+            say("exit", Exited(code=None if signum is not None else code, signal=signum,
+                               left=left))
         return code
 
 
@@ -375,38 +417,52 @@ def serve() -> int:
 
         with suppress(termios.error):
             tty.setraw(0)
-    say("ready", {"pid": os.getpid(), "hostname": socket.gethostname()})
+    say("ready", Ready(os.getpid(), socket.gethostname()))
     requests = Requests()
     while True:
-        request = requests.next()
-        if request is None or request["op"] == "abort":
+        line = requests.next()
+        if line is None:
             state.unclaim()
             return 0
-        op = request["op"]
         try:
-            if op == "preflight":
-                say("preflight", preflight(request))
-            elif op == "claim":
-                say("claim", state.claim(request))
-            elif op == "queue":
-                say("queue", state.queue(request))
-            elif op == "files":
-                say("files", state.files(request))
-            elif op == "start":
-                code = state.start(request)
-                # The rank ended; the job may not have. Stay, holding the lease and whatever
-                # the rank left below, until the controller says the job is over ("end") or
-                # goes away (SIGHUP).
-                state.code = code
-            elif op == "end":
-                state.grace_s = float(request.get("grace_s", state.grace_s))
-                say("ended", {"survivors": state.finish()})
-                return state.code
-            else:
-                say("error", {"detail": f"unknown request {op!r}"})
+            request = read_request(line)
+        except WireError as exc:  # a request that does not fit its record: said, not obeyed
+            say("error", {"detail": str(exc)})
+            continue
+        try:
+            ended = obey(state, request)
         except Exception as exc:  # one bad request is reported, the channel stays usable
-            say("error", {"detail": f"{op}: {type(exc).__name__}: {exc}"})
+            say("error", {"detail": f"{request.OP}: {type(exc).__name__}: {exc}"})
+            continue
+        if ended is not None:
+            return ended
 
+
+def obey(state: Serving, request: Record) -> int | None:
+    """Carry out one request and answer it; the agent's exit status once it is to end."""
+    if isinstance(request, Abort):
+        state.unclaim()
+        return 0
+    if isinstance(request, Preflight):
+        say("preflight", preflight(request))
+    elif isinstance(request, Claim):
+        say("claim", state.claim(request))
+    elif isinstance(request, Queue):
+        say("queue", state.queue(request))
+    elif isinstance(request, Files):
+        say("files", state.files(request))
+    elif isinstance(request, (Listen, Unlisten, Reach)):
+        say(request.OP, state.master(request))
+    elif isinstance(request, Start):
+        # The rank ended; the job may not have. Stay, holding the lease and whatever the rank
+        # left below, until the controller says the job is over ("end") or goes away (SIGHUP).
+        state.code = state.start(request)
+    elif isinstance(request, End):
+        if request.grace_s is not None:
+            state.grace_s = float(request.grace_s)
+        say("ended", Ended(state.finish()))
+        return state.code
+    return None
 
 
 def main(argv: list[str], out: IO[str]) -> int:

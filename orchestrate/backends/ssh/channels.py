@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orchestrate.backends.ssh.agent
+import orchestrate.backends.ssh.wire
 import orchestrate.core.exits
 import orchestrate.core.layout
 import orchestrate.core.plan.outcome
@@ -37,11 +38,13 @@ import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
+import orchestrate.hostside.masterreach
 import orchestrate.hostside.safeplace
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
+from orchestrate.backends.ssh.wire import End, Ended, Exited, Pid, Record
 from orchestrate.core.exits import EXIT_LOST
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.hostside.outputlog import LINE_MAX
@@ -60,9 +63,9 @@ AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
     orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
-    orchestrate.core.exits, orchestrate.core.layout, orchestrate.core.plan.outcome,
-    orchestrate.core.plan.restart,
-    orchestrate.backends.ssh.agent))
+    orchestrate.hostside.masterreach, orchestrate.core.exits, orchestrate.core.layout,
+    orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.agent))
 
 
 def agent_source() -> str:
@@ -165,14 +168,15 @@ class AgentChannel:
             self._output(raw[at:])
             return
         if kind == "pid":
-            self.pid = int(data["pid"])
+            self.pid = Pid.from_json(data).pid
             if self.secrets:
                 # If the rank is gone already, its exit says why.
                 with contextlib.suppress(Exception):
                     self.channel.sendall("".join(v + "\n" for v in self.secrets).encode())
         elif kind == "exit":
-            self.left = int(data.get("left", 1))
-            self.exit = Exit(code=data.get("code"), signal=data.get("signal"))
+            exited = Exited.from_json(data)
+            self.left = exited.left
+            self.exit = Exit(code=exited.code, signal=exited.signal)
         self._replies.put((kind, data))
 
     def _output(self, raw: bytes) -> None:
@@ -194,9 +198,9 @@ class AgentChannel:
 
     # ---------------------------------------------------------------- requests
 
-    def send(self, request: dict[str, Any]) -> None:
-        """One request line to the agent."""
-        self.channel.sendall((json.dumps(request) + "\n").encode())
+    def send(self, request: Record) -> None:
+        """One request line to the agent (:mod:`.wire`)."""
+        self.channel.sendall((json.dumps(request.to_json()) + "\n").encode())
 
     def reply(self, kind: str, timeout: float) -> dict[str, Any]:
         """Wait for the agent's answer of ``kind``; :class:`ChannelError` if it says or does
@@ -224,7 +228,7 @@ class AgentChannel:
             self.reply("ready", timeout)
             self.is_ready = True
 
-    def request(self, request: dict[str, Any], kind: str, timeout: float) -> dict[str, Any]:
+    def request(self, request: Record, kind: str, timeout: float) -> dict[str, Any]:
         """Send a request and wait for its answer."""
         self.send(request)
         return self.reply(kind, timeout)
@@ -237,7 +241,7 @@ class AgentChannel:
             return f"{self.python} not found on the host ({said or status})"
         return f"the remote side ended ({status})" + (f": {said}" if said else "")
 
-    def start(self, request: dict[str, Any]) -> None:
+    def start(self, request: Record) -> None:
         """Ask the agent to start the rank; output from now on is the rank's."""
         with self._lock:
             self.started = True
@@ -256,7 +260,7 @@ class SSHRank:
         rank: int,
         node: str,
         channel: AgentChannel,
-        start_request: dict[str, Any],
+        start_request: Record,
         stop_host: Callable[[bool], None],
         start_timeout_s: float = 60.0,
     ) -> None:
@@ -312,12 +316,12 @@ class SSHRank:
         if self.channel.ended.is_set():
             return []
         try:
-            reply = self.channel.request({"op": "end", "grace_s": grace_s}, "ended", timeout)
+            reply = Ended.from_json(self.channel.request(End(grace_s=grace_s), "ended", timeout))
         except (ChannelError, OSError, EOFError):
             return []
         except Exception:  # a transport that died meanwhile: the hangup sweeps there
             return []
-        return [str(s) for s in reply.get("survivors") or []]
+        return [str(s) for s in reply.survivors]
 
     @property
     def left_host_clean(self) -> bool:

@@ -9,7 +9,12 @@ over it. Host keys are always checked: Fabric checks none by default, so the kno
 (inventory ``known_hosts_file``, else ssh_config's ``UserKnownHostsFile``, else
 ``~/.ssh/known_hosts``) are loaded here and an unknown key is refused, unless the inventory says
 ``accept_unknown_host_keys: true`` (then it is trusted for this connection, never saved). A
-changed key is refused either way. There are no passwords: keys and the SSH agent only.
+changed key is refused either way, and jump hosts (``ProxyJump``) are checked by the same
+rules (:mod:`.hostkeys`). There are no passwords: keys and the SSH agent only.
+
+Sessions per connection stay within what the host's sshd allows: at most
+:data:`SESSIONS_PER_CONNECTION`, and fewer once the host refused one (``MaxSessions``), each
+further one then on a new connection; a host that takes none is named as such.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+from orchestrate.backends.ssh.hostkeys import (
+    ConnectError as ConnectError,  # re-exported: where the backend has always found it
+)
+from orchestrate.backends.ssh.hostkeys import (
+    gateways,
+    open_verified,
+    verify_chain,
+)
 
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import Plan
@@ -104,15 +118,6 @@ def targets_for(plan: Plan, inventory: Inventory, connect_timeout_s: float) -> d
     return targets
 
 
-class ConnectError(Exception):
-    """A host could not be reached or logged into; ``check`` says which step failed."""
-
-    def __init__(self, check: str, detail: str) -> None:
-        super().__init__(detail)
-        self.check = check
-        self.detail = detail
-
-
 class SshChannel(Protocol):
     """The part of paramiko's Channel the backend uses."""
 
@@ -187,35 +192,15 @@ def _config(config_file: str | None) -> Any:
     return fabric.Config(runtime_ssh_path=os.path.expanduser(config_file))
 
 
-def _known_hosts(target: Target, ssh_config: Any) -> list[str]:
-    if target.known_hosts_file:
-        return [os.path.expanduser(target.known_hosts_file)]
-    files: list[str] = []
-    for key in ("userknownhostsfile", "globalknownhostsfile"):
-        value = ssh_config.get(key)
-        if value:
-            files.extend(os.path.expanduser(v) for v in str(value).split())
-    if "userknownhostsfile" not in ssh_config:
-        files.insert(0, os.path.expanduser("~/.ssh/known_hosts"))
-    if "globalknownhostsfile" not in ssh_config:
-        files.append("/etc/ssh/ssh_known_hosts")
-    return files
-
-
-def _accept_unknown_policy() -> Any:
-    import paramiko
-
-    class AcceptUnknown(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
-        """Trust a key seen for the first time, for this connection only (never saved)."""
-
-        def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-            return None
-
-    return AcceptUnknown()
-
-
 def _check_files(t: Target) -> None:
-    """The files the inventory names must exist (else the login fails for a reason it hides)."""
+    """The files the inventory names must exist (else the login fails for a reason it hides);
+    and the ``[ssh]`` extra must be installed (else every host fails with an import error)."""
+    try:
+        import fabric  # noqa: F401
+        import paramiko  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise ConnectError("ssh", f"SSH needs the [ssh] extra ({exc.name} is not installed): "
+                                  "pip install 'orchestrate[ssh]'") from None
     if t.config_file and not os.path.isfile(os.path.expanduser(t.config_file)):
         raise ConnectError("ssh", f"ssh config file {t.config_file} not found "
                                   "(inventory ssh.config_file)")
@@ -248,55 +233,8 @@ def _connection(t: Target) -> Any:
         conn.connect_kwargs["key_filename"] = [os.path.expanduser(t.identity_file), *others]
     if str(conn.ssh_config.get("identitiesonly", "no")).lower() == "yes":
         conn.connect_kwargs["look_for_keys"] = False
+    verify_chain(conn, t, kwargs)
     return conn
-
-
-def _refusal(exc: Exception, where: str, conn: Any, timeout: float, known: list[str],
-             wanted: list[str]) -> ConnectError | None:
-    """What a failed open means to a user, by the step that failed; None for an error that is
-    not about reaching or logging in (a bug: let it through)."""
-    import paramiko
-
-    if isinstance(exc, paramiko.BadHostKeyException):
-        return ConnectError(
-            "host key",
-            f"host key of {where} does NOT match known_hosts ({', '.join(known)}): "
-            "refused (a changed key can mean another machine answers at this address)")
-    if isinstance(exc, paramiko.PasswordRequiredException):
-        return ConnectError("login", "the identity file needs a passphrase: load the key "
-                                     "into ssh-agent (orchestrate never asks)")
-    if isinstance(exc, paramiko.AuthenticationException):
-        return ConnectError(
-            "login", f"authentication as {conn.user} failed ({exc}); "
-            "orchestrate uses keys and the agent, no passwords")
-    if isinstance(exc, paramiko.SSHException):
-        return _handshake_refusal(exc, where, conn, known, wanted)
-    if isinstance(exc, socket.gaierror):
-        return ConnectError("ssh", f"unknown host {conn.host!r}: {exc}")
-    if isinstance(exc, TimeoutError):
-        return ConnectError("ssh", f"unreachable: no answer from {where} within {timeout:g}s")
-    if isinstance(exc, OSError):
-        inner = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
-        causes = list(inner.values()) if isinstance(inner, dict) else [exc]
-        reason = "; ".join(sorted({c.strerror or str(c) for c in causes}))
-        return ConnectError("ssh", f"unreachable: {where}: {reason}")
-    return None
-
-
-def _handshake_refusal(exc: Exception, where: str, conn: Any, known: list[str],
-                       wanted: list[str]) -> ConnectError:
-    """An SSH-level failure: an unknown host key, a login refused, or the handshake itself."""
-    if "known_hosts" in str(exc):
-        looked = ", ".join(known) or f"any known_hosts file (none of {', '.join(wanted)})"
-        return ConnectError(
-            "host key",
-            f"unknown host key for {where}: not in {looked} (add it, e.g. with "
-            "ssh-keyscan, or set ssh.accept_unknown_host_keys: true in the inventory)")
-    if "authentication" in str(exc).lower():
-        return ConnectError(
-            "login", f"cannot log in to {where} as {conn.user}: {exc} (give "
-            "ssh.identity_file, an IdentityFile in ssh_config, or load ssh-agent)")
-    return ConnectError("ssh", f"ssh handshake with {where} failed: {exc}")
 
 
 class Link:
@@ -308,6 +246,10 @@ class Link:
         self._lock = threading.Lock()
         self._lost: str | None = None
         self.hostname: str | None = None  # what the host calls itself, once known
+        self._per_connection = SESSIONS_PER_CONNECTION
+        #: Sessions the host's sshd took on one connection before refusing one (MaxSessions),
+        #: once it refused one.
+        self.max_sessions: int | None = None
 
     def open(self) -> None:
         """Connect and log in; raises :class:`ConnectError` saying what failed."""
@@ -317,34 +259,24 @@ class Link:
 
     def _connect(self) -> Any:
         """One connection, logged in: ssh_config and the inventory's settings, host keys
-        checked; whatever fails is a :class:`ConnectError` naming the step."""
-        import paramiko
-
+        checked on the host and on every jump host to it; whatever fails is a
+        :class:`ConnectError` naming the hop and the step."""
         t = self.target
         _check_files(t)
         conn = _connection(t)
-        client = conn.client
-        wanted = _known_hosts(t, conn.ssh_config)
-        known = [path for path in wanted if os.path.isfile(path)]
-        for path in known:
-            client.load_host_keys(path)
-        client.set_missing_host_key_policy(
-            _accept_unknown_policy() if t.accept_unknown_host_keys else paramiko.RejectPolicy()
-        )
-        try:
-            conn.open()
-        except Exception as exc:
-            client.close()
-            refused = _refusal(exc, f"{conn.host}:{conn.port}", conn, t.connect_timeout_s,
-                               known, wanted)
-            if refused is None:
-                raise
-            raise refused from None
-        transport = conn.client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(KEEPALIVE_S)
-            _bound_dead_peer(transport.sock)
+        open_verified(conn, t)
+        for hop in [*gateways(conn), conn]:
+            transport = hop.client.get_transport()
+            if transport is not None:
+                transport.set_keepalive(KEEPALIVE_S)
+                _bound_dead_peer(transport.sock)
         return conn
+
+    def host(self) -> str | None:
+        """The host name the first connection went to (ssh_config's HostName for an alias),
+        or None before one is open."""
+        with self._lock:
+            return str(self._connections[0][0].host) if self._connections else None
 
     def peer_ip(self) -> str | None:
         """The IP address the first connection reached (ssh_config's HostName resolved), or None
@@ -378,18 +310,56 @@ class Link:
                 raise ConnectError("ssh", self._lost)
 
     def session(self, timeout: float = 30.0) -> SshChannel:
-        """A new session channel, on a connection that has room for it."""
-        with self._lock:
-            if not self._connections:
-                self._connections.append((self._connect(), 0))
-            self._check_alive()
-            conn, used = self._connections[-1]
-            if used >= SESSIONS_PER_CONNECTION:
+        """A new session channel, on a connection that has room for it: at most
+        :data:`SESSIONS_PER_CONNECTION` on one, fewer once the host's sshd refused one
+        (``MaxSessions``): then the next opens on a new connection, and each connection
+        holds no more than the host took from then on."""
+        import paramiko
+
+        while True:
+            with self._lock:
+                conn = self._room()
+            try:
+                return cast(SshChannel, conn.client.get_transport().open_session(
+                    timeout=min(timeout, self.target.connect_timeout_s)))
+            except paramiko.ChannelException as exc:
+                self._refused(conn, exc)
+
+    def _room(self) -> Any:
+        """A connection with room for one more session, counted (the lock is held)."""
+        if not self._connections:
+            self._connections.append((self._connect(), 0))
+        self._check_alive()
+        conn, used = self._connections[-1]
+        if used >= self._per_connection:
+            try:
                 conn, used = self._connect(), 0
-                self._connections.append((conn, used))
-            self._connections[-1] = (conn, used + 1)
-        return cast(SshChannel, conn.client.get_transport().open_session(
-            timeout=min(timeout, self.target.connect_timeout_s)))
+            except ConnectError as exc:
+                if self._per_connection >= SESSIONS_PER_CONNECTION:
+                    raise
+                raise ConnectError(exc.check, (
+                    f"{self.target.label} allows {self._per_connection} session(s) per SSH "
+                    f"connection (sshd MaxSessions) and another connection failed: "
+                    f"{exc.detail}")) from None
+            self._connections.append((conn, used))
+        self._connections[-1] = (conn, used + 1)
+        return conn
+
+    def _refused(self, conn: Any, exc: Exception) -> None:
+        """The host refused a session on ``conn``: it holds no more than it has; a host that
+        refuses the first session of a connection can run nothing."""
+        with self._lock:
+            index = next(i for i, (c, _) in enumerate(self._connections) if c is conn)
+            took = self._connections[index][1] - 1
+            if took <= 0:
+                raise ConnectError("ssh", (
+                    f"{self.target.label} refuses every session on a new SSH connection "
+                    f"({exc}): sshd's MaxSessions is 0, or its configuration forbids sessions "
+                    "for this user")) from None
+            self._per_connection = min(self._per_connection, took)
+            self._connections[index] = (conn, SESSIONS_PER_CONNECTION)  # full from now on
+            if self.max_sessions is None or took < self.max_sessions:
+                self.max_sessions = took
 
     def alive(self) -> bool:
         """Whether every connection to the host still stands (False once one died)."""
@@ -430,14 +400,15 @@ class Link:
             channel.close()
 
     def close(self) -> None:
-        """Close every connection (remote pty sessions get SIGHUP)."""
+        """Close every connection (remote pty sessions get SIGHUP), then its jump hosts."""
         with self._lock:
             connections, self._connections = self._connections, []
         for conn, _ in connections:
-            try:
-                conn.close()
-            finally:
-                conn.client.close()
+            for hop in [conn, *reversed(gateways(conn))]:
+                try:
+                    hop.close()
+                finally:
+                    hop.client.close()
 
 
 def _bound_dead_peer(sock: Any) -> None:

@@ -4,7 +4,9 @@ The steps, each in parallel over the hosts (at most ``ssh.fanout`` being set up 
 
 1. connect to every node of the plan and open one pty channel per rank, each running the
    agent; local rank 0's channel answers the host's preflight request;
-2. judge the answers against the plan; any failed check stops here with nothing launched;
+2. judge the answers against the plan; any failed check stops here with nothing launched
+   (once the plan holds, every node also connects to MASTER_ADDR's port, held by a probe
+   listener on rank 0's node for that moment: :mod:`.reach`);
 3. re-plan when the hosts said so: GPUs held by other jobs' leases (``busy_gpus``), a busy derived
    master port (``master_port``, picked with :func:`~orchestrate.core.plan.ports.pick_port` from the
    ports the master host found free) and the network interface towards MASTER_ADDR where the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.ssh.channels import ChannelError, SSHRank
@@ -35,8 +38,10 @@ from orchestrate.backends.ssh.connections import (
     targets_for,
 )
 from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, request
+from orchestrate.backends.ssh.reach import reach_master
 from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
+from orchestrate.backends.ssh.wire import Claim, Files, Preflight, Queue, Start, StepAnswer
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
@@ -98,6 +103,7 @@ class Launcher:
         self.facts: dict[str, HostAnswer] = {}
         self.discover = needs_interface(prepared.inventory)
         self.timings: dict[str, float] = {}
+        self._reached: tuple[str, int] | None = None  # the master address and port checked
 
     @property
     def links(self) -> Links:
@@ -146,7 +152,7 @@ class Launcher:
                                                 + time.monotonic() - started, 3)
         return judge(plan, self.facts, self.discover)
 
-    def _ask(self, target: Target, node: NodePlan, wanted: dict[str, Any],
+    def _ask(self, target: Target, node: NodePlan, wanted: Preflight,
              with_ranks: bool) -> HostAnswer:
         try:
             session = self.pool.session(target, node.nproc if with_ranks else 1)
@@ -211,6 +217,7 @@ class Launcher:
                 self.timings["replan_s"] = round(time.monotonic() - started, 3)
                 continue
             self._cancel_point()
+            self._reach(plan)
             started = time.monotonic()
             claimed = self._claim(plan)
             self.timings["claim_s"] = round(time.monotonic() - started, 3)
@@ -225,6 +232,25 @@ class Launcher:
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
             source=str(self.prepared.path), field="preflight", hint="submit again", busy=True,
         )
+
+    def _reach(self, plan: Plan) -> None:
+        """Every node reaches MASTER_ADDR's port (:mod:`.reach`), once per address and port;
+        raises :class:`PreflightFailed` naming each node that cannot."""
+        if (plan.master_addr, plan.master_port) == self._reached:
+            return
+        started = time.monotonic()
+        targets = self.targets(plan)
+        sessions = self.pool.sessions()
+        failures = reach_master(plan, {n: s.channels[0] for n, s in sessions.items()},
+                                targets, self.fanout)
+        self.timings["reach_s"] = round(time.monotonic() - started, 3)
+        if failures:
+            verdict = judge(plan, self.facts, self.discover)
+            verdict.failures.extend(failures)
+            for target, check, detail in failures:
+                verdict.cells.setdefault(target.name, {})[check] = detail
+            raise PreflightFailed(verdict, targets)
+        self._reached = (plan.master_addr, plan.master_port)
 
     def _refuse_waits(self, verdict: Judgement) -> None:
         """Older waiting jobs want the same things, or a lease cannot be read: exit 75."""
@@ -249,9 +275,8 @@ class Launcher:
         def put(target: Target) -> dict[str, Any]:
             node = next(n for n in nodes if n.name == target.name)
             channel = sessions[node.name].channels[0]
-            return channel.request({"op": "queue", "job_id": plan.job_id,
-                                    "lease_dir": target.lease_dir, "ticket": tickets(node)},
-                                   "queue", STEP_TIMEOUT_S)
+            return channel.request(Queue(job_id=plan.job_id, lease_dir=target.lease_dir,
+                                         ticket=tickets(node)), "queue", STEP_TIMEOUT_S)
 
         fan_out([targets[n.name] for n in nodes], put, self.fanout)
 
@@ -262,15 +287,14 @@ class Launcher:
             channel = self.pool.sessions()[node.name].channels[0]
             spec = self.prepared.inventory.node(node.name)
             cpu = not node.gpu_indices
-            return channel.request({
-                "op": "claim", "job_id": plan.job_id, "node": node.name,
-                "lease_dir": target.lease_dir,
-                "ticket": self.tickets(node) if self.tickets is not None else None,
-                "gpus": list(node.gpu_indices),
-                "slots": node.nproc if cpu else 0,
-                "slot_capacity": spec.capacity if cpu and spec is not None else None,
-                "port": plan.master_port if node.node_rank == 0 else None,
-            }, "claim", STEP_TIMEOUT_S)
+            return channel.request(Claim(
+                job_id=plan.job_id, node=node.name, lease_dir=target.lease_dir,
+                ticket=self.tickets(node) if self.tickets is not None else None,
+                gpus=list(node.gpu_indices),
+                slots=node.nproc if cpu else 0,
+                slot_capacity=spec.capacity if cpu and spec is not None else None,
+                port=plan.master_port if node.node_rank == 0 else None,
+            ), "claim", STEP_TIMEOUT_S)
 
         targets = self.targets(plan)
         show("claiming GPUs and the port", hosts(list(targets)))
@@ -316,11 +340,10 @@ class Launcher:
             own = node_script_name(target.name)
             files = {own: rendered[own], **common}
             session = self.pool.session(target, nproc[target.name])  # a channel per rank
-            reply = session.channels[0].request(
-                {"op": "files", "run_dir": plan.run_dir, "files": files}, "files",
-                STEP_TIMEOUT_S)
-            if not reply.get("ok"):
-                raise ChannelError(f"writing {plan.run_dir}: {reply.get('detail')}")
+            reply = StepAnswer.from_json(session.channels[0].request(
+                Files(run_dir=plan.run_dir, files=files), "files", STEP_TIMEOUT_S))
+            if not reply.ok:
+                raise ChannelError(f"writing {plan.run_dir}: {reply.detail}")
             for channel in session.channels[1:]:
                 channel.ready(READY_TIMEOUT_S)
 
@@ -352,9 +375,9 @@ class Launcher:
                     rank=rank,
                     node=node.name,
                     channel=session.channels[local_rank or 0],
-                    start_request={"op": "start", "job_id": plan.job_id, "script": script,
-                                   "local_rank": local_rank, "grace_s": grace_s,
-                                   "env": {ATTEMPT_VAR: str(attempt)}},
+                    start_request=Start(job_id=plan.job_id, script=script,
+                                        local_rank=local_rank, grace_s=grace_s,
+                                        env={ATTEMPT_VAR: str(attempt)}),
                     stop_host=_stopper_for(stopper, node.name),
                 ))
         return handles
@@ -400,9 +423,8 @@ def _keep_torch(answer: HostAnswer, known: HostAnswer | None) -> None:
         answer.facts["torch"] = torch
 
 
-def _differs(asked: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    return {k: v for k, v in asked.items() if k != "torch"} != {
-        k: v for k, v in wanted.items() if k != "torch"}
+def _differs(asked: Preflight, wanted: Preflight) -> bool:
+    return replace(asked, torch=False) != replace(wanted, torch=False)
 
 
 def _stopper_for(stopper: HostStopper, node: str) -> Callable[[bool], None]:

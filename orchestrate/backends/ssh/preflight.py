@@ -3,7 +3,8 @@
 Each host answers every question in one request to its agent (one remote program, so a host
 costs one login): does the node's python run (it runs the agent) and import torch, does the
 working directory exist, which of the candidate master ports are free on the master host (its
-own port space, not the controller's), which interface carries traffic to MASTER_ADDR, which
+own port space, not the controller's), whether MASTER_ADDR resolves there, which interface
+carries traffic to MASTER_ADDR, which
 GPUs nvidia-smi shows, and which GPUs and ports other jobs' leases hold there.
 
 Judging is pure: the same facts are judged again after a re-plan (other GPUs, another port).
@@ -24,12 +25,13 @@ from typing import Any
 from orchestrate.backends.hosttable import HostRow, HostTable
 from orchestrate.backends.sharing import occupancy
 from orchestrate.backends.ssh.connections import Target
+from orchestrate.backends.ssh.wire import Preflight
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
 from orchestrate.core.plan.ports import pick_port
 
 #: Columns of the table, in order. "ssh" covers reaching the host, its key and the login.
-CHECKS = ("ssh", "python", "torch", "workdir", "port", "gpus", "interface", "leases")
+CHECKS = ("ssh", "python", "torch", "workdir", "master", "port", "gpus", "interface", "leases")
 #: Master ports asked about at once when the derived one may be busy.
 PORT_CANDIDATES = 64
 
@@ -41,6 +43,9 @@ HINTS = {
     "torch": "install torch for that interpreter (the same version on every host), or point the "
              "inventory's python at one with it",
     "workdir": "create it on the host (SSH jobs do not copy your code), or set the job's workdir",
+    "master": "every node must resolve and reach MASTER_ADDR (rank 0's node's address): give "
+              "that node an 'address:' in the inventory that every node resolves (an IP, or a "
+              "name in their DNS), or open the master port between the nodes",
     "port": "choose another distributed.master_port, or 'auto' to have one picked",
     "gpus": "check the inventory's CUDA indices (PCI bus order) against nvidia-smi on the host",
     "interface": "set network.interface for the node in the inventory",
@@ -116,21 +121,23 @@ def candidate_ports(plan: Plan) -> list[int]:
 
 
 def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
-            **extra: Any) -> dict[str, Any]:
-    """The preflight request for one node of ``plan`` (``extra``: the host's ``lease_dir`` and
-    what the job ``want``s there, for the queue)."""
-    return {**extra,
-        "op": "preflight",
-        "job_id": plan.job_id,
-        "workdir": plan.workdir,
-        "torch": uses_python(node) and not torch_known_ok,
-        "orchestrate": orchestrate_module(plan, node),
-        "pythonpath": {**plan.env, **node.env}.get("PYTHONPATH"),
-        "python": node.python,
-        "interface_to": plan.master_addr if discover else None,
-        "gpus": bool(node.gpu_indices),
-        "ports": candidate_ports(plan) if node.node_rank == 0 else [],
-    }
+            lease_dir: str | None = None, want: dict[str, Any] | None = None) -> Preflight:
+    """The preflight request for one node of ``plan`` (the host's ``lease_dir`` and what the
+    job ``want``s there, for the queue)."""
+    return Preflight(
+        job_id=plan.job_id,
+        workdir=plan.workdir,
+        torch=uses_python(node) and not torch_known_ok,
+        orchestrate=orchestrate_module(plan, node),
+        pythonpath={**plan.env, **node.env}.get("PYTHONPATH"),
+        python=node.python,
+        interface_to=plan.master_addr if discover else None,
+        master_addr=plan.master_addr,
+        gpus=bool(node.gpu_indices),
+        ports=candidate_ports(plan) if node.node_rank == 0 else [],
+        lease_dir=lease_dir,
+        want=want,
+    )
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -162,6 +169,7 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
         _judge_leases(node, leases, cells, fail, verdict)
         verdict.sharing[node.name] = occupancy(node.name, leases, facts.get("gpu_use") or {})
         _judge_gpus(node, facts, cells, fail)
+        _judge_master(plan, facts, cells, fail)
         if node.name in wanted_interface:
             _judge_interface(plan, node, facts, cells, fail, verdict)
         elif node.env.get("GLOO_SOCKET_IFNAME"):
@@ -252,6 +260,19 @@ def _judge_interface(plan: Plan, node: NodePlan, facts: dict[str, Any], cells: d
     else:
         fail("interface", f"no interface towards {plan.master_addr}: "
                           f"{found.get('detail', 'not answered')}")
+
+
+def _judge_master(plan: Plan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
+                  ) -> None:
+    """MASTER_ADDR resolves on the host (an older agent does not say: nothing to judge)."""
+    master = facts.get("master")
+    if master is None:
+        return
+    if master.get("ok"):
+        cells["master"] = "resolves"
+    else:
+        fail("master", str(master.get("detail") or f"MASTER_ADDR {plan.master_addr} "
+                                                   "does not resolve"))
 
 
 def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Fail

@@ -26,6 +26,7 @@ inventory's nodes, as ``inventory check`` reaches them.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,11 @@ def gather_over_ssh(
     fanout: int = 32,
     torch: bool = True,
     import_torch: bool = False,
+    addresses: dict[str, str] | None = None,
 ) -> dict[str, Gathered]:
-    """Facts (or why not) for every target, by target name, in the targets' order."""
+    """Facts (or why not) for every target, by target name, in the targets' order; into
+    ``addresses``, for each host reached whose name would not take another machine there, the
+    address that does (:func:`address_to_write`)."""
     require("ssh", "reaching hosts over SSH")  # not one ModuleNotFoundError per host
     links = Links()
     try:
@@ -91,6 +95,11 @@ def gather_over_ssh(
             else:
                 gathered[t.name] = Unreachable(_reason(result.error))
         seen_at = [links.get(t).peer_ip() or t.address for t in reached]
+        if addresses is not None:
+            for t in reached:
+                found = address_to_write(t.name, links.get(t).host(), links.get(t).peer_ip())
+                if found is not None:
+                    addresses[t.name] = found
         index = {t.name: i for i, t in enumerate(reached)}
         show("gathering facts", hosts([t.name for t in reached]))
         answers = fan_out(reached, lambda t: _gather(
@@ -103,6 +112,22 @@ def gather_over_ssh(
         return {t.name: gathered[t.name] for t in targets}
     finally:
         links.close()
+
+
+def address_to_write(name: str, host: str | None, peer_ip: str | None) -> str | None:
+    """The ``address:`` a probed node needs, or None when its name will do: a name that does
+    not resolve here (an ssh_config alias) gets ssh_config's HostName, else the IP it was
+    reached at; a name that resolves elsewhere than where the connection went gets HostName
+    too. MASTER_ADDR is the first node's address, and every node must resolve it."""
+    reached = host if host and host != name else peer_ip
+    try:
+        resolved = {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
+    except (OSError, UnicodeError):
+        return reached
+    resolved |= {ip.removeprefix("::ffff:") for ip in resolved}
+    if peer_ip is not None:  # the name goes where the connection went: it will do
+        return None if peer_ip in resolved else reached
+    return None if host is None or host == name or host in resolved else host
 
 
 def _gather(link: Link, peers: list[str], bound_s: float, torch: bool,

@@ -14,10 +14,10 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestrate.backends.ssh.channels import AgentChannel
 from orchestrate.backends.ssh.connections import Links, Target
+from orchestrate.backends.ssh.wire import Abort, Preflight
 
 READY_TIMEOUT_S = 60.0  # login, shell start-up files and the interpreter starting
 
@@ -28,7 +28,7 @@ class HostSession:
 
     target: Target
     channels: list[AgentChannel] = field(default_factory=list)
-    asked: dict[str, Any] | None = None
+    asked: Preflight | None = None
     hostname: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -113,5 +113,5 @@ class HostPool:
 def abort(channel: AgentChannel) -> None:
     """Tell the agent nothing will start (it releases its claim and exits); close."""
     with contextlib.suppress(Exception):  # already gone: nothing to release
-        channel.send({"op": "abort"})
+        channel.send(Abort())
     channel.close()

@@ -1,5 +1,6 @@
 """The master's address and port: ports derived per job so that jobs sharing a server do not
-collide, unless the job or a backend fixes them.
+collide, unless the job or a backend fixes them; and the addresses a job over several nodes
+cannot use (:func:`unreachable_addresses`).
 
 Derived ports fall in [PORT_BASE, PORT_BASE + PORT_SPAN), below Linux's ephemeral range
 (32768+), so a derived port never collides with the local port of an outgoing connection.
@@ -9,7 +10,8 @@ Pure functions; whether a port is free is asked by the caller (a backend, on the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -56,3 +58,55 @@ def master_endpoint(
     addr_fixed = job.distributed.master_addr is not None
     return addr, port, addr_fixed, port_fixed
 
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (as written, not resolved) names a machine's loopback: 127.0.0.0/8,
+    ``::1`` or ``localhost``: every machine answers to it as itself."""
+    text = address.strip().lower().strip("[]")
+    return (text.startswith("127.") or text in ("::1", "localhost", "0:0:0:0:0:0:0:1")
+            or text.endswith(".localhost"))
+
+
+@dataclass(frozen=True)
+class UnreachableAddress:
+    """An address the job's other nodes cannot reach: which node's (None: the job's own
+    ``distributed.master_addr``), and why, as a sentence."""
+
+    node: str | None
+    address: str
+    message: str
+    hint: str
+
+
+def unreachable_addresses(nodes: Sequence[tuple[str, str]], master_addr: str,
+                          addr_fixed: bool) -> list[UnreachableAddress]:
+    """For a job over more than one node (``nodes``: name and address, rank 0's first), some
+    of them on other machines: a loopback MASTER_ADDR (every node would look for the master on
+    itself) and a node written with a loopback address (a node probed with ``inventory probe
+    --local`` beside remote ones: its ranks would tell the others to reach them at 127.0.0.1).
+    Empty for one node, and for nodes that all say loopback (all this machine: it works)."""
+    if len(nodes) < 2 or all(is_loopback(address) for _, address in nodes):
+        return []
+    found = []
+    if addr_fixed and is_loopback(master_addr):
+        found.append(UnreachableAddress(
+            None, master_addr,
+            f"MASTER_ADDR {master_addr} is loopback, and this job spans {len(nodes)} nodes: "
+            "the others would look for rank 0 on themselves",
+            "give the address the other nodes reach rank 0's node at, or drop "
+            "distributed.master_addr (the first node's address is used)"))
+    for index, (name, address) in enumerate(nodes):
+        if not is_loopback(address):
+            continue
+        role = ("rank 0's node, so MASTER_ADDR would be loopback: the others would look "
+                "for the master on themselves" if index == 0 and not addr_fixed else
+                "its ranks would be reached at loopback by the other nodes")
+        found.append(UnreachableAddress(
+            name, address,
+            f"node {name} has the loopback address {address} in a job over {len(nodes)} "
+            f"nodes ({role}); a node probed on this machine (inventory probe --local) "
+            "cannot be mixed with remote ones",
+            f"give node {name} the address the other nodes reach it at (its IP or a name "
+            "they resolve), or run the job on one node"))
+    return found

@@ -161,7 +161,7 @@ def test_the_agent_refuses_an_unsafe_folder_and_a_script_planted_after_the_write
     # Written into the sticky folder; then the bit is dropped and ben swaps the folder.
     lab.project.chmod(0o3775)
     [_, (kind, reply)] = _agent(ann, {"op": "files", "run_dir": str(run_dir), "files": files})
-    assert reply == {"ok": True}
+    assert reply["ok"] is True and reply.get("unsafe") is None, reply
     lab.project.chmod(0o2775)
     ben.sh(["mv", str(lab.project / "runs"), str(lab.project / "ann-was-here")], check=True)
     marker = lab.project / "planted-ran"

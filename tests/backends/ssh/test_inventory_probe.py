@@ -161,6 +161,10 @@ def test_host_keys_are_checked_as_the_ssh_backend_checks_them(ssh_cli: SshCli,
     refused = probe(ssh_cli, "h1", *flags)
     assert refused.returncode == 1
     assert "h1: unknown host key for 198.18.8.11:22" in refused.stderr
+    # The hint is the line to run (into the file that was read), not /dev/null named twice.
+    said = " ".join(refused.stderr.split())
+    assert f"ssh-keyscan 198.18.8.11 >> {empty}" in said, said
+    assert "/dev/null" not in said
     assert refused.stdout == ""  # nothing probed, nothing printed as an inventory
     accepted = probe(ssh_cli, "h1", *flags, "--accept-unknown-host-keys")
     assert accepted.returncode == 0, accepted.stderr
