@@ -1,0 +1,96 @@
+"""The rank that explained a failure is the one named everywhere (issue #33 item 3).
+
+Real local jobs of the built-in trainer where rank 0 says why the job stops (a NaN stop, a model
+that does not import) and then ends last: rank 0 lingers 2 s at exit, so rank 1, which says
+nothing, ends first. The job's reason, ``status``, the summary and the HTML report must still
+name rank 0, with its last lines, never rank 1's empty log.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.localcli import Cli
+
+pytestmark = pytest.mark.process
+
+#: The workdir module: a model whose weights are NaN (the loss is NaN at the first step), a
+#: small dataset, and rank 0 slow to exit (it explains, and ends 2 s after rank 1).
+PROGRAM = """
+import atexit, os, time
+import torch
+from torch.utils.data import TensorDataset
+
+if os.environ.get("RANK") == "0":
+    atexit.register(time.sleep, 2.0)
+
+
+def build_model(hidden=2):
+    model = torch.nn.Linear(8, hidden)
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+    return model
+
+
+def build_dataset():
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
+    return data, None
+"""
+
+
+def _job(cli: Cli, name: str, model_args: str = "{}") -> Path:
+    cli.write("nanmodel.py", PROGRAM)
+    return cli.write(f"{name}.yaml", f"""
+        name: {name}
+        resources: {{nodes: 1, gpus_per_node: 2}}
+        train:
+          model: nanmodel:build_model
+          model_args: {model_args}
+          dataset: nanmodel:build_dataset
+          optimizer: {{name: sgd, lr: 0.1}}
+          epochs: 1
+          batch_size: 8
+        """)
+
+
+def _blamed_rank_0(cli: Cli, job_id: str, proc: Any, says: str) -> dict[str, Any]:
+    """Rank 0 is named in the reason, status, the summary and the report, with its line."""
+    status = cli.status(job_id)
+    assert status["state"] == "FAILED", status
+    failure = status["failure"]
+    assert failure["rank"] == 0, failure
+    assert any(says in line for line in failure["last_lines"]), failure
+    assert str(status["reason"]).startswith("rank 0 on localhost"), status["reason"]
+    assert "last lines of rank 0 (localhost):" in proc.stderr, proc.stderr
+    assert f"full log: orchestrate logs {job_id} --rank 0" in proc.stderr
+    shown = cli.run("status", job_id)
+    assert "last lines of rank 0 (localhost):" in shown.stdout + shown.stderr
+    report = (Path(str(status["run_dir"])) / "report.html").read_text()
+    assert re.search(r'id="failure" data-rank="0"', report), report[:2000]
+    assert says in report
+    return status
+
+
+@pytest.mark.timeout(180)
+def test_a_nan_stop_explained_by_rank_0_names_rank_0(cli: Cli) -> None:
+    job_id = cli.id("nanstop")
+    proc = cli.run("submit", str(_job(cli, "nanstop")), "--follow",
+                   "--job-id", job_id, timeout=170)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    _blamed_rank_0(cli, job_id, proc, "the loss is not finite")
+
+
+@pytest.mark.timeout(180)
+def test_a_model_args_typo_names_rank_0_and_exits_2(cli: Cli) -> None:
+    """Every rank fails the same way; rank 0 says it once, for all (and ends last)."""
+    job_id = cli.id("typo")
+    proc = cli.run("submit", str(_job(cli, "typo", "{hiden: 4}")), "--follow",
+                   "--job-id", job_id, timeout=170)
+    status = _blamed_rank_0(cli, job_id, proc, "hiden")
+    assert status["failure"]["exit_code"] == 2, status["failure"]
+    assert proc.returncode == 2, proc.stderr
