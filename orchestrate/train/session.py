@@ -129,7 +129,8 @@ def _agree_on(
         if described is not None and described[2]:
             _say(described[2].rstrip())
         also = f" (the same on rank(s) {_ranks_text(ranks[1:])})" if len(ranks) > 1 else ""
-        _say(f"rank {cluster.rank}: {message}{also}")
+        first, newline, hint = message.partition("\n")  # a UserError's hint: after the line
+        _say(f"rank {cluster.rank}: {first}{also}{newline}{hint}")
     if cluster.rank == 0 and failure is None:
         _say(f"rank 0: stopping: {phase} failed on rank(s) {_ranks_text([r for r, _ in failed])}")
     # A configuration mistake exits 2 on the ranks it hit, and on the others if it is all there is.
