@@ -13,25 +13,24 @@ source is not second-guessed; a module not found here is only a note where the r
 other machines, whose Python may have it. ``ORCHESTRATE_IMPORT_CHECK=0`` skips the check (code
 the controller cannot see; the benchmark's "without" side).
 
-It runs in a child process (``python -S -I importcheck.py WORKDIR SYS_PATH_JSON PATH...``: this
-file alone, standard library only, one JSON line out; a tenth of a second) under
-:data:`DEADLINE_S`, so a hung file system costs seconds, never the command.
+Nothing of the user's runs, so the check needs no child process to contain it: it runs in a
+daemon thread under :data:`DEADLINE_S` (a hung file system costs seconds, never the command; a
+child would cost an interpreter's start, a second on a busy machine, and unit tests start none).
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from importlib.machinery import PathFinder, SourceFileLoader
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from orchestrate.core.errors import Problem
+from orchestrate.core.errors import Problem
 
 #: How long the child may take; past it the check is skipped with a note.
 DEADLINE_S = 10.0
@@ -115,9 +114,9 @@ def scan(path: str, search: list[str]) -> dict[str, str] | None:
             "hint": "name a function the module defines." + suggest(first, public)}
 
 
-def _child(workdir: str, path_json: str, paths: list[str]) -> dict[str, Any]:
-    search = [workdir, *json.loads(path_json)]
-    return {path: scan(path, search) for path in paths}
+def _scan_all(paths: list[str], search: list[str], answers: dict[str, Any]) -> None:
+    for path in paths:
+        answers[path] = scan(path, search)
 
 
 def check(train: Any, workdir: Path, source: str, lines: dict[tuple[str, ...], int],
@@ -126,24 +125,17 @@ def check(train: Any, workdir: Path, source: str, lines: dict[tuple[str, ...], i
     found here when ``elsewhere``: the ranks run on other machines; a check that timed out)."""
     fields = {f: getattr(train, f) for f in FIELDS
               if not (f == "loss" and getattr(train, f) in BUILTIN_LOSSES)}
-    import subprocess
-
-    from orchestrate.core.errors import Problem
-
     if os.environ.get("ORCHESTRATE_IMPORT_CHECK", "1") == "0":
         return [], []
-    search = json.dumps([p for p in sys.path if p and p != os.getcwd()])
-    try:  # -S -I: no site, no user path, a quick start; this file alone, our sys.path given
-        done = subprocess.run(
-            [sys.executable, "-S", "-I", __file__, str(workdir), search, *fields.values()],
-            cwd=workdir, capture_output=True, text=True, timeout=DEADLINE_S,
-            start_new_session=True)
-        answers = json.loads(done.stdout.strip().splitlines()[-1])
-    except subprocess.TimeoutExpired:
+    search = [str(workdir), *[p for p in sys.path if p and p != os.getcwd()]]
+    answers: dict[str, Any] = {}
+    scanner = threading.Thread(target=_scan_all, args=(list(fields.values()), search, answers),
+                               daemon=True, name="import check")
+    scanner.start()
+    scanner.join(DEADLINE_S)
+    if scanner.is_alive():
         return [], [f"the import check of train.model/dataset/loss took over {DEADLINE_S:g} s: "
                     "skipped"]
-    except (OSError, ValueError, IndexError):
-        return [], ["the import check of train.model/dataset/loss could not run: skipped"]
     problems, notes = [], []
     for field, path in fields.items():
         found = answers.get(path)
@@ -159,6 +151,3 @@ def check(train: Any, workdir: Path, source: str, lines: dict[tuple[str, ...], i
             line=None if given else lines.get(("train", field))))
     return problems, notes
 
-
-if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1], sys.argv[2], sys.argv[3:])))
