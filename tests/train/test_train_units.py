@@ -256,3 +256,19 @@ def test_epoch_line_for_people() -> None:
         "epoch 3/8  step 69  train_loss 0.3286  val_loss 0.2592  val_acc 0.9361  "
         "13828 samples/s  0.11 s  peak 1.2/1.5 GB"
     )
+
+
+def test_a_global_batch_larger_than_the_training_set_says_so() -> None:
+    """Issue #33 item 7: the sentence names the global batch, not the rank count."""
+    from orchestrate.train.build import _too_small
+
+    spec = TrainSpec.model_validate({"model": "m:f", "dataset": "d:f",
+                                     "global_batch_size": 128, "batch_split": "equal"})
+    error = _too_small(spec, 64, 2)
+    assert isinstance(error, UserError)
+    assert str(error) == (
+        "train.global_batch_size: the training set has 64 samples, fewer than one global batch "
+        "(128 samples per optimizer step over all ranks): not one step per epoch (got 128)\n"
+        "  hint: set global_batch_size to at most 64, or give a larger dataset")
+    plain = TrainSpec.model_validate({"model": "m:f", "dataset": "d:f"})
+    assert "fewer than the 4 ranks" in str(_too_small(plain, 3, 4))

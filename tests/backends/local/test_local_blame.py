@@ -43,7 +43,7 @@ def build_dataset():
 """
 
 
-def _job(cli: Cli, name: str, model_args: str = "{}") -> Path:
+def _job(cli: Cli, name: str, model_args: str = "{}", batch: str = "batch_size: 8") -> Path:
     cli.write("nanmodel.py", PROGRAM)
     return cli.write(f"{name}.yaml", f"""
         name: {name}
@@ -54,7 +54,7 @@ def _job(cli: Cli, name: str, model_args: str = "{}") -> Path:
           dataset: nanmodel:build_dataset
           optimizer: {{name: sgd, lr: 0.1}}
           epochs: 1
-          batch_size: 8
+          {batch}
         """)
 
 
@@ -94,3 +94,14 @@ def test_a_model_args_typo_names_rank_0_whose_rank_exits_2(cli: Cli) -> None:
     status = _blamed_rank_0(cli, job_id, proc, "hiden")
     assert status["failure"]["exit_code"] == 2, status["failure"]
     assert proc.returncode == 1, proc.stderr  # the job failed (submit: 0, 1, 75, 130)
+
+
+@pytest.mark.timeout(180)
+def test_a_global_batch_larger_than_the_training_set_is_named_as_such(cli: Cli) -> None:
+    """Issue #33 item 7: 64 samples, a global batch of 128: not "fewer than the 2 ranks"."""
+    job_id = cli.id("bigbatch")
+    proc = cli.run("submit", str(_job(cli, "bigbatch", "{hidden: 2}", "global_batch_size: 128")),
+                   "--follow", "--job-id", job_id, timeout=170)
+    status = _blamed_rank_0(cli, job_id, proc, "fewer than one global batch (128 samples")
+    assert status["failure"]["exit_code"] == 2, status["failure"]
+    assert "fewer than the 2 ranks" not in "\n".join(status["failure"]["last_lines"])
