@@ -92,10 +92,10 @@ def scan(path: str, search: list[str]) -> dict[str, str] | None:
         if spec is None:
             where = ("the job's workdir and the Python path" if depth == 0 else
                      f"package {'.'.join(parts[:depth])}")
+            nearby = (folders or [])[:1] if depth == 0 else folders or []  # the workdir's
             return {"message": f"module '{part}' not found in {where}", "missing": "module",
                     "hint": ("check the spelling; the path is 'module:function', the module "
-                             "relative to the workdir." + suggest(part, _modules_in(
-                                 folders or [])))}
+                             "relative to the workdir." + suggest(part, _modules_in(nearby)))}
         folders = list(spec.submodule_search_locations or [])
     if spec is None or not isinstance(spec.loader, SourceFileLoader) or not spec.origin:
         return None  # a namespace package, an extension module: not second-guessed
@@ -125,8 +125,8 @@ def check(train: Any, workdir: Path, source: str, lines: dict[tuple[str, ...], i
     found here when ``elsewhere``: the ranks run on other machines; a check that timed out)."""
     fields = {f: getattr(train, f) for f in FIELDS
               if not (f == "loss" and getattr(train, f) in BUILTIN_LOSSES)}
-    if os.environ.get("ORCHESTRATE_IMPORT_CHECK", "1") == "0":
-        return [], []
+    if os.environ.get("ORCHESTRATE_IMPORT_CHECK", "1") == "0" or not workdir.is_dir():
+        return [], []  # skipped, or a workdir only the nodes have (a Slurm job's /srv/work)
     search = [str(workdir), *[p for p in sys.path if p and p != os.getcwd()]]
     answers: dict[str, Any] = {}
     scanner = threading.Thread(target=_scan_all, args=(list(fields.values()), search, answers),

@@ -36,6 +36,14 @@ def build_model(hidden=2):
     return model
 
 
+def build_zero():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model
+
+
 def build_dataset():
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
@@ -43,13 +51,14 @@ def build_dataset():
 """
 
 
-def _job(cli: Cli, name: str, model_args: str = "{}", batch: str = "batch_size: 8") -> Path:
+def _job(cli: Cli, name: str, model_args: str = "{}", batch: str = "batch_size: 8",
+         model: str = "nanmodel:build_model") -> Path:
     cli.write("nanmodel.py", PROGRAM)
     return cli.write(f"{name}.yaml", f"""
         name: {name}
         resources: {{nodes: 1, gpus_per_node: 2}}
         train:
-          model: nanmodel:build_model
+          model: {model}
           model_args: {model_args}
           dataset: nanmodel:build_dataset
           optimizer: {{name: sgd, lr: 0.1}}
@@ -105,3 +114,13 @@ def test_a_global_batch_larger_than_the_training_set_is_named_as_such(cli: Cli) 
     status = _blamed_rank_0(cli, job_id, proc, "fewer than one global batch (128 samples")
     assert status["failure"]["exit_code"] == 2, status["failure"]
     assert "fewer than the 2 ranks" not in "\n".join(status["failure"]["last_lines"])
+
+
+@pytest.mark.timeout(180)
+def test_weights_that_cannot_learn_end_failed_with_a_sentence(cli: Cli) -> None:
+    """Issue #33 item 7: an MLP initialised to 0 trains nothing; not a quiet COMPLETED."""
+    job_id = cli.id("zeros")
+    proc = cli.run("submit", str(_job(cli, "zeros", model="nanmodel:build_zero")), "--follow",
+                   "--job-id", job_id, timeout=170)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    _blamed_rank_0(cli, job_id, proc, "was exactly 0 for the first 3 steps on every rank")
