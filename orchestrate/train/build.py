@@ -119,7 +119,12 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
     )
     if cluster.rank == 0:
         checkpoint.clean_temporaries(directory)
-        built.resume_from = checkpoint.find_latest(directory)
+        skipped: list[str] = []
+        built.resume_from = checkpoint.find_latest(directory, skipped)
+        built.notes.extend(
+            f"checkpoint {why}: resuming from the newest complete one instead "
+            f"({built.resume_from.name if built.resume_from else 'none: starting over'})"
+            for why in skipped)
         if built.resume_from is None and spec.init_from is not None and spec.sharded:
             source = Path(spec.init_from).expanduser()
             built.init_weights, more = sharding.weights_for(module, source,
