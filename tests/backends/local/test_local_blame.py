@@ -14,42 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.blamejob import PROGRAM
 from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
-
-#: The workdir module: a model whose weights are NaN (the loss is NaN at the first step), a
-#: small dataset, and rank 0 slow to exit (it explains, and ends 2 s after rank 1).
-PROGRAM = """
-import atexit, os, time
-import torch
-from torch.utils.data import TensorDataset
-
-if os.environ.get("RANK") == "0":
-    atexit.register(time.sleep, 2.0)
-
-
-def build_model(hidden=2):
-    model = torch.nn.Linear(8, hidden)
-    with torch.no_grad():
-        model.weight.fill_(float("nan"))
-    return model
-
-
-def build_zero():
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    return model
-
-
-def build_dataset():
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
-    return data, None
-"""
-
 
 def _job(cli: Cli, name: str, model_args: str = "{}", batch: str = "batch_size: 8",
          model: str = "nanmodel:build_model") -> Path:
