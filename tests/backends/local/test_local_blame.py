@@ -1,9 +1,10 @@
 """The rank that explained a failure is the one named everywhere (issue #33 item 3).
 
-Real local jobs of the built-in trainer where rank 0 says why the job stops (a NaN stop, a model
-that does not import) and then ends last: rank 0 lingers 2 s at exit, so rank 1, which says
-nothing, ends first. The job's reason, ``status``, the summary and the HTML report must still
-name rank 0, with its last lines, never rank 1's empty log.
+Real local jobs of the built-in trainer where rank 0 says why the job stops (a NaN stop,
+``model_args`` the factory does not take, a global batch larger than the training set, weights
+that cannot learn: issue #33 item 7's sentences) and then ends last: rank 0 lingers 1.5 s at
+exit, so rank 1, which says nothing, ends first. The job's reason, ``status``, the summary and
+the HTML report must still name rank 0, with its last lines, never rank 1's empty log.
 """
 
 from __future__ import annotations
