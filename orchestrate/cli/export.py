@@ -44,9 +44,12 @@ def export(job_ref: str, step: int | None, output: Path) -> None:
     except ImportError:
         raise UserError.single("needs torch, which is not installed here", field="JOB",
                                hint="run it where the job's Python environment is") from None
+    skipped: list[str] = []
     try:
-        chosen, count = write(source, output, step)
+        chosen, count = write(source, output, step, skipped)
     except TrainFailure as exc:
         raise UserError.single(str(exc), field="--step" if step is not None else "JOB",
                                got=step if step is not None else job_ref) from None
+    for why in skipped:
+        click.echo(f"note: passed over checkpoint {why}", err=True)
     click.echo(f"{output}: {count} tensors from {chosen}")

@@ -76,6 +76,8 @@ th,td{border-bottom:1px solid #eceef1;padding:3px 10px 3px 0;text-align:left;ver
 th{color:#5a6470;font-weight:600}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.straggler td{color:#c62828;font-weight:600}
+pre.lines{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f5;padding:6px;
+overflow-x:auto;white-space:pre-wrap;margin:0 0 10px}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f5;padding:0 3px;
 border-radius:3px}
 svg.chart{width:100%;height:auto;background:#fff;border:1px solid #e1e4e8;border-radius:6px;
@@ -139,6 +141,7 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[MetricRec
     out.append(f'<p class="sub">{" · ".join(bits)}</p>')
     if job.get("reason"):
         out.append(f'<p class="sub">reason: {escape(str(job["reason"]))}</p>')
+    out.extend(_failure_lines(job.get("failure")))
     out.append('<div class="card"><table class="facts">'
                + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>"
                          for k, v in _facts(job, metrics, data.timing))
@@ -149,6 +152,16 @@ def _header(data: RunData, name: str, figures: Pace, metrics: Sequence[MetricRec
                    f"{escape(stall.summary)}</p>")
     out.append("</div></header>")
     return out
+
+
+def _failure_lines(failure: Any) -> list[str]:
+    """The failed rank's last lines (the rank the reason names: the one that explained it)."""
+    if not isinstance(failure, Mapping) or not failure.get("last_lines"):
+        return []
+    lines = "\n".join(escape(str(line)) for line in failure["last_lines"])
+    return [f'<p class="sub" id="failure" data-rank="{escape(str(failure.get("rank")))}">'
+            f'last lines of rank {escape(str(failure.get("rank")))} '
+            f'({escape(str(failure.get("node")))}):</p><pre class="lines">{lines}</pre>']
 
 
 def _facts(job: Mapping[str, Any], metrics: Sequence[MetricRecord],

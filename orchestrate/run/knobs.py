@@ -12,7 +12,9 @@ The knobs (seconds; unset means the production value):
 - ``ORCHESTRATE_EARLY_EXIT_NOTICE_S``: when a rank that exited 0 before the others is noted
   (10);
 - ``ORCHESTRATE_LINGER_SLACK_S``: how long past ``distributed.timeout_s`` ranks may outlive a
-  finished rank 0 (30).
+  finished rank 0 (30);
+- ``ORCHESTRATE_BLAME_SETTLE_S``: how long a failure that no rank explained yet waits for one
+  that explains it (3).
 
 They are for tests, not for tuning a deployment: a job's own timing lives in the job file.
 """

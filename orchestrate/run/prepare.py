@@ -32,7 +32,7 @@ from orchestrate.core.spec.inventory import (
     load_inventory_spec,
     resolve_inventory,
 )
-from orchestrate.core.spec.job import JobSpec, check_job_id, job_dir, load_job
+from orchestrate.core.spec.job import JobSpec, Lines, check_job_id, job_dir, read_job
 from orchestrate.core.spec.loader import read_yaml
 from orchestrate.run.progress import show
 
@@ -148,14 +148,16 @@ class Prepared:
 
 def load(path: Path, overrides: tuple[str, ...] = ()) -> Loaded:
     """Read a job file (with ``--set`` overrides) and everything it needs."""
-    job = load_job(path, overrides)
-    return load_spec(job, job_dir(path), str(path), overrides)
+    job, lines = read_job(path, overrides)
+    return load_spec(job, job_dir(path), str(path), overrides, lines)
 
 
 def load_spec(
-    job: JobSpec, base: Path, source: str = "<JobSpec>", overrides: tuple[str, ...] = ()
+    job: JobSpec, base: Path, source: str = "<JobSpec>", overrides: tuple[str, ...] = (),
+    lines: Lines | None = None,
 ) -> Loaded:
-    """Load what a job spec needs; its relative paths are relative to ``base``."""
+    """Load what a job spec needs; its relative paths are relative to ``base``. The code that
+    ``train:`` names must resolve from the workdir (:mod:`orchestrate.train.importcheck`)."""
     inventory, spec, inventory_source = _inventory(job, base, source)
     workdir = (base / os.path.expanduser(job.workdir or ".")).resolve()
     templates_dir = None
@@ -164,6 +166,7 @@ def load_spec(
         if not templates_dir.is_dir():
             raise UserError.single("templates folder not found", source=source,
                                    field="templates_dir", got=str(templates_dir))
+    notes = _imports(job, workdir, source, lines or {}, overrides)
     model, note = _model(job, inventory, workdir, source)
     return Loaded(
         source=source,
@@ -176,7 +179,7 @@ def load_spec(
         runs=_runs(job, base),
         templates_dir=templates_dir,
         param_count=None if model is None else model.params,
-        notes=(note,) if note else (),
+        notes=(*notes, note) if note else tuple(notes),
         model=model,
     )
 
@@ -308,6 +311,20 @@ def _runs(job: JobSpec, base: Path) -> Path:
     if job.run_root is not None:
         return (base / os.path.expanduser(job.run_root)).resolve()
     return Path(os.environ.get("ORCHESTRATE_RUNS", "runs")).expanduser().resolve()
+
+
+def _imports(job: JobSpec, workdir: Path, source: str, lines: Lines,
+             overrides: tuple[str, ...]) -> list[str]:
+    """Refuse ``train:`` code paths that do not resolve here (exit 2); notes otherwise."""
+    if job.train is None:
+        return []
+    from orchestrate.train import importcheck
+
+    elsewhere = traits(job.backend).default_python != "submitter"
+    problems, notes = importcheck.check(job.train, workdir, source, lines, overrides, elsewhere)
+    if problems:
+        raise UserError(problems)
+    return notes
 
 
 def _model(job: JobSpec, inventory: Inventory, workdir: Path, source: str

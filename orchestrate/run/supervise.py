@@ -5,7 +5,9 @@ log sink, records each exit in the store, and ends the job the moment it cannot 
 why, instead of leaving ranks to wait in a collective for torch's timeout:
 
 - the first rank that fails (:func:`orchestrate.core.plan.outcome.first_failure`) is named with
-  its node, exit status and last log lines, and every other rank is stopped (FAILED);
+  its node, exit status and last log lines, and every other rank is stopped (FAILED); when it
+  died saying nothing, up to :data:`BLAME_SETTLE_S` for a rank that explains it
+  (:func:`~orchestrate.core.plan.outcome.settled`);
 - a cancel (SIGTERM/SIGINT/SIGHUP to the supervisor) stops every rank (CANCELLED);
 - the job's time limit (``resources.time``), enforced as Slurm does: SIGTERM to every rank, a
   grace period, SIGKILL (TIMEOUT);
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -40,8 +41,7 @@ from pathlib import Path
 from typing import Protocol
 
 from orchestrate.core.layout import MERGED_INDEX, METRICS, rank_log
-from orchestrate.core.metricrecord import MetricRecord
-from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, first_failure
+from orchestrate.core.plan.outcome import Attempt, Exit, Failure, RankEnd, settled
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
@@ -49,6 +49,7 @@ from orchestrate.diagnosis.hangwatch import Evidence
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import append_note
+from orchestrate.run.attemptmetrics import record_first_step, resumed_from
 from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
 from orchestrate.run.logsink import LogSink, last_lines
@@ -62,6 +63,8 @@ POLL_S = 0.05
 EARLY_EXIT_NOTICE_S = seconds("ORCHESTRATE_EARLY_EXIT_NOTICE_S", 10.0)
 #: Past the process-group timeout, how long ranks may outlive a finished rank 0.
 LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
+#: How long a failure that nobody explained yet waits for a rank that explains it.
+BLAME_SETTLE_S = seconds("ORCHESTRATE_BLAME_SETTLE_S", 3.0)
 #: After SIGKILL, how long to wait for a rank's end before giving up on it.
 KILL_WAIT_S = 5.0
 
@@ -136,6 +139,7 @@ class _Run:
         self.handles = list(handles)
         self.running: dict[int, RankHandle] = {h.rank: h for h in handles}
         self.exits: dict[int, Exit] = {}
+        self.ends: list[RankEnd] = []  # every end of this run, as blamed (a launcher's worker)
         self.failure: Failure | None = None
         self.ending: Outcome | None = None  # why the job is being stopped, once it is
         self.stop_deadline: float | None = None
@@ -184,12 +188,15 @@ class _Run:
                 self.first_done = (rank, handle.node, time.monotonic())
             if rank == 0 and result.ok:
                 self.zero_done_at = time.monotonic()
-        first = first_failure(ended)
-        if first is not None and self.ending is None:
+        self.ends.extend(ended)
+        if self.ending is not None or all(end.exit.ok for end in self.ends):
+            return
+        self.sink.flush()  # the ranks' last lines, read to blame one
+        first = settled(self.ends, self._said, bool(self.running), time.time(), BLAME_SETTLE_S)
+        if first is not None:
             logged = self.logged_as.get(first.rank, first.rank)
             lost = next((h.lost for h in self.handles if h.rank == logged and h.lost), None)
-            self.failure = Failure.of(first, last_lines(rank_log(self.run_dir, logged), 10),
-                                      lost)
+            self.failure = Failure.of(first, self._said(first.rank), lost)
             reason = self.failure.sentence()
             if self.failure.requeue:
                 reason += (" (it checkpointed and asks to be started again: "
@@ -198,6 +205,10 @@ class _Run:
                                   lost_node=first.node if lost else None),
                           f"{self.failure.sentence()}; stopping the other "
                           f"{len(self.running)} rank(s)")
+
+    def _said(self, rank: int) -> list[str]:
+        """A rank's last log lines (a launcher's worker: its launcher's)."""
+        return last_lines(rank_log(self.run_dir, self.logged_as.get(rank, rank)), 10)
 
     def check_rules(self, cancel: str | None) -> None:
         """Cancel, time limit, lingering ranks, a log that cannot be written."""
@@ -331,7 +342,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
                 if diagnosis is not None:
                     _stalled(run, plan, diagnosis)
             if not first_step_seen and metrics.exists():
-                first_step_seen = _record_first_step(store, job_id, metrics)
+                first_step_seen = record_first_step(store, job_id, metrics)
             sink.flush()
             time.sleep(POLL_S)
     finally:
@@ -339,7 +350,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
             watcher.stop()
         left = cleanup() if cleanup is not None else None
         if not first_step_seen and metrics.exists():
-            _record_first_step(store, job_id, metrics)
+            record_first_step(store, job_id, metrics)
     outcome = run.outcome()
     if left:  # processes that outlived the attempt: named in its ending (noted below)
         outcome.reason = f"{outcome.reason}; {left}" if outcome.reason else left
@@ -401,7 +412,7 @@ def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop
             outcome = Outcome("CANCELLED", stop.reason, None)
         decision = decide(plan.restart, outcome.ending(), restarts,
                           progressed(before, after, expects))
-        resumed = _resumed_from(run_dir)
+        resumed = resumed_from(run_dir)
         if not decision.restart:
             # Say why not, unless the policy never covered this ending anyway.
             quiet = outcome.state in ("COMPLETED", "CANCELLED", "TIMEOUT") or \
@@ -461,35 +472,3 @@ def _note(run_dir: Path, text: str) -> None:
     """A line from orchestrate in the merged view, between attempts (no sink is open then)."""
     with contextlib.suppress(OSError):
         append_note(str(run_dir / MERGED_INDEX), text)
-
-
-def _resumed_from(run_dir: Path) -> int | None:
-    """The step the last attempt's trainer resumed from (its latest metrics "start" record)."""
-    try:
-        lines = (run_dir / METRICS).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = MetricRecord.from_json(json.loads(line))
-        except ValueError:
-            continue
-        if record is not None and record.kind == "start":
-            return record.resumed_from_step
-    return None
-
-
-def _record_first_step(store: Store, job_id: str, metrics: Path) -> bool:
-    try:
-        first = metrics.read_text(encoding="utf-8").splitlines()[:1]
-        if not first:
-            return False
-        record = MetricRecord.from_json(json.loads(first[0]))
-    except (OSError, ValueError):
-        return False
-    if record is None:
-        return False
-    stamp = record.time if record.time is not None else time.time()
-    store.update(job_id, first_step_at=stamp)
-    return True
-

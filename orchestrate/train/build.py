@@ -18,6 +18,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset, IterableDataset
 
+from orchestrate.core.errors import UserError
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.train import batchshares, checkpoint, factories, rng, sharding
 from orchestrate.train.distributed import Cluster
@@ -98,10 +99,7 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
         micro = max(1, spec.global_batch_size // spec.grad_accum_steps)
         per_rank = len(train_set) // micro * spec.batch_size  # type: ignore[arg-type]
     if per_rank == 0:
-        raise TrainFailure(
-            f"dataset factory {spec.dataset}: the training set has "
-            f"{len(train_set)} samples, fewer than the {cluster.world_size} ranks"  # type: ignore[arg-type]
-        )
+        raise _too_small(spec, len(train_set), cluster.world_size)  # type: ignore[arg-type]
     peak = PeakMemory(cluster.device)
     peak.start()  # the measured peak counts from here: the model and everything after it
     precision = plan_precision(spec, cluster.device)
@@ -121,13 +119,31 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
     )
     if cluster.rank == 0:
         checkpoint.clean_temporaries(directory)
-        built.resume_from = checkpoint.find_latest(directory)
+        skipped: list[str] = []
+        built.resume_from = checkpoint.find_latest(directory, skipped)
+        built.notes.extend(
+            f"checkpoint {why}: resuming from the newest complete one instead "
+            f"({built.resume_from.name if built.resume_from else 'none: starting over'})"
+            for why in skipped)
         if built.resume_from is None and spec.init_from is not None and spec.sharded:
             source = Path(spec.init_from).expanduser()
             built.init_weights, more = sharding.weights_for(module, source,
                                                             f"init_from {source}")
             built.notes.extend(f"init_from {source}: {n} (loaded the rest)" for n in more)
     return built
+
+
+def _too_small(spec: TrainSpec, samples: int, world: int) -> Exception:
+    """A training set with no step in it: fewer samples than one global batch (a
+    configuration mistake: exit 2), or than the ranks."""
+    if spec.global_batch_size is not None and samples >= world:
+        return UserError.single(
+            f"the training set has {samples} samples, fewer than one global batch "
+            f"({spec.global_batch_size} samples per optimizer step over all ranks): not one "
+            "step per epoch", field="train.global_batch_size", got=spec.global_batch_size,
+            hint=f"set global_batch_size to at most {samples}, or give a larger dataset")
+    return TrainFailure(f"dataset factory {spec.dataset}: the training set has {samples} "
+                        f"samples, fewer than the {world} ranks")
 
 
 def _made(spec: TrainSpec) -> torch.nn.Module:

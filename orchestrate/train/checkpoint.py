@@ -25,6 +25,7 @@ import errno
 import os
 import re
 import shutil
+import zipfile
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -175,17 +176,50 @@ def clean_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
-def find_latest(directory: Path) -> Path | None:
-    """The checkpoint to resume from: the one ``latest`` names, else the newest complete one."""
+def find_latest(directory: Path, skipped: list[str] | None = None) -> Path | None:
+    """The checkpoint to resume from: the one ``latest`` names, else the newest complete one;
+    one whose files are not whole (:func:`incomplete`) is passed over for the one before it,
+    and why is appended to ``skipped``."""
+    candidates = [path for _, path in reversed(checkpoints_in(directory))]
     pointer = directory / LATEST
     if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8").strip()
-        match = _NAME.fullmatch(name)
-        if match and ((directory / name).is_file() if match.group(2)
-                      else is_sharded(directory / name)):
-            return directory / name
-    found = checkpoints_in(directory)
-    return found[-1][1] if found else None
+        named = directory / pointer.read_text(encoding="utf-8").strip()
+        if named in candidates:
+            candidates.remove(named)
+            candidates.insert(0, named)
+    for path in candidates:
+        why = incomplete(path)
+        if why is None:
+            return path
+        if skipped is not None:
+            skipped.append(f"{path.name}: {why}")
+    return None
+
+
+def incomplete(path: Path) -> str | None:
+    """Why a checkpoint cannot be read whole (a file cut short: a full disk, a copy stopped
+    half-way), or None. Cheap: a file's zip directory, a sharded one's sizes from its index."""
+    if not path.is_dir():
+        return None if zipfile.is_zipfile(path) else f"{path.name} is truncated or not a checkpoint"
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    if (path / SIDE).exists() and not zipfile.is_zipfile(path / SIDE):
+        return f"{SIDE} is truncated"
+    try:
+        index = FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:
+        return f"its index {SHARDED_METADATA} cannot be read ({first_line(exc)})"
+    ends: dict[str, int] = {}
+    for info in (index.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            return f"shard {name} is missing"
+        if size < end:
+            return f"shard {name} is truncated ({size:,} of {end:,} bytes)"
+    return None
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -221,6 +255,7 @@ def _read_sharded(path: Path) -> dict[str, Any]:
     """A sharded checkpoint as one plain dict in this process: the trainer's state, with the
     whole model's weights under ``model`` (the optimizer state is left on disk). Writing and
     restoring one, every rank its shards, is :mod:`orchestrate.train.distcp`'s."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -228,12 +263,15 @@ def _read_sharded(path: Path) -> dict[str, Any]:
     if not is_sharded(path):
         raise TrainFailure(f"{path} is a folder but not a complete sharded checkpoint (no "
                            f"{SHARDED_METADATA})")
+    why = incomplete(path)
+    if why is not None:
+        raise TrainFailure(f"cannot read checkpoint {path}: {why}")
     loaded: dict[str, Any] = {}
     try:
         _load_state_dict(loaded, storage_reader=FileSystemReader(str(path)),
                          planner=_EmptyStateDictLoadPlanner(keys={"model"}),  # type: ignore[no-untyped-call]
                          no_dist=True)
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # the latter is a BaseException
         raise TrainFailure(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
     side = sharded_side(path) if (path / SIDE).is_file() else {}
     return {**side, "model": dict(loaded.get("model", {}))}

@@ -34,12 +34,13 @@ def plain_names(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def pick(directory: Path, step: int | None) -> Path:
-    """The checkpoint of ``step`` in ``directory``, or its latest; a :class:`TrainFailure`
-    naming the steps there when there is none."""
+def pick(directory: Path, step: int | None, skipped: list[str] | None = None) -> Path:
+    """The checkpoint of ``step`` in ``directory``, or its latest complete one (why newer ones
+    were passed over goes to ``skipped``); a :class:`TrainFailure` naming the steps there when
+    there is none."""
     found = checkpoint.checkpoints_in(directory)
     if step is None:
-        latest = checkpoint.find_latest(directory)
+        latest = checkpoint.find_latest(directory, skipped)
         if latest is None:
             raise TrainFailure(f"no checkpoint in {directory}")
         return latest
@@ -50,10 +51,13 @@ def pick(directory: Path, step: int | None) -> Path:
     raise TrainFailure(f"no checkpoint of step {step} in {directory} (steps there: {steps})")
 
 
-def export(source: Path, output: Path, step: int | None = None) -> tuple[Path, int]:
+def export(source: Path, output: Path, step: int | None = None,
+           skipped: list[str] | None = None) -> tuple[Path, int]:
     """Write the weights of ``source`` (a checkpoint directory, or one checkpoint) to
-    ``output``; returns the checkpoint read and the number of tensors written."""
-    chosen = source if _is_one(source) else pick(source, step)
+    ``output``; returns the checkpoint read and the number of tensors written. A checkpoint
+    cut short is a :class:`TrainFailure` naming the file (the latest: passed over for the one
+    before it, and why goes to ``skipped``)."""
+    chosen = source if _is_one(source) else pick(source, step, skipped)
     loaded = checkpoint.load(chosen)
     weights = plain_names(dict(checkpoint.model_state_of(loaded)))
     tensors = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v

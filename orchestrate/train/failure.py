@@ -21,7 +21,11 @@ class TrainFailure(Exception):
     """This rank cannot go on; ``str(exc)`` is the line to print after ``rank N:``."""
 
 
-class NonFiniteLoss(TrainFailure):
+class AgreedStop(TrainFailure):
+    """Every rank stops at the same step for the same reason; rank 0 says it, once."""
+
+
+class NonFiniteLoss(AgreedStop):
     """The loss (or the weights) went NaN or infinite: training stops on every rank at once,
     before a checkpoint of NaN weights could rotate the last good ones out."""
 

@@ -4,7 +4,10 @@ The job's model factory is the user's code, and a traced step imports torch and 
 seconds: both happen in a child process (``python -m orchestrate.train.modelprobe``, run in the
 job's workdir) under one deadline, so a slow, hanging or crashing factory costs at most
 ``train.memory_trace_s`` seconds (60 by default; 0 builds the model on the meta device for its
-size and layout, within :data:`FACTS_ONLY_S`, and traces nothing) and never the plan. Whatever
+size and layout, within :data:`FACTS_ONLY_S`, and traces nothing) and never the plan. The child
+runs in its own session with a tag of its own (:data:`orchestrate.hostside.host.TAG`), and both
+are killed when the plan has its answer: processes (and so ports) the factory started do not
+outlive the plan. Whatever
 was answered before the deadline is kept; every layout that was not traced is estimated by the
 formula, and the plan says why (``ModelFacts.notes``).
 
@@ -15,9 +18,11 @@ exactly as before, without the child.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +35,7 @@ from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.plan.memory import ModelFacts, TracedPeak, options_for
 from orchestrate.core.spec.inventory import Inventory
 from orchestrate.core.spec.job import JobSpec
+from orchestrate.hostside import host
 from orchestrate.train import tracecache
 
 #: The deadline of a probe that traces nothing (``memory_trace_s: 0``).
@@ -103,10 +109,11 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
         if facts is not None and layouts:
             facts = replace(facts, notes=(*facts.notes, REUSED))
         return facts, why
-    try:
+    env[host.TAG] = tag = f"modelprobe-{os.getpid()}-{time.monotonic_ns()}"
+    try:  # its own session, tagged: whatever the factory starts goes when the probe does
         child = subprocess.Popen(
             [sys.executable, "-m", "orchestrate.train.modelprobe"], cwd=workdir, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
             stderr=None if os.environ.get("ORCHESTRATE_PROBE_DEBUG") else subprocess.DEVNULL)
     except OSError as exc:
         return None, f"memory check skipped: cannot start the model probe ({exc})"
@@ -118,16 +125,40 @@ def probe(job: JobSpec, workdir: Path, source: str, *, deadline_s: float | None 
         child.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
         child.stdin.close()
         facts, why = _collect(lines, time.monotonic() + limit, limit, layouts, source, seen)
+        if facts is None and why == NO_ANSWER:
+            why = _exited(child)
     except BrokenPipeError:
         return None, "memory check skipped: the model probe exited before it was asked"
     finally:
-        child.kill()
-        child.wait()
+        _end(child, tag)
     if name and facts is not None and not facts.notes:  # complete: kept for the next plan
         tracecache.save(name, seen)
     return facts, why
 
 
+def _exited(child: subprocess.Popen[str]) -> str:
+    """Why there was no answer, with the probe's exit status when it has one."""
+    try:
+        code = child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return NO_ANSWER
+    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+    return f"memory check skipped: the model probe ended with {how} without an answer" + (
+        " (out of memory?)" if code < 0 else "")
+
+
+def _end(child: subprocess.Popen[str], tag: str) -> None:
+    """Kill the probe's session, then whatever left it carrying the tag, and reap the probe."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.kill()
+    child.wait()
+    host.signal_all(host.job_pids(tag), signal.SIGKILL)
+
+
+#: Why there is no model facts when the probe ended without an answer.
+NO_ANSWER = ("memory check skipped: the model probe exited without an answer (out of memory? "
+             "ORCHESTRATE_PROBE_DEBUG=1 shows its traceback)")
 #: What :func:`_next` answers at the end of the child's output.
 _ENDED = {"ended": True}
 
@@ -142,7 +173,10 @@ def _next(lines: queue.Queue[str | None], deadline: float, seen: list[str]
         return None
     if line is None:
         return dict(_ENDED)
-    answer: dict[str, Any] = json.loads(line)
+    try:
+        answer: dict[str, Any] = json.loads(line)
+    except ValueError:  # not ours (the probe answers on its own pipe): read on
+        return _next(lines, deadline, seen)
     seen.append(line)
     return answer
 
@@ -152,8 +186,7 @@ def _collect(lines: queue.Queue[str | None], deadline: float, limit: float,
              ) -> tuple[ModelFacts | None, str]:
     first = _next(lines, deadline, seen)
     if first == _ENDED:
-        return None, ("memory check skipped: the model probe exited without an answer (out of "
-                      "memory? ORCHESTRATE_PROBE_DEBUG=1 shows its traceback)")
+        return None, NO_ANSWER
     if first is None:
         return None, (f"memory check skipped: building the model on the meta device took over "
                       f"{limit:g} s ({_FIELD})")

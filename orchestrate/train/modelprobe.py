@@ -5,7 +5,9 @@ failing user factory is bounded by a timeout and never crashes the plan::
 
     python -m orchestrate.train.modelprobe
 
-It reads JSON lines on stdin and answers each with one line on stdout. The first request is the
+It reads JSON lines on stdin and answers each with one line on stdout: its own pipe, for
+whatever the user's code prints goes to stderr instead (:func:`_own_pipe`); a factory's
+``sys.exit(N)`` is answered as that. The first request is the
 job's ``train:`` section (``{"train": {...}}``); the answer is the model's facts, from the
 factory run on the meta device (no memory): its parameter count, the module classes FSDP may
 wrap, the units ``fsdp.wrap`` resolves to and the largest one's size, batch-norm classes. Then
@@ -37,9 +39,26 @@ _ACTIVATIONS = ("ACT", "TEMP", "INP")
 _SHARDED = (*_WEIGHTS, *_GRADIENTS, "OPT")
 
 
+#: Where answers go: the pipe that was stdout, kept apart from what the user's code prints
+#: (:func:`_own_pipe`).
+_answers: Any = None
+
+
 def _say(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+    out = _answers or sys.stdout
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def _own_pipe() -> None:
+    """Answer on a copy of the stdout pipe, and point stdout (fd 1, and so ``print`` and any
+    process the factory starts) at stderr: a factory that prints no longer breaks the answers."""
+    import os
+
+    global _answers
     sys.stdout.flush()
+    _answers = os.fdopen(os.dup(1), "w")  # not inherited (PEP 446): only this process answers
+    os.dup2(2, 1)
 
 
 def facts(spec: Any) -> dict[str, Any]:
@@ -264,6 +283,7 @@ def main() -> int:
     """Answer the requests on stdin (see the module docstring)."""
     import os
 
+    _own_pipe()
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -276,6 +296,9 @@ def main() -> int:
     except ImportError as exc:
         _say({"error": f"torch is not installed here ({_brief(exc)})", "kind": "import"})
         return 0
+    except SystemExit as exc:  # the user's factory called sys.exit(): that is the answer
+        _say({"error": f"the model factory called sys.exit({exc.code!r})"})
+        return 0
     except Exception as exc:
         _say({"error": _brief(exc)})
         return 0
@@ -287,6 +310,8 @@ def main() -> int:
                 sample = _sample(spec)
             _say({"traced": trace(spec, request["trace"], int(request["world"]),
                                   int(request["batch"]), sample)})
+        except SystemExit as exc:
+            _say({"error": f"a factory called sys.exit({exc.code!r})"})
         except Exception as exc:
             if os.environ.get("ORCHESTRATE_PROBE_DEBUG"):
                 traceback.print_exc()

@@ -45,13 +45,14 @@ from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.build import Built, Restored, build, restore
 from orchestrate.train.distributed import Cluster, join, leave
 from orchestrate.train.env import DistEnv
-from orchestrate.train.failure import NonFiniteLoss, TrainFailure, first_line
+from orchestrate.train.failure import AgreedStop, TrainFailure, first_line
 from orchestrate.train.metrics import MetricsLog
 from orchestrate.train.preemption import StopAgreement, StopFlag, signal_names
 from orchestrate.train.sampling import ResumableSampler, validation_shard
 from orchestrate.train.saving import Checkpointer
 from orchestrate.train.timing import StepTiming
 from orchestrate.train.trainer import Trainer
+from orchestrate.train.zerogradient import ZeroGradientWatch
 
 _PEER_SIGNS = ("connection closed", "connection reset", "broken pipe", "timed out", "timeout")
 
@@ -129,7 +130,8 @@ def _agree_on(
         if described is not None and described[2]:
             _say(described[2].rstrip())
         also = f" (the same on rank(s) {_ranks_text(ranks[1:])})" if len(ranks) > 1 else ""
-        _say(f"rank {cluster.rank}: {message}{also}")
+        first, newline, hint = message.partition("\n")  # a UserError's hint: after the line
+        _say(f"rank {cluster.rank}: {first}{also}{newline}{hint}")
     if cluster.rank == 0 and failure is None:
         _say(f"rank 0: stopping: {phase} failed on rank(s) {_ranks_text([r for r, _ in failed])}")
     # A configuration mistake exits 2 on the ranks it hit, and on the others if it is all there is.
@@ -186,6 +188,7 @@ def _setup(
         rebalancer=_rebalancer(spec, cluster, model, built.module, share),
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
+    ZeroGradientWatch(built.module, cluster, spec.sharded).install(built.optimizer)
     _announce(spec, cluster, built, restored, log)
     if share is not None:
         _say_shares(spec, share, trainer.rebalancer is not None, log)
@@ -335,7 +338,7 @@ def run_session(
         _say(f"rank {env.rank}: interrupted")
         leave(got.cluster, failed=True)
         return EXIT_INTERRUPTED
-    except NonFiniteLoss as exc:
+    except AgreedStop as exc:  # a NaN loss, weights that cannot learn (zerogradient.py)
         # Every rank stops at once (they agreed); one sentence, from rank 0.
         if env.rank == 0:
             _say(f"rank {env.rank}: {exc}")

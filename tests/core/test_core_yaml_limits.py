@@ -88,6 +88,7 @@ def test_an_alias_bomb_in_an_inventory_and_in_set_is_refused(tmp_path: Path) -> 
 
 
 def test_anchors_for_small_reuse_still_load(tmp_path: Path) -> None:
+    (tmp_path / "mypkg.py").write_text("def model():\n    pass\n\n\ndef data():\n    pass\n")
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: reuse\ninventory: {INVENTORY}\n"

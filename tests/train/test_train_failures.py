@@ -42,10 +42,11 @@ def test_factory_failing_on_one_rank_stops_all(launcher: Launcher, tmp_path: Pat
 @pytest.mark.timeout(120)
 def test_same_failure_everywhere_is_reported_once(launcher: Launcher, tmp_path: Path) -> None:
     launch = launcher.start(digits_config(model="digits:build_modle"), tmp_path / "run")
-    assert launch.wait(timeout=60) == [1, 1], launch.logs()
+    assert launch.wait(timeout=60) == [2, 2], launch.logs()  # the job's mistake (issue #33)
     assert launch.ranks[0].stderr.strip() == (
-        "rank 0: model factory digits:build_modle: digits has no attribute 'build_modle' "
-        "(the same on rank(s) 1)"
+        "rank 0: train.model: model factory digits has no attribute 'build_modle' "
+        "(got digits:build_modle) (the same on rank(s) 1)\n"
+        "  hint: name a function the module defines. did you mean 'build_model'?"
     )
     assert launch.ranks[1].stderr.strip() == ""
 

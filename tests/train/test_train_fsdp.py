@@ -137,3 +137,34 @@ def test_sharded_resume_same_world_is_exact_and_other_world_continues(
     _close(after, before, 0.0)  # the 2-rank checkpoint, read back the same
     losses = [m["train_loss"] for m in third.metrics() if m["kind"] == "epoch"]
     assert losses and all(loss < 1.0 for loss in losses), losses  # carries on, not from scratch
+
+
+@pytest.mark.timeout(400)
+def test_a_truncated_shard_is_named_and_resume_takes_the_checkpoint_before(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Issue #33 item 7: ``export`` names the file cut short (no traceback); a resume passes
+    over that checkpoint for the newest complete one, saying so."""
+    config = _config(strategy="fsdp", keep_checkpoints=3)
+    run_dir = tmp_path / "cut"
+    launcher.run(config | {"max_steps": 17}, run_dir, timeout=200)  # checkpoints: 10 and 17
+    newest = run_dir / "checkpoints" / "step-00000017"
+    shard = newest / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrate", "export", str(newest), "-o",
+         str(tmp_path / "w.pt")], capture_output=True, text=True, env=base_env(), cwd=REPO,
+        timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "shard __1_0.distcp is truncated" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrate", "export", str(run_dir), "-o",
+         str(tmp_path / "w.pt")], capture_output=True, text=True, env=base_env(), cwd=REPO,
+        timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "passed over checkpoint step-00000017: shard __1_0.distcp" in done.stderr
+    assert done.stdout.strip().endswith("step-00000010")
+    resumed = launcher.run(config | {"max_steps": 20}, run_dir, timeout=200)
+    assert resumed.metrics()[0]["resumed_from_step"] == 10
+    assert "checkpoint step-00000017: shard __1_0.distcp is truncated" in resumed.ranks[0].stdout
+    assert _end(resumed)["step"] == 20

@@ -138,9 +138,9 @@ def test_scheduler_is_stepped_per_optimizer_step(results: dict[str, Any]) -> Non
 def test_custom_loss_and_a_missing_one(results: dict[str, Any]) -> None:
     assert results["custom-loss"]["code"] == 0, results["custom-loss"]["stderr"]
     missing = results["missing-loss"]
-    assert missing["code"] == 1
-    assert missing["stderr"].strip() == (
-        "rank 0: loss train_probe:nope: train_probe has no attribute 'nope'"
+    assert missing["code"] == 2  # the job's mistake (issue #33)
+    assert missing["stderr"].strip().splitlines()[0] == (
+        "rank 0: train.loss: loss train_probe has no attribute 'nope' (got train_probe:nope)"
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -109,3 +110,70 @@ def test_a_second_plan_reuses_the_trace(tmp_path: Path) -> None:
     assert not one["notes"] and any("reused" in note for note in two["notes"])
     assert time.monotonic() - started < 15  # no model probe: the CLI's start and the plan
     assert list((tmp_path / "state" / "traces").glob("*.json"))
+
+
+#: A factory that prints to stdout, starts a process in a session of its own and one that
+#: listens on a port, records their pids and the port, and returns a model; and one that exits.
+NOISY = """
+import json, subprocess, sys
+import torch
+
+LISTEN = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+          "print(s.getsockname()[1], flush=True); time.sleep(300)")
+
+
+def build_model(record):
+    print("the factory talks on stdout", flush=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                               start_new_session=True)
+    server = subprocess.Popen([sys.executable, "-c", LISTEN], stdout=subprocess.PIPE, text=True)
+    port = int(server.stdout.readline())
+    with open(record, "a") as f:
+        f.write(json.dumps({"pids": [sleeper.pid, server.pid], "port": port}) + "\\n")
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def build_exit():
+    sys.exit(3)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(200)
+def test_the_model_probe_answers_on_its_own_pipe_and_leaves_nothing(tmp_path: Path) -> None:
+    """Issue #33 item 7: a factory that prints no longer breaks the plan (JSONDecodeError);
+    what it starts (a process in its own session, a listening port) is gone when plan returns."""
+    (tmp_path / "noisy.py").write_text(NOISY)
+    record = tmp_path / "started.jsonl"
+    job = _job(tmp_path, {"model": "noisy:build_model", "model_args": {"record": str(record)},
+                          "strategy": "fsdp"}, gpus_per_node=2, gpu_model="A100-80GB")
+    done = _plan(job, "--json", env={"ORCHESTRATE_TRACE_CACHE": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    memory = json.loads(done.stdout)["memory"]
+    assert memory["estimates"][0]["method"] == "traced", memory
+    started = [json.loads(line) for line in record.read_text().splitlines()]
+    assert started  # the factory ran (once per layout and for the facts)
+    for each in started:
+        assert not [pid for pid in each["pids"] if _alive(pid)], each
+        with socket.socket() as probe:  # the port is free again
+            probe.bind(("127.0.0.1", each["port"]))
+
+
+@pytest.mark.timeout(200)
+def test_a_factory_that_exits_is_named_by_its_exit(tmp_path: Path) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY)
+    job = _job(tmp_path, {"model": "noisy:build_exit", "strategy": "auto",
+                          "memory_trace_s": 60}, gpus_per_node=2, gpu_model="A100-80GB")
+    started = time.monotonic()
+    done = _plan(job, env={"ORCHESTRATE_TRACE_CACHE": "0"})
+    text = done.stdout + done.stderr
+    assert "sys.exit(3)" in text, text
+    assert "took over" not in text
+    assert time.monotonic() - started < 60

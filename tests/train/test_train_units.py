@@ -28,16 +28,19 @@ pytestmark = pytest.mark.unit
 # --- factories ---------------------------------------------------------------------------
 
 
-def test_import_path_errors_name_the_factory() -> None:
-    with pytest.raises(TrainFailure) as caught:
+def test_import_path_errors_name_the_field_and_are_the_jobs_mistake() -> None:
+    """A path that does not import exits 2 on the rank (issue #33): a UserError naming the
+    field, with a did-you-mean."""
+    with pytest.raises(UserError) as caught:
         resolve("no_such_module_xyz:build", "model factory")
-    assert str(caught.value) == (
-        "model factory no_such_module_xyz:build: module 'no_such_module_xyz' not found "
-        "(the job's workdir and PYTHONPATH are searched)"
-    )
-    with pytest.raises(TrainFailure, match="dataset factory math:nope: math has no attribute"):
+    assert str(caught.value).startswith(
+        "train.model: model factory module 'no_such_module_xyz' not found "
+        "(got no_such_module_xyz:build)\n  hint: the job's workdir and PYTHONPATH are searched")
+    with pytest.raises(UserError, match=r"train\.dataset: dataset factory math has no attribute"):
         resolve("math:nope", "dataset factory")
-    with pytest.raises(TrainFailure, match="math:pi: pi is not callable"):
+    with pytest.raises(UserError, match=r"did you mean 'sqrt'\?"):
+        resolve("math:sqrtt", "dataset factory")
+    with pytest.raises(UserError, match=r"train\.loss: loss pi is not callable"):
         resolve("math:pi", "loss")
 
 
@@ -49,8 +52,15 @@ def test_factory_exception_is_one_line_naming_it() -> None:
         "(a test asked this rank to fail)"
     )
     assert isinstance(caught.value.__cause__, ValueError)
-    with pytest.raises(TrainFailure, match=r"raised TypeError: .*unexpected keyword argument"):
-        call("train_probe:build_model", "model factory", {"hiden": 3})
+
+
+def test_arguments_a_factory_does_not_take_are_a_model_args_mistake() -> None:
+    with pytest.raises(UserError) as caught:
+        call("digits:build_model", "model factory", {"hiden": 3})
+    text = str(caught.value)
+    assert text.startswith("train.model_args: model factory cannot be called with these "
+                           "arguments: got an unexpected keyword argument 'hiden'"), text
+    assert "did you mean 'hidden'?" in text
 
 
 # --- the module. prefix, both ways ---------------------------------------------------------
@@ -246,3 +256,19 @@ def test_epoch_line_for_people() -> None:
         "epoch 3/8  step 69  train_loss 0.3286  val_loss 0.2592  val_acc 0.9361  "
         "13828 samples/s  0.11 s  peak 1.2/1.5 GB"
     )
+
+
+def test_a_global_batch_larger_than_the_training_set_says_so() -> None:
+    """Issue #33 item 7: the sentence names the global batch, not the rank count."""
+    from orchestrate.train.build import _too_small
+
+    spec = TrainSpec.model_validate({"model": "m:f", "dataset": "d:f",
+                                     "global_batch_size": 128, "batch_split": "equal"})
+    error = _too_small(spec, 64, 2)
+    assert isinstance(error, UserError)
+    assert str(error) == (
+        "train.global_batch_size: the training set has 64 samples, fewer than one global batch "
+        "(128 samples per optimizer step over all ranks): not one step per epoch (got 128)\n"
+        "  hint: set global_batch_size to at most 64, or give a larger dataset")
+    plain = TrainSpec.model_validate({"model": "m:f", "dataset": "d:f"})
+    assert "fewer than the 4 ranks" in str(_too_small(plain, 3, 4))

@@ -45,7 +45,8 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
 ``decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
     After the step: read how each rank ended (``EXIT_DIR/rank-R``: status, time in
     microseconds, host, written by each rank's shell), name the first failure in the merged view
-    with the same rule every backend uses (:func:`orchestrate.core.plan.outcome.first_failure`),
+    with the same rule every backend uses (:func:`orchestrate.core.plan.outcome.first_failure`,
+    which reads each failed rank's last log lines: the rank that explains the failure is named),
     apply the job's restart policy (POLICY, JSON; :func:`orchestrate.core.plan.restart.decide`, the
     same
     decision the local and SSH supervisors make; REQUEUES is how often Slurm restarted this job),
@@ -224,13 +225,17 @@ def _worker_end(end: RankEnd, run_dir: str) -> RankEnd:
     :func:`orchestrate.core.plan.workers.worker_end`)."""
     if os.environ.get("ORCHESTRATE_LAUNCHER", "ranks") == "ranks" or end.exit.ok:
         return end
+    return worker_end(end, _last_lines(run_dir, end.rank, REPORT_LINES))
+
+
+def _last_lines(run_dir: str, rank: int, count: int = 10) -> list[str]:
+    """A rank's last log lines ([] when it has no log)."""
     try:
-        with open(os.path.join(run_dir, LOG_DIR, f"rank-{end.rank}.log"), encoding="utf-8",
+        with open(os.path.join(run_dir, LOG_DIR, f"rank-{rank}.log"), encoding="utf-8",
                   errors="replace") as f:
-            lines = [line.rstrip("\n") for line in deque(f, maxlen=REPORT_LINES)]
+            return [line.rstrip("\n") for line in deque(f, maxlen=count)]
     except OSError:
-        return end
-    return worker_end(end, lines)
+        return []
 
 
 class StepVerdict:
@@ -263,7 +268,7 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
     stall = _read_stall(stalled) if stalled else None
     if not ends and stall is None:
         return StepVerdict("NONE", 0)
-    first = first_failure(ends)
+    first = first_failure(ends, lambda rank: _last_lines(run_dir, rank))
     if first is None and stall is None:
         return StepVerdict("COMPLETED", 0)
     failed = [end.exit for end in ends if not end.exit.ok]

@@ -72,7 +72,7 @@ def rank_exits(run_dir: Path, restart: int) -> dict[int, RankEnd]:
 def job_failure(run_dir: Path, exits: dict[int, RankEnd]) -> Failure | None:
     """The first failure of a run (:func:`orchestrate.core.plan.outcome.first_failure`), with the
     last lines of that rank's log."""
-    first = first_failure(exits.values())
+    first = first_failure(exits.values(), lambda rank: last_lines(rank_log(run_dir, rank), 10))
     if first is None:
         return None
     return Failure.of(first, last_lines(rank_log(run_dir, first.rank), 10))

@@ -4,7 +4,11 @@ The local and SSH supervisors see exits as they happen; a Slurm job's ranks reco
 run directory (status, time, host) for the batch job's monitor and for ``orchestrate status``. All
 of them turn those facts into :class:`RankEnd` values and ask :func:`first_failure`, so "the
 first rank that failed" means the same everywhere: the earliest non-zero exit, the lowest rank on
-a tie. The :class:`Failure` record is what the job store keeps and ``status`` shows.
+a tie; but a rank whose last lines explain the failure (its own error, a NaN stop, a factory that
+does not import) outranks one that died a moment earlier saying nothing, and both outrank a rank
+that says another rank failed first (:func:`says`). Without that, rank 1 exiting 0.1 s before
+rank 0 had printed why they both stop sent people to rank 1's empty log. The
+:class:`Failure` record is what the job store keeps and ``status`` shows.
 
 Standard library only, Python 3.8+: the Slurm monitor program bundles this module
 (:mod:`orchestrate.hostside.shipping`).
@@ -20,7 +24,7 @@ from orchestrate.core.exits import EXIT_REQUEUE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
 
@@ -69,13 +73,64 @@ class RankEnd:
     at: float
 
 
-def first_failure(ends: Iterable[RankEnd]) -> RankEnd | None:
+#: How long after the first failure another rank's end may still be the one that explains it
+#: (the ranks of one failure end within a second or two of each other, a busy machine included).
+SETTLE_S = 3.0
+
+#: What a failed rank's last lines say (:func:`says`), in the order of blame.
+EXPLAINED, SILENT, ELSEWHERE = 0, 1, 2
+
+#: orchestrate.train's own line about this rank (``rank 3: ...``, session.py).
+_OWN_LINE = re.compile(r"^rank \d+: (.*)$")
+#: Words of a rank that failed because another did, or was stopped.
+_ELSEWHERE = ("another rank", "failed on rank(s)", "connection closed", "connection reset",
+              "broken pipe", "remote process", "stopped by sig", "interrupted", "by peer")
+#: Words of a rank that says why it failed.
+_ERROR = re.compile(r"Traceback \(most recent call last\)|[a-z](Error|Exception)\b|"
+                    r"(?i:\berror:|\bfatal\b|\bsegmentation fault\b|\baborted\b)")
+
+
+def says(lines: Sequence[str]) -> int:
+    """Whether a failed rank's last log lines explain its failure (:data:`EXPLAINED`), say
+    nothing (:data:`SILENT`) or blame another rank (:data:`ELSEWHERE`: a closed connection, a
+    collective that failed, a stop). orchestrate.train's own ``rank N: ...`` line decides when
+    there is one; else any line that points elsewhere, then any error line."""
+    own = [m.group(1) for m in map(_OWN_LINE.match, lines) if m is not None]
+    texts = own[-1:] or list(lines)
+    if any(sign in text.lower() for text in texts for sign in _ELSEWHERE):
+        return ELSEWHERE
+    if own or any(_ERROR.search(text) for text in texts):
+        return EXPLAINED
+    return SILENT
+
+
+def first_failure(ends: Iterable[RankEnd],
+                  said: Callable[[int], Sequence[str]] | None = None,
+                  settle_s: float = SETTLE_S) -> RankEnd | None:
     """The rank that failed first: the earliest non-zero end, the lowest rank on a tie (the
-    others were most likely stopped because of it)."""
+    others were most likely stopped because of it). With ``said`` (a rank's last log lines),
+    among the ends within ``settle_s`` of the first, one that explains itself comes before one
+    that says nothing, which comes before one that blames another rank (:func:`says`)."""
     failed = [end for end in ends if not end.exit.ok]
     if not failed:
         return None
-    return min(failed, key=lambda end: (end.at, end.rank))
+    if said is None:
+        return min(failed, key=lambda end: (end.at, end.rank))
+    start = min(end.at for end in failed)
+    near = [end for end in failed if end.at <= start + settle_s]
+    return min(near, key=lambda end: (says(said(end.rank)), end.at, end.rank))
+
+
+def settled(ends: Sequence[RankEnd], said: Callable[[int], Sequence[str]], running: bool,
+            now: float, settle_s: float = SETTLE_S) -> RankEnd | None:
+    """The failure to name now (:func:`first_failure`), or None while a rank still running may
+    yet explain it: the first failure says nothing (or blames another) and ``settle_s`` has not
+    passed since it."""
+    first = first_failure(ends, said, settle_s)
+    if first is None or not running or says(said(first.rank)) == EXPLAINED:
+        return first
+    start = min(end.at for end in ends if not end.exit.ok)
+    return first if now >= start + settle_s else None
 
 
 #: torch's words for a collective that ran out of time: gloo's exception ("Timed out waiting

@@ -404,13 +404,18 @@ def _check_env_name(key: str) -> None:
 
 def load_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
     """Read a job file, apply ``--set`` overrides and validate."""
+    return read_job(path, overrides)[0]
+
+
+def read_job(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[JobSpec, Lines]:
+    """:func:`load_job`, and the file's line of each field (for later checks' errors)."""
     data, lines = read_yaml(path)
     if isinstance(data, dict):
         in_file = {key for key in ("train", "command") if key in data}
         data = apply_overrides(data, overrides)
         _check_one_entrypoint(data, in_file, overrides)
     try:
-        return validate(JobSpec, data, str(path), lines)
+        return validate(JobSpec, data, str(path), lines), lines
     except UserError as exc:
         raise UserError(overrides_module.blame(exc.problems, overrides)) from None
 
@@ -441,4 +446,4 @@ def job_dir(path: Path) -> Path:
 
 
 __all__ = ["Backend", "Distributed", "JobSpec", "Launcher", "Lines", "Resources", "SSHJob",
-           "SlurmJob", "apply_overrides", "job_dir", "load_job"]
+           "SlurmJob", "apply_overrides", "job_dir", "load_job", "read_job"]

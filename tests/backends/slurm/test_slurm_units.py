@@ -317,6 +317,19 @@ def test_the_first_failure_breaks_ties_by_rank_like_every_backend(tmp_path: Path
 
 
 @pytest.mark.process
+def test_the_rank_that_explains_the_failure_is_named_not_the_first_silent_one(
+        tmp_path: Path) -> None:
+    """Issue #33 item 3, as monitor.py decides it: rank 1 ended 0.4 s first saying nothing."""
+    _record(tmp_path / "exits", 1, 1, 1_000_000, "n1")
+    _record(tmp_path / "exits", 0, 1, 1_400_000, "n0")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.log").write_text("rank 0: the loss is not finite (NaN)\n")
+    (tmp_path / "logs" / "rank-1.log").write_text("")
+    assert _decide(tmp_path) == ("FAILED", 1)
+    assert "rank 0 on n0 failed with exit code 1" in merged_text(tmp_path)
+
+
+@pytest.mark.process
 def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_path: Path) -> None:
     for rank in range(3):
         _record(tmp_path / "exits", rank, 75, 1_000_000 + rank, "n1")
