@@ -334,6 +334,8 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
                 first_step_seen = _record_first_step(store, job_id, metrics)
             sink.flush()
             time.sleep(POLL_S)
+        if watcher is not None and (found := watcher.last_look()) is not None:
+            _stalled(run, plan, found)  # a world formed and gone between two looks
     finally:
         if watcher is not None:
             watcher.stop()
