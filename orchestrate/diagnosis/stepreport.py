@@ -57,7 +57,7 @@ DEFAULT_WINDOW_S = 2.0
 ADVICE = "lower the learning rate, clip the gradients, or check the data"
 
 
-class NonFiniteLoss(SystemExit):
+class LossNotFinite(SystemExit):
     """The loss went NaN or infinite: the rank stops (exit status 1) with this sentence."""
 
 
@@ -101,7 +101,7 @@ class StepReporter:
                        "epoch_s": None, "lr": None, "time": wall})
         if not math.isfinite(value):
             self.flush()
-            raise NonFiniteLoss(
+            raise LossNotFinite(
                 f"rank {self.rank}: the loss is not finite ({value}) at step {step}; "
                 f"training stopped ({ADVICE})")
         if self.window and now - self.window_started >= self.window_s:

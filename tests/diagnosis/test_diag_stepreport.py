@@ -12,7 +12,7 @@ import pytest
 
 from orchestrate.core.metricrecord import KIND_FIELDS, MetricRecord
 from orchestrate.diagnosis import stepreport
-from orchestrate.diagnosis.stepreport import NonFiniteLoss, StepReporter
+from orchestrate.diagnosis.stepreport import LossNotFinite, StepReporter
 from orchestrate.report.straggler import pace
 
 pytestmark = pytest.mark.unit
@@ -61,7 +61,7 @@ def test_rank_0_writes_the_trainers_records_and_every_rank_its_timing(tmp_path: 
 def test_a_loss_that_is_not_finite_stops_the_rank_with_the_sentence(tmp_path: Path) -> None:
     car = StepReporter(str(tmp_path), 3, 4, clock=Clock())
     car.report(1, 0.5, samples=4)
-    with pytest.raises(NonFiniteLoss) as stopped:
+    with pytest.raises(LossNotFinite) as stopped:
         car.report(2, float("nan"), samples=4)
     assert stopped.value.code == ("rank 3: the loss is not finite (nan) at step 2; training "
                                   "stopped (lower the learning rate, clip the gradients, or "
