@@ -110,3 +110,27 @@ def test_the_imagenet_mapping_in_the_docs_runs_a_program_taking_its_rank_as_argu
     worlds = {p.name: json.loads(p.read_text()) for p in out.glob("rank-*.json")}
     assert sorted(worlds) == ["rank-0.json", "rank-1.json"], worlds
     assert {(w["world_size"], w["told"]) for w in worlds.values()} == {(2, "args")}
+
+
+@pytest.mark.timeout(120)
+def test_bash_c_sees_the_inventorys_python_though_bashrc_puts_another_first(
+        cli: Cli, tmp_path: Path) -> None:
+    """bash reads ~/.bashrc when it believes sshd started it (SSH_CLIENT set, level below 2):
+    here a ~/.bashrc that puts a bad python first. The rank's ``bash -c`` still finds the
+    inventory's (this interpreter's folder, which the launch script puts first)."""
+    home = tmp_path / "login"
+    bad = home / "bad-bin"
+    bad.mkdir(parents=True)
+    (bad / "python3").write_text("#!/bin/sh\necho bad python >&2\nexit 3\n")
+    (bad / "python3").chmod(0o755)
+    (home / ".bashrc").write_text(f'export PATH="{bad}:$PATH"\necho bashrc read >&2\n')
+    cli.env.update(HOME=str(home), SSH_CLIENT="198.18.0.9 40000 22")
+    cli.env.pop("SHLVL", None)
+    out = cli.work / "out-bash"
+    out.mkdir()
+    status = _submit(cli, "bashc", f"""
+        env: {{OUT: '{out}'}}
+        command: [bash, -c, 'command -v python3 > "$OUT/rank-$RANK.txt"; python3 -c pass']""")
+    assert status["state"] == "COMPLETED", status
+    found = {p.read_text().strip() for p in out.glob("rank-*.txt")}
+    assert len(found) == 1 and str(bad) not in found.pop(), found
