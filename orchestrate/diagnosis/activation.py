@@ -19,6 +19,9 @@ The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH``; Python runs 
 - a process without RANK (a ``per_node`` node's process and the workers it spawns, torchrun's
   agent) gets the join watch too: a worker that joins its process group under a launcher that
   starts workers becomes the rank it joined as (its sidecar starts then);
+- in every one of them, ``init_process_group`` is wrapped when the program imports
+  ``torch.distributed``, so each process group is recorded as it forms
+  (:func:`orchestrate.diagnosis.joinwatch.hook`);
 - afterwards any other ``sitecustomize`` later on ``sys.path`` (Debian ships one) is loaded
   too, so we never shadow it.
 
@@ -57,8 +60,9 @@ def activate(environ: Any) -> Any:
     if not run_dir or not enabled(environ):
         return None
     # Imported here: the timeout bound alone needs neither.
-    from orchestrate.diagnosis.joinwatch import owner_elsewhere, watch
+    from orchestrate.diagnosis.joinwatch import hook, owner_elsewhere, watch
 
+    hook(run_dir, start_sidecar)  # every process: each join recorded as init_process_group returns
     rank = str(environ.get("RANK", "")).strip()
     if not rank.isdigit() or owner_elsewhere(environ):
         watch(run_dir, environ, start_sidecar)  # a rank's children, a launcher and its workers

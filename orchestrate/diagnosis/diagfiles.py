@@ -176,9 +176,11 @@ class DiagFiles:
         """The folder of one attempt's :class:`Joined` records."""
         return self.folder / DIAG_JOINED / str(attempt)
 
-    def joined_by(self, attempt: int, host: str, pid: int) -> Path:
-        """One process's :class:`Joined` record."""
-        return self.joined(attempt) / f"{host}-{pid}.json"
+    def joined_by(self, attempt: int, host: str, pid: int, n: int = 1) -> Path:
+        """One process's :class:`Joined` record of its ``n``-th process group (a process that
+        re-initialises its world keeps a record of each)."""
+        name = f"{host}-{pid}" if n <= 1 else f"{host}-{pid}-{n}"
+        return self.joined(attempt) / f"{name}.json"
 
     @property
     def workers(self) -> Path:

@@ -154,13 +154,9 @@ class HangWatch:
         the job counts as stalled (once per stall: the rule stays quiet until some rank
         progresses again), else None."""
         beats = self.source.heartbeats()
-        if self.world is not None:
-            found = wrong_world(self.source.joined(), *self.world, time.time())
-            if found is not None:
-                self.world = None  # said once
-                write_diagnosis(self.run_dir, found)
-                self.last = found
-                return found
+        found = self.world_check()
+        if found is not None:
+            return found
         if self.rule is None:
             return None
         stall = self.rule.observe(time.time(), beats, alive or {})
@@ -170,6 +166,18 @@ class HangWatch:
         if stall is None:
             return None
         return self.name(stall, alive)
+
+    def world_check(self) -> Diagnosis | None:
+        """The world check alone: a ``wrong_world`` diagnosis the first time the records show
+        one (the supervisor's last look when the ranks have ended, too), else None."""
+        if self.world is None:
+            return None
+        found = wrong_world(self.source.joined(), *self.world, time.time())
+        if found is not None:
+            self.world = None  # said once
+            write_diagnosis(self.run_dir, found)
+            self.last = found
+        return found
 
     def name(self, stall: Stall | None, alive: Mapping[int, bool] | None = None) -> Diagnosis:
         """Collect every rank's dump, classify and keep the diagnosis."""

@@ -5,20 +5,28 @@ script starts for that rank. Every other Python process of the job gets this ins
 sidecar folder's ``sitecustomize``: :mod:`orchestrate.diagnosis.activation`): the process a
 ``per_node`` node starts and the workers it spawns (``torch.multiprocessing.spawn``), torchrun's
 agent, the workers that torchrun or mp.spawn start inside a ``ranks`` job, DataLoader workers.
-It is a daemon thread that looks, about once a second, whether its process has initialised
-``torch.distributed`` (never importing it), and then, once:
+
+Every process of the job, a rank's own included, records each process group it forms at the
+moment ``init_process_group`` returns (:func:`hook`): an import hook on ``sys.meta_path``
+waits for the program to import ``torch.distributed`` (it never imports torch itself) and then
+wraps ``init_process_group`` (``torch.distributed``'s and ``distributed_c10d``'s). So a world
+that lives under a second is recorded, and so is a second world a process forms after the first
+(destroy, then init again as a world of 1: ``<host>-<pid>-2.json``). On each join:
 
 - under a launcher that starts workers (``ORCHESTRATE_LAUNCHER``: ``per_node``, ``torchrun``)
   and with no other sidecar of the job running above it, the process becomes the rank it joined
-  as: its sidecar starts for that rank (heartbeats, stacks on request), and records the join;
-- otherwise it records the join alone (:func:`record`): the rank and world size it joined with,
-  which the launcher's world check (:mod:`orchestrate.diagnosis.world`) compares with the plan,
-  so that a program that builds its own world (mp.spawn or torchrun inside a ``ranks`` job) is
-  named at once instead of training separate models to a COMPLETED job.
+  as: its sidecar starts for that rank (heartbeats, stacks on request);
+- the join is recorded (:func:`record`): the rank and world size it joined with, which the
+  launcher's world check (:mod:`orchestrate.diagnosis.world`) compares with the plan, so that a
+  program that builds its own world (mp.spawn or torchrun inside a ``ranks`` job) is named at
+  once instead of training separate models to a COMPLETED job.
 
-A rank's sidecar records its own join the same way. A forked child starts its own watch. It
-costs a sleeping thread (a dictionary look-up a second); the records, the sidecar and their
-imports load only in a process that joins. Standard library only, Python 3.8+.
+A program that binds ``init_process_group`` before ``torch.distributed`` finished importing
+(torch's own modules) is still seen by the fallback: a daemon thread (:func:`watch`) that looks
+about once a second whether its process has initialised ``torch.distributed``, and records the
+join once; a rank's sidecar does the same at every heartbeat. A forked child starts its own
+watch. It costs a sleeping thread and a name compare per import; the records, the sidecar and
+their imports load only in a process that joins. Standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ LOOK_S = 1.0
 
 _watching: list[int] = []  # the pid whose watch runs (a forked child starts its own)
 _fork_hook: list[bool] = []
+_hooked: list[bool] = []  # the import hook is in place (once per interpreter)
+_joins: dict[int, int] = {}  # by pid: how many process groups this process recorded
+#: Marks our wrapper of ``init_process_group`` (never wrapped twice).
+WRAPPED = "_orchestrate_join_hook"
 
 
 def live_sidecar() -> Any:
@@ -84,8 +96,9 @@ def dist_world() -> tuple[int, int] | None:
         return None
 
 
-def record(run_dir: str, rank: int, world_size: int, heartbeats: bool) -> None:
-    """Write this process's join (``diag/joined/<attempt>/<host>-<pid>.json``); never raises."""
+def record(run_dir: str, rank: int, world_size: int, heartbeats: bool, n: int = 1) -> None:
+    """Write this process's ``n``-th join (``diag/joined/<attempt>/<host>-<pid>.json``, then
+    ``<host>-<pid>-<n>.json``); never raises."""
     try:
         import json
         import socket
@@ -99,7 +112,7 @@ def record(run_dir: str, rank: int, world_size: int, heartbeats: bool) -> None:
         host, pid = socket.gethostname(), os.getpid()
         joined = Joined(pid, host, rank, world_size,
                         int(raw_rank) if raw_rank.isdigit() else None, time.time(), heartbeats)
-        path = DiagFiles(Path(run_dir)).joined_by(attempt, host, pid)
+        path = DiagFiles(Path(run_dir)).joined_by(attempt, host, pid, n)
         os.makedirs(str(path.parent), exist_ok=True)
         temporary = f"{path}.{pid}.tmp"
         with open(temporary, "w", encoding="utf-8") as handle:
@@ -139,8 +152,8 @@ def _run(run_dir: str, upgrade: bool, start: Starter) -> None:
     try:
         while True:
             time.sleep(LOOK_S)
-            if live_sidecar() is not None:
-                return  # a sidecar of this process records the join itself
+            if live_sidecar() is not None or _joins.get(os.getpid()):
+                return  # a sidecar of this process, or the hook, records the join
             joined = dist_world()
             if joined is None:
                 continue
@@ -150,4 +163,98 @@ def _run(run_dir: str, upgrade: bool, start: Starter) -> None:
                 record(run_dir, joined[0], joined[1], heartbeats=False)
             return
     except BaseException:  # never let an error of ours reach the program
+        return
+
+
+# --- the synchronous record: init_process_group wrapped at import -------------------------
+
+
+def hook(run_dir: str, start: Starter) -> None:
+    """Wrap ``init_process_group`` once ``torch.distributed`` is imported (now, if it is), so
+    that each join is recorded when it happens (see the module docstring); once a process."""
+    if _hooked:
+        return
+    _hooked.append(True)
+    loaded = sys.modules.get("torch.distributed")
+    if loaded is not None:
+        _wrap(loaded, run_dir, start)
+        return
+    sys.meta_path.insert(0, _Finder(run_dir, start))
+
+
+class _Finder:
+    """A meta path finder that finds nothing itself: when ``torch.distributed`` is imported it
+    asks the finders after it, and has the module's loader wrap ``init_process_group`` once the
+    module has run."""
+
+    def __init__(self, run_dir: str, start: Starter) -> None:
+        self.run_dir = run_dir
+        self.start = start
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch.distributed":
+            return None
+        if self in sys.meta_path:  # one module to watch: stay out of every later import
+            sys.meta_path.remove(self)
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec(name)
+            loader = getattr(spec, "loader", None)
+            run = getattr(loader, "exec_module", None)
+            if loader is None or run is None:
+                return spec
+            run_dir, start = self.run_dir, self.start
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                _wrap(module, run_dir, start)
+
+            loader.exec_module = exec_module
+            return spec
+        except Exception:  # the program imports torch.distributed as if we were not here
+            return None
+
+
+def _wrap(dist: Any, run_dir: str, start: Starter) -> None:
+    """Replace ``init_process_group`` in ``torch.distributed`` and ``distributed_c10d`` by a
+    wrapper that records the join after it returns; never raises."""
+    try:
+        import functools
+
+        for owner in (dist, sys.modules.get("torch.distributed.distributed_c10d")):
+            original = getattr(owner, "init_process_group", None)
+            if original is None or getattr(original, WRAPPED, False):
+                continue
+
+            def wrapped(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                result = __original(*args, **kwargs)
+                joined_now(run_dir, start)
+                return result
+
+            functools.update_wrapper(wrapped, original)
+            setattr(wrapped, WRAPPED, True)
+            setattr(owner, "init_process_group", wrapped)  # noqa: B010 - a module's attribute
+    except Exception:
+        return
+
+
+def joined_now(run_dir: str, start: Starter) -> None:
+    """This process just formed a process group: become its rank (a worker under ``per_node``
+    or ``torchrun``), then record the join; never raises into the program."""
+    try:
+        world = dist_world()
+        if world is None:
+            return
+        pid = os.getpid()
+        n = _joins.get(pid, 0) + 1
+        _joins[pid] = n
+        car = live_sidecar()
+        if car is None and n == 1 and str(os.environ.get(ENV_LAUNCHER, "ranks")) != "ranks" \
+                and not owner_elsewhere(os.environ):
+            car = start(run_dir, world[0])
+        if car is not None:
+            car._joined = True  # its heartbeats need not record it again
+        record(run_dir, world[0], world[1], heartbeats=car is not None, n=n)
+    except Exception:
         return

@@ -6,10 +6,14 @@ sbatch.sh.j2), so Python runs its ``sitecustomize.py`` at start-up, before the r
 with no change to it. That entry imports the sidecar from ``_orchestrate_rank/`` beside it:
 the modules :data:`SIDECAR` names (the run-dir
 names, the diag records, the timeout bound, the flight recorder, the sidecar and its
-activation), each under its last name, with their imports of one another pointed at the private
-package. So the rank side and the launcher side share one text of every name and record, and
-a rank that imports the user's installed orchestrate (the built-in trainer does) never gets
-these copies instead: nothing here is called ``orchestrate``, and no import hook is needed.
+activation, the step reporter), each under its last name, with their imports of one another
+pointed at the private package. So the rank side and the launcher side share one text of
+every name and record, and a rank that imports the user's installed orchestrate (the built-in
+trainer does) never gets these copies instead: nothing here is called ``orchestrate``, and no
+import hook is needed.
+
+One public module sits beside them, ``orchestrate_steps``: the one line a ``command:``
+program needs to report its steps (:mod:`orchestrate.diagnosis.stepreport`).
 
 A carried module may import only the standard library and the other carried modules:
 :func:`folder` fails at once on any other ``orchestrate`` import (the tests build it).
@@ -27,6 +31,7 @@ import orchestrate.diagnosis.flightrecorder
 import orchestrate.diagnosis.joinwatch
 import orchestrate.diagnosis.kernelstate
 import orchestrate.diagnosis.sidecar
+import orchestrate.diagnosis.stepreport
 import orchestrate.diagnosis.threadstate
 import orchestrate.diagnosis.workers
 import orchestrate.hostside.timeouts
@@ -39,7 +44,7 @@ SIDECAR = Manifest("sidecar", (
     orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.threadstate,
     orchestrate.diagnosis.workers, orchestrate.diagnosis.flightrecorder,
     orchestrate.diagnosis.joinwatch, orchestrate.diagnosis.activation,
-    orchestrate.diagnosis.sidecar))
+    orchestrate.diagnosis.sidecar, orchestrate.diagnosis.stepreport))
 
 #: The private package inside the sidecar folder.
 PACKAGE = "_orchestrate_rank"
@@ -58,6 +63,20 @@ run_as_sitecustomize(__file__)
 
 _INIT = '''"""Private copies of orchestrate's stdlib-only modules for the rank sidecar (see
 ../sitecustomize.py); not the orchestrate package, which the rank may import as well."""
+'''
+
+#: The one public module of the sidecar folder: what a ``command:`` program imports to report
+#: its steps (``from orchestrate_steps import report``; docs/launchers.md).
+STEPS_MODULE = "orchestrate_steps"
+
+_STEPS = f'''"""Report your program's steps to orchestrate: ``report(step, loss, samples=n)`` on
+every rank, every step (docs/launchers.md); loss curves, the NaN stop and the straggler split.
+orchestrate's launch script put this folder on PYTHONPATH; the code is {PACKAGE}/stepreport.py.
+"""
+
+from {PACKAGE}.stepreport import report
+
+__all__ = ["report"]
 '''
 
 _IMPORT = re.compile(r"^(\s*from\s+)(orchestrate(?:\.\w+)+)(\s+import\b)", re.M)
@@ -87,11 +106,13 @@ def carried(module: ModuleType, manifest: Manifest) -> str:
 
 def folder() -> dict[str, str]:
     """The sidecar folder's files, by path inside it: ``sitecustomize.py``,
-    ``_orchestrate_rank/__init__.py`` and one ``_orchestrate_rank/<name>.py`` per module."""
+    ``_orchestrate_rank/__init__.py``, one ``_orchestrate_rank/<name>.py`` per module, and
+    ``orchestrate_steps.py``, the step reporter's public name."""
     names = [_private(m).split(".")[1] for m in SIDECAR.names]
     if len(set(names)) != len(names):
         raise ValueError(f"two carried modules share a name: {SIDECAR.names}")
-    files = {"sitecustomize.py": ENTRY, f"{PACKAGE}/__init__.py": _INIT}
+    files = {"sitecustomize.py": ENTRY, f"{PACKAGE}/__init__.py": _INIT,
+             f"{STEPS_MODULE}.py": _STEPS}
     for module, name in zip(SIDECAR.modules, names, strict=True):
         files[f"{PACKAGE}/{name}.py"] = carried(module, SIDECAR)
     return files

@@ -8,7 +8,8 @@ with (:class:`~orchestrate.diagnosis.diagfiles.Joined`, written by the rank side
 watch); :func:`wrong_world` compares them with the plan and names the first process that is
 not where the plan puts it, in one sentence, as a diagnosis of kind ``wrong_world``:
 
-- a world of another size than the plan's;
+- a world of another size than the plan's (every process that formed one is named: the first
+  with the world it formed, after the plan's world when it re-initialised, the others by rank);
 - the same rank joined by two processes (two worlds of the plan's size, or workers numbered
   from 0 on every node);
 - under ``launcher: ranks``, a rank's own process that joined as another rank than its RANK.
@@ -43,14 +44,9 @@ def wrong_world(joined: Sequence[Joined], world_size: int, launcher: str, at: fl
     plan's world of ``world_size``, as a diagnosis; None while every one fits."""
     why = _WHY.get(launcher, _WHY["ranks"])
     ordered = sorted(joined, key=lambda j: (j.t or 0.0, j.rank or 0))
-    for one in ordered:
-        if one.world_size != world_size:
-            # The plan's rank where the process has one (a rank's own workers inherit RANK).
-            who = one.env_rank if one.env_rank is not None else (one.rank or 0)
-            return Diagnosis(
-                KIND, (who,), (_host(one),),
-                f"rank {who} on {_host(one)} joined a world of {one.world_size}, the plan "
-                f"has {world_size}: {why}; {DOCS}", at)
+    wrong = [one for one in ordered if one.world_size != world_size]
+    if wrong:
+        return _wrong_size(wrong, ordered, world_size, f"{why}; {DOCS}", at)
     twice = _twice(ordered)
     if twice:
         ranks = sorted(twice)
@@ -68,6 +64,47 @@ def wrong_world(joined: Sequence[Joined], world_size: int, launcher: str, at: fl
                     KIND, (one.env_rank,), (_host(one),),
                     f"rank {one.env_rank} on {_host(one)} joined as rank {one.rank}: its "
                     f"init_process_group(rank=...) is not the RANK the plan gave it; {DOCS}", at)
+    return None
+
+
+def _wrong_size(wrong: Sequence[Joined], ordered: Sequence[Joined], world_size: int,
+                hint: str, at: float) -> Diagnosis:
+    """Every process that formed a world of another size than the plan's, the first named with
+    the world it formed (after the plan's, when it re-initialised), the others by rank."""
+    first = wrong[0]
+    who = _who(first, ordered)
+    others = sorted({_who(one, ordered) for one in wrong} - {who})
+    before = _earlier(first, ordered)
+    if before is not None:
+        formed = (f"joined the plan's world of {world_size} as rank {before.rank}, then "
+                  f"re-initialised a world of {first.world_size} as rank {first.rank}")
+    else:
+        formed = f"joined a world of {first.world_size}"
+    sizes = sorted({one.world_size or 0 for one in wrong if _who(one, ordered) != who})
+    worlds = "a world" if len(others) == 1 and len(sizes) == 1 else "worlds"
+    also = (f" ({ranks_word(others)} {format_ranks(others)} formed {worlds} of "
+            f"{', '.join(map(str, sizes))} too)" if others else "")
+    return Diagnosis(
+        KIND, (who, *others), tuple(sorted({_host(one) for one in wrong})),
+        f"rank {who} on {_host(first)} {formed}, the plan has {world_size}{also}: {hint}", at)
+
+
+def _who(one: Joined, ordered: Sequence[Joined]) -> int:
+    """The plan's rank of a process: RANK where it has one (a rank's own workers inherit it),
+    else the rank it first joined as."""
+    if one.env_rank is not None:
+        return one.env_rank
+    before = _earlier(one, ordered)
+    return (before.rank if before is not None else one.rank) or 0
+
+
+def _earlier(one: Joined, ordered: Sequence[Joined]) -> Joined | None:
+    """The same process's earlier join of a world of another size (before a re-init)."""
+    for other in ordered:
+        if other is one:
+            return None
+        if (other.host, other.pid) == (one.host, one.pid) and other.world_size != one.world_size:
+            return other
     return None
 
 

@@ -21,12 +21,11 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
   the log, the store (``status``' diagnosis) and ``diag/diagnosis.json``; with ``on_stall: kill``
   every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts);
 - a process formed a process group that is not the plan's world (the world check,
-  :mod:`orchestrate.diagnosis.world`, in the same thread): named like a stall, as a diagnosis of
-  kind ``wrong_world``; with ``on_wrong_world: kill`` (the default) every rank is stopped
-  (FAILED): a job that trained separate worlds never ends COMPLETED.
+  :mod:`orchestrate.diagnosis.world`, in the same thread, and once more at the end): named as
+  a ``wrong_world`` diagnosis; ``on_wrong_world: kill`` (the default) stops the job, FAILED.
 
-Ranks the job stops itself are recorded as STOPPED, with their exit, never as FAILED: only the
-first failure failed. Local and SSH jobs share this loop; only the handles differ.
+Ranks the job stops itself are STOPPED, never FAILED; the workers of ``per_node``/``torchrun``
+follow their node's process (:mod:`.workerranks`). Local and SSH jobs share this loop.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from orchestrate.diagnosis.hangwatch import Evidence
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import append_note
+from orchestrate.run import workerranks
 from orchestrate.run.attemptmetrics import record_first_step, resumed_from
 from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
@@ -57,9 +57,8 @@ from orchestrate.run.store import Store
 from orchestrate.run.watcher import watch_attempt
 
 POLL_S = 0.05
-#: A rank that exited 0 while others still run this long later is reported: in DDP the others
-#: are probably waiting for it in a collective. Reported, not killed: rank 0 may legitimately
-#: finish alone (a final evaluation or save), and others after it (testing knob: run/knobs.py).
+#: A rank that exited 0 while others still run this long later is reported (DDP peers wait for
+#: it?), not killed: rank 0 may finish alone, a final save (testing knob: run/knobs.py).
 EARLY_EXIT_NOTICE_S = seconds("ORCHESTRATE_EARLY_EXIT_NOTICE_S", 10.0)
 #: Past the process-group timeout, how long ranks may outlive a finished rank 0.
 LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
@@ -155,6 +154,7 @@ class _Run:
         self.noticed_early = False
         self.per_node = plan.per_node
         self.logged_as: dict[int, int] = {}  # a failed worker's rank -> its launcher's handle
+        self.nodes = workerranks.node_ranks(plan, [h.rank for h in handles])
 
     def _end_of(self, end: RankEnd) -> RankEnd:
         """A handle's end; under a launcher that starts workers, the end of the worker that its
@@ -184,6 +184,8 @@ class _Run:
                 STOPPED if stopped_by_us else "FAILED")
             self.store.update_rank(self.job_id, rank, state=ended_as, exit_code=result.code,
                                    signal=result.signal, finished_at=now)
+            workerranks.ended(self.store, self.job_id, self.nodes.get(rank, ()), ended[-1],
+                              ended_as, now)
             if result.ok and self.first_done is None:
                 self.first_done = (rank, handle.node, time.monotonic())
             if rank == 0 and result.ok:
@@ -328,6 +330,7 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
         for handle, pid in pids:
             store.update_rank(job_id, handle.rank, pid=pid, state="RUNNING",
                               started_at=time.time())
+        workerranks.started(store, job_id, run.nodes, time.time())
         store.update(job_id, state="RUNNING", started_at=time.time())
         if watcher is not None:
             watcher.alive = frozenset(run.running)
@@ -345,6 +348,8 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
                 first_step_seen = record_first_step(store, job_id, metrics)
             sink.flush()
             time.sleep(POLL_S)
+        if watcher is not None and (found := watcher.last_look()) is not None:
+            _stalled(run, plan, found)  # a world formed and gone between two looks
     finally:
         if watcher is not None:
             watcher.stop()

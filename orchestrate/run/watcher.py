@@ -59,6 +59,20 @@ class Watcher:
     def stop(self) -> None:
         self.stopped.set()
 
+    def last_look(self) -> Diagnosis | None:
+        """Once the ranks have ended: a wrong world the thread found and the loop did not take
+        yet, or one the records show now (a world that lived under a look's interval, or was
+        re-initialised just before the end): such a job must not end COMPLETED."""
+        self.stop()
+        found = self.take()
+        if found is not None and found.kind == "wrong_world":
+            return found
+        try:
+            return self.watch.world_check()
+        except Exception as exc:  # the watch must never take the job down
+            self.sink.note(f"world check: cannot read the ranks' records ({exc})")
+            return None
+
 
 def watch_attempt(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: LogSink
                   ) -> Watcher | None:

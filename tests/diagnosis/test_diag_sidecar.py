@@ -64,7 +64,8 @@ def test_the_sidecar_folder_carries_the_same_modules_privately() -> None:
     names = {m: f"_orchestrate_rank/{m.__name__.rsplit('.', 1)[1]}.py"
              for m in rankpackage.SIDECAR.modules}
     assert sorted(files) == sorted(
-        ["sitecustomize.py", "_orchestrate_rank/__init__.py", *names.values()])
+        ["sitecustomize.py", "_orchestrate_rank/__init__.py", "orchestrate_steps.py",
+         *names.values()])
     assert len(files["sitecustomize.py"].splitlines()) <= 12
     for module, name in names.items():
         copy = files[name]

@@ -55,3 +55,23 @@ def test_a_rank_that_joins_as_another_rank_is_named_under_ranks_only() -> None:
     assert found.summary.startswith("rank 1 on h1 joined as rank 0: its "
                                     "init_process_group(rank=...) is not the RANK"), found.summary
     assert wrong_world(swapped, 2, "torchrun", 1.0) is None
+
+
+def test_a_rank_that_re_initialises_a_world_of_its_own_is_named_with_both_worlds() -> None:
+    """Join the plan's world, destroy it, init again alone: the process's second record."""
+    joined = [_j(0, 2, "h1", 1, 0, t=1.0), _j(1, 2, "h1", 2, 1, t=1.0),
+              _j(0, 1, "h1", 2, 1, t=2.0)]
+    found = wrong_world(joined, 2, "ranks", 3.0)
+    assert found is not None and found.ranks == (1,) and found.nodes == ("h1",)
+    assert found.summary.startswith(
+        "rank 1 on h1 joined the plan's world of 2 as rank 1, then re-initialised a world of 1 "
+        "as rank 0, the plan has 2: "), found.summary
+
+
+def test_every_rank_that_formed_a_world_of_its_own_is_named() -> None:
+    """Both ranks each formed a world of 1 (and it may have lived under a second)."""
+    joined = [_j(0, 1, "h1", 1, 0, t=1.0), _j(0, 1, "h2", 2, 1, t=1.5)]
+    found = wrong_world(joined, 2, "ranks", 3.0)
+    assert found is not None and found.ranks == (0, 1) and found.nodes == ("h1", "h2")
+    assert found.summary.startswith("rank 0 on h1 joined a world of 1, the plan has 2 (rank 1 "
+                                    "formed a world of 1 too): "), found.summary

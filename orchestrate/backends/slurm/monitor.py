@@ -39,7 +39,8 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with ``on_stall:
     kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
     JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide`` ends the run as
-    a stall. SIGTERM ends the watch.
+    a stall. SIGTERM (the step ended) ends the watch after one last world check: a wrong
+    world found then is written to STALLED too, so the run never ends COMPLETED.
 
 
 ``decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
@@ -360,7 +361,27 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
                       f"(distributed.{knob}: kill)")
         _cancel_step()
         return 0
+    _last_look(hang, stalled, merged, settings)
     return 0
+
+
+def _last_look(hang: HangWatch, stalled: str, merged: str, settings: dict[str, Any]) -> None:
+    """The step has ended: one more world check, so that ranks whose worlds came and went
+    between two looks (or that re-initialised one just before the end) never end COMPLETED."""
+    try:
+        found = hang.world_check()
+    except Exception as exc:
+        _note(merged, f"world check: {type(exc).__name__}: {exc}")
+        return
+    if found is None:
+        return
+    if settings.get("on_wrong_world", "kill") != "kill":
+        _note(merged, f"wrong world: {found.summary} (distributed.on_wrong_world: report: the "
+                      "job goes on)")
+        return
+    _write(stalled, json.dumps(found.to_json()))
+    _note(merged, f"wrong world: {found.summary}; the job fails (distributed.on_wrong_world: "
+                  "kill)")
 
 
 def _cancel_step() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ from orchestrate.backends.slurm.record import (
     rank_hosts,
 )
 from orchestrate.core.layout import METRICS, slurm_exit_dir
-from orchestrate.core.plan.outcome import Failure
+from orchestrate.core.plan.outcome import Failure, RankEnd
+from orchestrate.core.plan.plan import Plan
 from orchestrate.diagnosis.evidence import read_diagnosis
 from orchestrate.run.jobrecord import (
     STOPPED,
@@ -200,7 +201,7 @@ def _update_ranks(job: JobRecord, store: Store, runs: list[BatchRun], view: JobV
     run_dir = Path(job.run_dir)
     last = runs[-1]
     hosts = rank_hosts(run_dir, last.restart)
-    exits = rank_exits(run_dir, last.restart)
+    exits = with_workers(job.plan, rank_exits(run_dir, last.restart))
     for record in job.ranks:
         fields: RankFields = {}
         if record.rank < len(hosts):
@@ -220,6 +221,21 @@ def _update_ranks(job: JobRecord, store: Store, runs: list[BatchRun], view: JobV
             fields["state"] = STOPPED if last.start else "PENDING"
         if fields:
             store.update_rank(job.id, record.rank, **fields)
+
+
+def with_workers(plan: Plan, exits: dict[int, RankEnd]) -> dict[int, RankEnd]:
+    """``exits`` with, under ``per_node`` and ``torchrun``, every worker rank ending as its
+    node's one process did (only that process, recorded as the node's first rank, writes an
+    exit): a COMPLETED job's workers are COMPLETED, not STOPPED."""
+    if not plan.per_node:
+        return exits
+    out = dict(exits)
+    for node in plan.nodes:
+        ended = exits.get(node.first_rank)
+        if ended is not None:
+            for rank in range(node.first_rank + 1, node.first_rank + node.nproc):
+                out.setdefault(rank, replace(ended, rank=rank))
+    return out
 
 
 def _first_step(run_dir: Path) -> float | None:

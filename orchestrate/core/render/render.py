@@ -148,7 +148,11 @@ def node_scripts(plan: Plan, templates_dir: Path | None = None) -> dict[str, str
 def node_start(node: NodePlan) -> dict[str, str | None]:
     """How a node's script finds its command: the node's Python environment's folder, looked
     in first (None when the inventory names no interpreter path), and what it says when the
-    command is in neither that folder nor PATH."""
+    command is in neither that folder nor PATH. The script also exports ``SHLVL=2`` before it
+    execs the command, so that a ``bash -c`` command (at level 2: exec lowers SHLVL by one, the
+    new bash raises it by one) never reads ``~/.bashrc`` (bash does below level 2 when
+    SSH_CLIENT is set or stdin is a socket, as under an SSH agent), which could put another
+    python before this folder."""
     return {"bin": environment_bin(node.python),
             "missing": not_found(node.command[0], node.python)}
 

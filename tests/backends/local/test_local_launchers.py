@@ -73,6 +73,7 @@ def test_the_field_notes_spawn_program_joins_the_plans_world_per_node(cli: Cli) 
     joined = {j["rank"]: j for j in _joined(status)}
     assert sorted(joined) == [0, 1] and {j["world_size"] for j in joined.values()} == {2}
     assert {j["pid"] for j in joined.values()} == {w["pid"] for w in worlds.values()}
+    assert {r["state"] for r in status["ranks"]} == {"COMPLETED"}, status["ranks"]
 
 
 @pytest.mark.timeout(150)
@@ -87,6 +88,9 @@ def test_an_unchanged_torchrun_script_runs_under_launcher_torchrun(cli: Cli) -> 
     assert {w["world_size"] for w in worlds.values()} == {2}
     assert [w["env_rank"] for _, w in sorted(worlds.items())] == ["0", "1"]
     assert len({w["weights"] for w in worlds.values()}) == 1
+    # torchrun's workers are ranks of the job: their states follow the node's (issue #33).
+    assert [(r["rank"], r["state"]) for r in status["ranks"]] == [
+        (0, "COMPLETED"), (1, "COMPLETED")], status["ranks"]
 
 
 @pytest.mark.timeout(150)
@@ -146,6 +150,8 @@ def test_a_killed_spawn_worker_fails_the_job_naming_it(cli: Cli) -> None:
     assert status["state"] == "FAILED", status
     assert status["reason"].startswith("rank 1 on localhost failed with signal 9"), status
     assert not any(_alive(j["pid"]) for j in joined.values())
+    states = {r["rank"]: (r["state"], r["signal"]) for r in status["ranks"]}
+    assert states == {0: ("STOPPED", None), 1: ("FAILED", 9)}, status["ranks"]
 
 
 @pytest.mark.timeout(150)

@@ -56,6 +56,9 @@ def test_workers_started_per_node_join_the_plans_world(ocli: OrchestrateCli, lau
     assert {w["world_size"] for w in worlds.values()} == {4}
     assert worlds[0]["host"] == worlds[1]["host"] != worlds[2]["host"] == worlds[3]["host"]
     assert len({w["weights"] for w in worlds.values()}) == 1
+    # The workers are ranks of the job: they end as their node's process did (issue #33).
+    assert {r["rank"]: r["state"] for r in status["ranks"]} == dict.fromkeys(range(4),
+                                                                             "COMPLETED")
 
 
 def test_the_notes_program_unchanged_in_a_ranks_job_is_stopped(ocli: OrchestrateCli) -> None:

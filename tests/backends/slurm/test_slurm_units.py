@@ -24,9 +24,12 @@ from orchestrate.backends.slurm.ctl import (
     parse_show_job,
 )
 from orchestrate.backends.slurm.script import monitor_program
+from orchestrate.backends.slurm.view import with_workers
 from orchestrate.core.errors import UserError
+from orchestrate.core.plan.outcome import Exit, RankEnd
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.run.prepare import prepare
+from tests.support import plans
 from tests.support.output import merged_text
 
 pytestmark = pytest.mark.unit
@@ -342,3 +345,19 @@ def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_pa
     _record(tmp_path / "exits", 1, 137, 999_999, "n2")
     assert _decide(tmp_path) == ("FAILED", 137)
     assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in merged_text(tmp_path)
+
+
+def test_the_workers_of_a_torchrun_job_end_as_their_nodes_process() -> None:
+    """Only a node's one process writes an exit (under its node's first rank); its workers
+    follow it, so a COMPLETED torchrun job's ranks are all COMPLETED (issue #33)."""
+    inv = plans.inventory(plans.gpu_node("n1", 2), plans.gpu_node("n2", 2))
+    spec = plans.job(backend="slurm", launcher="torchrun",
+                     resources={"nodes": 2, "gpus_per_node": 2})
+    plan = plans.plan(spec, inv)
+    ok, killed = Exit(code=0), Exit(code=1)
+    exits = {0: RankEnd(0, "n1", ok, 5.0), 2: RankEnd(2, "n2", killed, 6.0)}
+    ended = with_workers(plan, exits)
+    assert {r: (e.node, e.exit.code, e.at) for r, e in ended.items()} == {
+        0: ("n1", 0, 5.0), 1: ("n1", 0, 5.0), 2: ("n2", 1, 6.0), 3: ("n2", 1, 6.0)}
+    ranks = plans.job(backend="slurm", resources={"nodes": 2, "gpus_per_node": 2})
+    assert with_workers(plans.plan(ranks, inv), exits) == exits  # every rank writes its own

@@ -1,5 +1,6 @@
 """Programs that start their own workers, on the SSH test hosts (issue #21), and commands found
-in the inventory's Python environment.
+in the inventory's Python environment (a ``bash -c`` command too, whatever ``~/.bashrc`` puts on
+PATH: issue #33).
 
 Two hosts (h1, h2), one process per host: the field notes' ``mp.spawn`` program under
 ``launcher: per_node`` (2 workers per host), an unchanged torchrun script under ``launcher:
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,8 @@ import pytest
 
 from tests.support.output import merged_text
 from tests.support.sshcli import SshCli
+from tests.support.sshhosts import SshHosts
+from tests.support.unixusers import SSH_DEPENDENCIES, User, unix_users
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -187,3 +193,65 @@ def test_cancel_leaves_no_worker_on_any_host(ssh_cli: SshCli) -> None:
     while tagged_by_namespace(ssh_cli.hosts, job) and time.monotonic() < deadline:
         time.sleep(0.3)
     assert tagged_by_namespace(ssh_cli.hosts, job) == {}
+
+
+def _owned(user: User, path: Path, text: str, mode: int) -> None:
+    path.write_text(text)
+    path.chmod(mode)
+    os.chown(path, user.uid, user.uid)
+
+
+@pytest.mark.timeout(240)
+def test_bash_c_over_ssh_sees_the_inventorys_python_whatever_bashrc_says(
+        ssh_hosts: SshHosts) -> None:
+    """A user whose ~/.bashrc puts a bad python first on PATH: bash reads it for a command that
+    sshd seems to start (SSH_CLIENT set, stdin a socket, level below 2). The rank's
+    ``bash -c 'python ...'`` still runs the inventory's python on h1."""
+    tag = uuid.uuid4().hex[:5]
+    folder = Path(f"/var/tmp/orchestrate-bashrc-{tag}")
+    folder.mkdir(mode=0o755)
+    try:
+        with unix_users(folder, [f"rc{tag}"], {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+                        SSH_DEPENDENCIES) as [user]:
+            env_bin = folder / "env" / "bin"
+            env_bin.mkdir(parents=True)
+            wrapper = env_bin / "python"
+            wrapper.write_text(f'#!/bin/sh\nexec {user.python} "$@"\n')
+            wrapper.chmod(0o755)
+            bad = user.home / "bad"
+            bad.mkdir()
+            os.chown(bad, user.uid, user.uid)
+            _owned(user, bad / "python", "#!/bin/sh\necho bad python >&2\nexit 3\n", 0o755)
+            _owned(user, user.home / ".bashrc", f'export PATH="{bad}:$PATH"\n', 0o644)
+            ssh = user.home / ".ssh"
+            ssh.mkdir(mode=0o700)
+            os.chown(ssh, user.uid, user.uid)
+            _owned(user, ssh / "id_ed25519", ssh_hosts.key.read_text(), 0o600)
+            out = user.home / "out"
+            out.mkdir()
+            os.chown(out, user.uid, user.uid)
+            _owned(user, user.home / "inv.yaml", json.dumps({
+                "name": "bashrc-host",
+                "defaults": {"python": str(wrapper), "ssh": {
+                    "identity_file": "~/.ssh/id_ed25519",
+                    "known_hosts_file": str(ssh_hosts.known_hosts)}},
+                "nodes": [{"name": "h1", "address": dict(ssh_hosts.hosts)["h1"], "slots": 1}],
+            }) + "\n", 0o644)
+            _owned(user, user.home / "job.yaml", (
+                f"name: bashc\nbackend: ssh\ninventory: {user.home / 'inv.yaml'}\n"
+                "resources: {nodes: 1, gpus_per_node: 1}\n"
+                f"env: {{OUT: '{out}'}}\n"
+                "command: [bash, -c, 'command -v python > \"$OUT/found.txt\"; python -c pass']\n"),
+                0o644)
+            job = f"bashc-{tag}"
+            user.run("submit", str(user.home / "job.yaml"), "--detach", "--job-id", job,
+                     check=True, timeout=120)
+            deadline = time.monotonic() + 150
+            status = user.status(job)
+            while status["state"] in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+                time.sleep(0.5)
+                status = user.status(job)
+            assert status["state"] == "COMPLETED", status
+            assert (out / "found.txt").read_text().strip() == str(wrapper)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
