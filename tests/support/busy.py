@@ -22,15 +22,16 @@ import sys
 
 import pytest
 
-_BURN = ("import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n"
-         "    for _ in range(1000000):\n        pass\n")
+# The starter's pid is written in, not read by the burner: a starter killed before the burner's
+# interpreter is up would otherwise leave a burner whose "parent" is already init.
+_BURN = "import os\nwhile os.getppid() == {parent}:\n    for _ in range(1000000):\n        pass\n"
 
 
 class Burners:
     """``count`` CPU-bound processes until :meth:`stop`."""
 
     def __init__(self, count: int) -> None:
-        self.procs = [subprocess.Popen([sys.executable, "-c", _BURN], start_new_session=True,
+        self.procs = [subprocess.Popen([sys.executable, "-c", _BURN.format(parent=os.getpid())], start_new_session=True,
                                        stdin=subprocess.DEVNULL) for _ in range(count)]
 
     def stop(self) -> None:
