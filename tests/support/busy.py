@@ -31,7 +31,8 @@ class Burners:
     """``count`` CPU-bound processes until :meth:`stop`."""
 
     def __init__(self, count: int) -> None:
-        self.procs = [subprocess.Popen([sys.executable, "-c", _BURN.format(parent=os.getpid())], start_new_session=True,
+        burn = _BURN.format(parent=os.getpid())
+        self.procs = [subprocess.Popen([sys.executable, "-c", burn], start_new_session=True,
                                        stdin=subprocess.DEVNULL) for _ in range(count)]
 
     def stop(self) -> None:
