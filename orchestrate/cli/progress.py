@@ -34,9 +34,13 @@ def progress(first: str, *, enabled: bool = True) -> Iterator[None]:
     status = Console(file=sys.stderr).status(phase_text(first))
 
     def update(phase: str, host: str | None = None) -> None:
-        status.update(phase_text(phase, host))
+        # Naming the spinner makes rich redraw now: a text alone waits for the next tick
+        # (1/12.5 s), so a phase shorter than that (claiming, on a quiet machine) was never
+        # shown, nor the first one when the next came within a tick.
+        status.update(phase_text(phase, host), spinner="dots")
 
     status.start()
+    update(first)
     try:
         with reporting(update):
             yield

@@ -20,10 +20,19 @@ shipped module is an ordinary import change that mypy and the import system chec
 that each module named there uses the standard library only and runs on Python 3.8+ (ruff
 checks them at that target, and a test compiles every program on 3.8). Importing this module
 costs nothing beyond the standard library.
+
+**One argument holds at most 128 KiB** on Linux (``MAX_ARG_STRLEN``, whatever ``ARG_MAX``
+says), and sshd hands the whole remote command to the login shell as one: the SSH agent's text
+grew to 174 KB and every SSH job failed with "bash: Argument list too long". A program sent on a
+command line goes as :func:`compact` text (zlib, base85: the agent's is 64 KB), which unpacks
+and runs it; ``tests/core/test_core_shipped.py`` checks every program's command line against
+:data:`MAX_ARGUMENT`.
 """
 
 from __future__ import annotations
 
+import base64
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -97,3 +106,17 @@ def program(manifest: Manifest, entry: str) -> str:
     return (f"# A program shipped by orchestrate: the modules {', '.join(names)}.\n"
             f"_SOURCES = {sources}\n_PACKAGES = {tuple(packages)!r}\n"
             + _BOOTSTRAP + "\n" + entry.rstrip() + "\n")
+
+
+#: The longest single command-line argument Linux takes (``MAX_ARG_STRLEN``: 32 pages of 4 KiB).
+MAX_ARGUMENT = 32 * 4096
+
+
+def compact(text: str) -> str:
+    """A short program that unpacks ``text`` (a program's source) and runs it: what goes on a
+    command line (``python -S -c``) when the text itself may outgrow :data:`MAX_ARGUMENT`.
+    Tracebacks still name the shipped modules (each is compiled under its own name)."""
+    packed = base64.b85encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
+    return ("import base64, zlib\n"
+            f"exec(compile(zlib.decompress(base64.b85decode({packed!r})), "
+            "'<orchestrate program>', 'exec'))\n")

@@ -321,7 +321,9 @@ def _imports(job: JobSpec, workdir: Path, source: str, lines: Lines,
     from orchestrate.train import importcheck
 
     elsewhere = traits(job.backend).default_python != "submitter"
-    problems, notes = importcheck.check(job.train, workdir, source, lines, overrides, elsewhere)
+    pythonpath = job.env.get("PYTHONPATH")
+    problems, notes = importcheck.check(job.train, workdir, source, lines, overrides, elsewhere,
+                                        None if pythonpath is None else str(pythonpath))
     if problems:
         raise UserError(problems)
     return notes

@@ -120,14 +120,18 @@ def _scan_all(paths: list[str], search: list[str], answers: dict[str, Any]) -> N
 
 
 def check(train: Any, workdir: Path, source: str, lines: dict[tuple[str, ...], int],
-          overrides: Sequence[str], elsewhere: bool) -> tuple[list[Problem], list[str]]:
+          overrides: Sequence[str], elsewhere: bool, pythonpath: str | None = None
+          ) -> tuple[list[Problem], list[str]]:
     """The problems of ``train``'s code paths (exit 2 before launch) and notes (a module not
-    found here when ``elsewhere``: the ranks run on other machines; a check that timed out)."""
+    found here when ``elsewhere``: the ranks run on other machines; a check that timed out).
+    ``pythonpath``: the job's own ``env: PYTHONPATH``, which the ranks search after the workdir
+    (relative entries from the workdir, where the ranks start)."""
     fields = {f: getattr(train, f) for f in FIELDS
               if not (f == "loss" and getattr(train, f) in BUILTIN_LOSSES)}
     if os.environ.get("ORCHESTRATE_IMPORT_CHECK", "1") == "0" or not workdir.is_dir():
         return [], []  # skipped, or a workdir only the nodes have (a Slurm job's /srv/work)
-    search = [str(workdir), *[p for p in sys.path if p and p != os.getcwd()]]
+    own = [str(workdir / os.path.expanduser(p)) for p in (pythonpath or "").split(os.pathsep) if p]
+    search = [str(workdir), *own, *[p for p in sys.path if p and p != os.getcwd()]]
     answers: dict[str, Any] = {}
     scanner = threading.Thread(target=_scan_all, args=(list(fields.values()), search, answers),
                                daemon=True, name="import check")

@@ -203,3 +203,42 @@ def test_every_shipped_program_compiles_on_python_3_8(name: str, tmp_path: Path)
     done = subprocess.run([python, "-S", "-c", check, str(path), *modules],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.unit
+def test_every_program_sent_on_a_command_line_fits_one_argument() -> None:
+    """Linux takes one argument of at most 128 KiB, and sshd hands the whole remote command to
+    the shell as one: the agent grew to 174 KB when three engineers each added a module, and
+    every SSH job failed with "Argument list too long". The agent's command, the facts
+    gatherer's and the local watchdog's (``python -S -c TEXT``) keep a quarter of the limit
+    free for what comes next."""
+    from orchestrate.backends.detached import WATCHDOG
+    from orchestrate.backends.ssh.channels import agent_command
+    from orchestrate.probe.gathering import facts_argv, shell_command
+
+    limit = shipping.MAX_ARGUMENT * 3 // 4
+    agent = agent_command("/usr/bin/python3", "serve")
+    assert len(agent) < limit, f"the agent's remote command is {len(agent)} bytes"
+    facts = shell_command(facts_argv("/usr/bin/python3", ["h1", "h2"], bound_s=10))
+    assert len(facts) < limit, f"the facts program is {len(facts)} bytes"
+    watchdog = program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
+                       "watch(1, None, 'job', 5.0)")
+    assert len(watchdog) < limit, f"the watchdog is {len(watchdog)} bytes: compact() it"
+
+
+@pytest.mark.process
+def test_a_compacted_program_runs_as_the_whole_text_does(tmp_path: Path) -> None:
+    """The agent sent compacted (``-c``) answers as its whole text does (from a file: on a
+    command line it no longer fits), its ``gpus`` command run under ``-S`` with no orchestrate
+    on the path."""
+    from orchestrate.backends.ssh.channels import agent_source
+
+    whole = tmp_path / "agent.py"
+    whole.write_text(agent_source(), encoding="utf-8")
+    outputs = []
+    for how in ([str(whole)], ["-c", shipping.compact(agent_source())]):
+        done = subprocess.run([sys.executable, "-S", *how, "gpus", ""], cwd="/",
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout.split(" ", 1)[0].lstrip("\x1e"))  # after the mark byte
+    assert outputs[0] == outputs[1] == "orchestrate:gpus"

@@ -48,7 +48,7 @@ from orchestrate.backends.ssh.wire import End, Ended, Exited, Pid, Record
 from orchestrate.core.exits import EXIT_LOST
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.hostside.outputlog import LINE_MAX
-from orchestrate.hostside.shipping import Manifest, program
+from orchestrate.hostside.shipping import Manifest, compact, program
 
 #: A rank whose channel ends without the agent saying how it ended (connection lost, agent
 #: killed) is reported with ssh's own status for that.
@@ -78,9 +78,10 @@ def agent_command(python: str, *args: str) -> str:
     """The remote command line that runs the agent under ``python``.
 
     ``-S`` skips ``site`` (the agent needs only the standard library): a third of the
-    interpreter's start-up, paid once per rank and host.
+    interpreter's start-up, paid once per rank and host. The text goes compacted: whole, it is
+    more than one argument may hold (:func:`orchestrate.hostside.shipping.compact`).
     """
-    words = [python, "-S", "-c", agent_source(), *args]
+    words = [python, "-S", "-c", compact(agent_source()), *args]
     return "exec " + " ".join(shlex.quote(w) for w in words)
 
 

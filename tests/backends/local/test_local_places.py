@@ -28,6 +28,7 @@ import pytest
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.channels import agent_source
 from orchestrate.hostside import safeplace
+from orchestrate.hostside.shipping import compact
 from tests.support.fakesmi import fake_nvidia_smi
 from tests.support.labserver import LAB
 from tests.support.unixusers import User, unix_users
@@ -134,7 +135,7 @@ def _agent(user: User, *requests: dict[str, object]) -> list[tuple[str, dict[str
     env = [f"{k}={v}" for k, v in user.env.items()]
     proc = subprocess.run(
         ["setpriv", f"--reuid={user.uid}", f"--regid={user.uid}", "--init-groups", "--",
-         "env", "-i", *env, user.python, "-S", "-c", agent_source(), "serve"],
+         "env", "-i", *env, user.python, "-S", "-c", compact(agent_source()), "serve"],
         input="".join(json.dumps(r) + "\n" for r in requests), cwd=user.home,
         capture_output=True, text=True, timeout=60)
     replies = []
