@@ -14,7 +14,7 @@ import click
 from orchestrate.backends import get_backend
 from orchestrate.cli import completion
 from orchestrate.cli.tables import console
-from orchestrate.core.errors import EXIT_BUSY, UserError
+from orchestrate.core.errors import EXIT_BUSY, EXIT_USER_ERROR, UserError
 from orchestrate.core.layout import DOCTOR_FILE, rank_log
 from orchestrate.run.store import JobRecord, Store
 
@@ -116,9 +116,15 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
 
 
 def _exit_status(job: JobRecord) -> int:
-    """0 completed, 75 never placed within its wait (try again later), else 1."""
+    """0 completed, 75 never placed within its wait (try again later), 2 when the rank that
+    failed it exited 2 (a mistake in the job a rank found at its start: ``train.model_args``, a
+    batch larger than the data; the same status ``validate`` gives the mistakes it can see),
+    else 1."""
     if job.state == "COMPLETED":
         return 0
+    if job.state == "FAILED" and job.failure is not None and \
+            job.failure.exit.code == EXIT_USER_ERROR and job.failure.exit.signal is None:
+        return EXIT_USER_ERROR
     return EXIT_BUSY if job.state == "DEADLINE" and job.started_at is None else 1
 
 

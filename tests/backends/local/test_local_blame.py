@@ -71,7 +71,8 @@ def test_a_model_args_typo_names_rank_0_whose_rank_exits_2(cli: Cli) -> None:
                    "--job-id", job_id, timeout=170)
     status = _blamed_rank_0(cli, job_id, proc, "hiden")
     assert status["failure"]["exit_code"] == 2, status["failure"]
-    assert proc.returncode == 1, proc.stderr  # the job failed (submit: 0, 1, 75, 130)
+    # a mistake in the job, found by a rank at its start: submit --follow says 2, as validate does
+    assert proc.returncode == 2, proc.stderr
 
 
 @pytest.mark.timeout(180)
@@ -82,6 +83,7 @@ def test_a_global_batch_larger_than_the_training_set_is_named_as_such(cli: Cli) 
                    "--follow", "--job-id", job_id, timeout=170)
     status = _blamed_rank_0(cli, job_id, proc, "fewer than one global batch (128 samples")
     assert status["failure"]["exit_code"] == 2, status["failure"]
+    assert proc.returncode == 2, proc.stderr
     assert "fewer than the 2 ranks" not in "\n".join(status["failure"]["last_lines"])
 
 
