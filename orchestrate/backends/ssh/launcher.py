@@ -235,8 +235,10 @@ class Launcher:
 
     def _reach(self, plan: Plan) -> None:
         """Every node reaches MASTER_ADDR's port (:mod:`.reach`), once per address and port;
-        raises :class:`PreflightFailed` naming each node that cannot."""
-        if (plan.master_addr, plan.master_port) == self._reached:
+        raises :class:`PreflightFailed` naming each node that cannot. Not for the doctor's
+        checkup: its connect tier makes the same check per node pair, bounded, and names the
+        host that cannot reach (refused here it read as a launch failure of master and host)."""
+        if (plan.master_addr, plan.master_port) == self._reached or _is_checkup(plan):
             return
         started = time.monotonic()
         targets = self.targets(plan)
@@ -432,3 +434,8 @@ def _stopper_for(stopper: HostStopper, node: str) -> Callable[[bool], None]:
         stopper.stop(node, force)
 
     return stop
+
+
+def _is_checkup(plan: Plan) -> bool:
+    """Whether the plan runs the doctor's checkup (``python -m orchestrate.doctor.checkup``)."""
+    return "orchestrate.doctor.checkup" in plan.command
