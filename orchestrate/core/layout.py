@@ -126,3 +126,9 @@ def slurm_hostfile(run_dir: Path, restart: int) -> Path:
 def timing_file(run_dir: Path, rank: int) -> Path:
     """The file one rank appends its step-timing windows to."""
     return run_dir / TIMING_DIR / f"rank-{rank}.jsonl"
+
+
+#: Set to "1" in a job's env by a program that checks that every node reaches the master itself
+#: (the doctor's checkup, whose connect tier names the host that cannot): the SSH launcher's
+#: master reach check before launch is left to it.
+OWN_REACH_CHECK = "MASTER_REACH_CHECKED_BY_JOB"  # not ORCHESTRATE_: a job may set it

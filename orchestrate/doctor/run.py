@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import DOCTOR_FILE, rank_log
+from orchestrate.core.layout import DOCTOR_FILE, OWN_REACH_CHECK, rank_log
 from orchestrate.core.spec.backendtraits import traits
 from orchestrate.doctor import findings, grading
 from orchestrate.doctor.checkup import transcript
@@ -139,6 +139,8 @@ def derive(loaded: Loaded, plan: Plan, settings: Settings) -> Loaded:
         "command": ["python", "-m", "orchestrate.doctor.checkup", *checkup_argv(plan, settings)],
         "restart": RestartPolicy(max=0),
         "resources": job.resources.model_copy(update=resources),
+        # its connect tier checks every node's reach of the master, naming the one that cannot
+        "env": {**job.env, OWN_REACH_CHECK: "1"},
     })
     return replace(loaded, job=derived, param_count=None, notes=())
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrate.core.errors import Problem
+from orchestrate.core.layout import OWN_REACH_CHECK
 from orchestrate.core.spec.inventory import Inventory, InventorySpec, Node, resolve_inventory
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.doctor import findings, grading
@@ -229,8 +230,10 @@ def test_the_doctor_job_is_the_job_with_the_checkup_as_its_program(
     # Same nodes, ranks, GPUs/slots, interfaces and environment as the job...
     assert [(n.name, n.nproc, n.env) for n in plan.nodes] == [
         (n.name, n.nproc, n.env) for n in original.nodes]
+    # (plus the mark that its connect tier checks the master's reach itself)
+    assert plan.env[OWN_REACH_CHECK] == "1" and OWN_REACH_CHECK not in original.env
     assert {k: v for k, v in plan.env.items() if "JOB_ID" not in k and "RUN" not in k
-            and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID")} == {
+            and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID", OWN_REACH_CHECK)} == {
         k: v for k, v in original.env.items() if "JOB_ID" not in k and "RUN" not in k
         and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID")}
     # ...running the checkup once, within a time limit every backend enforces.

@@ -43,7 +43,7 @@ from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
 from orchestrate.backends.ssh.wire import Claim, Files, Preflight, Queue, Start, StepAnswer
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import node_script_name
+from orchestrate.core.layout import OWN_REACH_CHECK, node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.spec.inventory import Inventory
@@ -235,9 +235,10 @@ class Launcher:
 
     def _reach(self, plan: Plan) -> None:
         """Every node reaches MASTER_ADDR's port (:mod:`.reach`), once per address and port;
-        raises :class:`PreflightFailed` naming each node that cannot. Not for the doctor's
-        checkup: its connect tier makes the same check per node pair, bounded, and names the
-        host that cannot reach (refused here it read as a launch failure of master and host)."""
+        raises :class:`PreflightFailed` naming each node that cannot. Not for a job that checks
+        it itself (the doctor's checkup: its connect tier makes the same check per node pair,
+        bounded, and names the host that cannot reach; refused here, it read as a launch
+        failure of master and host)."""
         if (plan.master_addr, plan.master_port) == self._reached or _is_checkup(plan):
             return
         started = time.monotonic()
@@ -437,5 +438,5 @@ def _stopper_for(stopper: HostStopper, node: str) -> Callable[[bool], None]:
 
 
 def _is_checkup(plan: Plan) -> bool:
-    """Whether the plan runs the doctor's checkup (``python -m orchestrate.doctor.checkup``)."""
-    return "orchestrate.doctor.checkup" in plan.command
+    """Whether the job checks the master's reach itself (:data:`OWN_REACH_CHECK`)."""
+    return plan.env.get(OWN_REACH_CHECK) == "1"
