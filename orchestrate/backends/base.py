@@ -154,6 +154,22 @@ def unsafe_error(unsafe: safeplace.Unsafe, source: str, host: str = "") -> UserE
                             source=source, field="run_root", got=unsafe.folder, hint=unsafe.fix)
 
 
+def checked_script(prepared: Prepared, run_dir: Path, name: str) -> Path:
+    """A script of the run directory, re-checked right before it is run or read by its path:
+    every folder above the run directory again, the run directory and its sidecar folder the
+    user's own 0700 folders, the script a file of the user's nobody else may write (so what
+    ``bash`` or ``sbatch`` opens by this path is what was checked:
+    :func:`orchestrate.hostside.safeplace.runnable`). Exit 2 naming the folder otherwise."""
+    try:
+        return Path(safeplace.runnable(run_dir, name, (SIDECAR_DIR,)))
+    except safeplace.UnsafePlace as exc:
+        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
+    except OSError as exc:
+        raise UserError.single(f"cannot run {run_dir / name}: {exc.strerror}",
+                               source=str(prepared.path), field="run_root",
+                               hint="the run directory changed after it was written") from None
+
+
 def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:
     return UserError.single(
         f"cannot write the run directory: {exc.strerror}", source=str(prepared.path),

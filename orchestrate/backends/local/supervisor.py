@@ -10,7 +10,7 @@ then starts one ``bash launch-<node>.sh LOCAL_RANK`` per rank (the script ``rend
 ``bash launch-<node>.sh`` for the node under ``launcher: per_node`` or ``torchrun``) and
 runs them to the end with the shared loop of :mod:`orchestrate.run.supervise`. Every attempt
 runs on the same leases. The script is run by its path after the whole path was checked again
-right before (:func:`checked_script`, :mod:`orchestrate.hostside.safeplace`).
+right before (:func:`orchestrate.backends.base.checked_script`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from orchestrate.backends.base import STOP_GRACE_S, unsafe_error
+from orchestrate.backends.base import STOP_GRACE_S, checked_script
 from orchestrate.backends.detached import start_watchdog
 from orchestrate.backends.handshake import Handshake
 from orchestrate.backends.local.backend import LocalBackend
@@ -46,14 +46,14 @@ from orchestrate.backends.sharing import (
 )
 from orchestrate.backends.supervisor import Supervisor
 from orchestrate.core.errors import EXIT_BUSY, UserError
-from orchestrate.core.layout import FOREIGN_GPU_USE, SIDECAR_DIR, node_script_name
+from orchestrate.core.layout import FOREIGN_GPU_USE, node_script_name
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.core.plan.plan import Occupancy, Plan, checkpoint_dir
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
-from orchestrate.hostside import containment, gpuuse, host, leases, safeplace
+from orchestrate.hostside import containment, gpuuse, host, leases
 from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
 
@@ -300,21 +300,6 @@ class LocalSupervisor(Supervisor):
         if self.group is not None:
             self.group.leave()
             self.group.remove()
-
-
-def checked_script(prepared: Prepared, run_dir: Path, name: str) -> Path:
-    """The launch script's path, re-checked right before it runs: every folder above the run
-    directory again, the run directory and its sidecar folder the user's own 0700 folders, the
-    script a file of the user's nobody else may write (so what ``bash`` opens by this path is
-    what was checked: :mod:`orchestrate.hostside.safeplace`)."""
-    try:
-        return Path(safeplace.runnable(run_dir, name, (SIDECAR_DIR,)))
-    except safeplace.UnsafePlace as exc:
-        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
-    except OSError as exc:
-        raise UserError.single(f"cannot run {run_dir / name}: {exc.strerror}",
-                               source=str(prepared.path), field="run_root",
-                               hint="the run directory changed after it was written") from None
 
 
 def survived(pids: list[int]) -> str | None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.backends.base import (
     Backend,
+    checked_script,
     new_record,
     rank_files,
     unsafe_error,
@@ -41,7 +42,7 @@ from orchestrate.backends.slurm.view import (
     view_of,
 )
 from orchestrate.core.errors import UserError
-from orchestrate.core.layout import SBATCH_SCRIPT, SIDECAR_DIR, slurm_secrets
+from orchestrate.core.layout import SBATCH_SCRIPT, slurm_secrets
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.hostside import safeplace
 from orchestrate.run.store import JobRecord, Store
@@ -91,7 +92,7 @@ class SlurmBackend:
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
         _write_secrets(run_dir, secrets, prepared)
-        _check_batch(run_dir, prepared)
+        checked_script(prepared, run_dir, SBATCH_SCRIPT)
         submitted_at = time.time()
         try:
             done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir,
@@ -128,7 +129,7 @@ class SlurmBackend:
         _check_sbatch()
         run_dir = write_run_dir(prepared, self.files(prepared.plan, prepared.templates_dir))
         _write_secrets(run_dir, secrets, prepared)
-        _check_batch(run_dir, prepared)
+        checked_script(prepared, run_dir, SBATCH_SCRIPT)
         runs = read_runs(run_dir)
         base = runs[-1].restart + 1 if runs else job.attempt
         store.reopen(job.id, Attempt(job.attempt + 1, time.time()))
@@ -288,21 +289,6 @@ def _write_secrets(run_dir: Path, values: list[str], prepared: Prepared) -> None
         raise UserError.single(f"cannot write the job's secrets: {exc.strerror}",
                                source=str(prepared.path), field="run_root",
                                got=str(path)) from None
-
-
-def _check_batch(run_dir: Path, prepared: Prepared) -> None:
-    """Right before sbatch reads ``job.sbatch`` by its path: every folder above the run
-    directory checked again, the run directory and its sidecar folder the user's own 0700
-    folders, the script a file of the user's nobody else may write (so sbatch reads what was
-    written: :func:`orchestrate.hostside.safeplace.runnable`)."""
-    try:
-        safeplace.runnable(run_dir, SBATCH_SCRIPT, (SIDECAR_DIR,))
-    except safeplace.UnsafePlace as exc:
-        raise unsafe_error(exc.unsafe, str(prepared.path)) from None
-    except OSError as exc:
-        raise UserError.single(f"cannot read {run_dir / SBATCH_SCRIPT}: {exc.strerror}",
-                               source=str(prepared.path), field="run_root",
-                               hint="the run directory changed after it was written") from None
 
 
 def forget_secrets(run_dir: Path) -> None:
