@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -48,9 +49,9 @@ def _read_json(path: Path) -> Any:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` at once (a reader sees the old file or the new one), creating its
-    folder."""
+    folder. The temporary file is this thread's own: two writers of one would interleave."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     temporary.write_text(text, encoding="utf-8")
     os.replace(temporary, path)
 

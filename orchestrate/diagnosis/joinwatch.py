@@ -114,7 +114,9 @@ def record(run_dir: str, rank: int, world_size: int, heartbeats: bool, n: int = 
                         int(raw_rank) if raw_rank.isdigit() else None, time.time(), heartbeats)
         path = DiagFiles(Path(run_dir)).joined_by(attempt, host, pid, n)
         os.makedirs(str(path.parent), exist_ok=True)
-        temporary = f"{path}.{pid}.tmp"
+        # One name per thread: the wrapper and a just-started sidecar may record the same join
+        # at once, and two writers of one temporary file leave a tail of the longer record.
+        temporary = f"{path}.{pid}.{threading.get_ident()}.tmp"
         with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(joined.to_json()))
         os.replace(temporary, str(path))

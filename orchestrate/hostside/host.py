@@ -155,7 +155,7 @@ def remove_containers(job_id: str) -> int:
         try:
             found = subprocess.run(
                 [exe, "ps", "--all", "--quiet", "--filter", f"label=orchestrate.job={job_id}"],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10).stdout.split()
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60).stdout.split()
             if found:
                 # No stop timeout: the keeper (sleep, the container's PID 1) ignores SIGTERM,
                 # and the ranks inside were stopped above.

@@ -4,9 +4,18 @@ named in one sentence, and a world that is the plan's never is. Pure: records in
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import socket
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
-from orchestrate.diagnosis.diagfiles import Joined
+from orchestrate.diagnosis.diagfiles import DiagFiles, Joined
+from orchestrate.diagnosis.joinwatch import record
 from orchestrate.diagnosis.world import wrong_world
 
 pytestmark = pytest.mark.unit
@@ -75,3 +84,42 @@ def test_every_rank_that_formed_a_world_of_its_own_is_named() -> None:
     assert found is not None and found.ranks == (0, 1) and found.nodes == ("h1", "h2")
     assert found.summary.startswith("rank 0 on h1 joined a world of 1, the plan has 2 (rank 1 "
                                     "formed a world of 1 too): "), found.summary
+
+
+def test_a_join_recorded_by_two_threads_at_once_is_always_one_whole_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A worker under per_node: the init_process_group wrapper and its just-started sidecar record
+    # the same join at once. With one temporary file per process the shorter record landed over
+    # the longer one's tail ('..."heartbeats": true}}') and the world check's reader failed.
+    monkeypatch.setattr(time, "time", lambda: random.choice([1.5, 1796447840.643195, 12.25]))
+    path = DiagFiles(tmp_path).joined_by(1, socket.gethostname(), os.getpid(), 1)
+    bad: list[str] = []
+    done = threading.Event()
+
+    def writer(heartbeats: bool) -> None:
+        for _ in range(400):
+            record(str(tmp_path), 0, 2, heartbeats=heartbeats)
+
+    def reader() -> None:
+        while not done.is_set():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue
+            try:
+                json.loads(text)
+            except ValueError:
+                bad.append(text)
+
+    threads = [threading.Thread(target=writer, args=(flag,)) for flag in (True, False, True)]
+    look = threading.Thread(target=reader)
+    look.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    look.join()
+    assert bad == []
+    assert Joined.from_json(json.loads(path.read_text())) is not None
+    assert list(tmp_path.rglob("*.tmp")) == []
