@@ -7,6 +7,8 @@ The launch scripts put ``RUN_DIR/sidecar`` first on ``PYTHONPATH``; Python runs 
 :func:`run_as_sitecustomize` of the copy of this module in ``_orchestrate_rank/`` beside it
 (:mod:`orchestrate.diagnosis.rankpackage`):
 
+- ``ORCHESTRATE_CPU_BIND`` binds the process to its GPU's NUMA node
+  (:mod:`orchestrate.hostside.cpubind`), whether or not the sidecar runs;
 - ``ORCHESTRATE_TIMEOUT_S`` bounds torch.distributed's default timeout
   (:mod:`orchestrate.hostside.timeouts`), whether or not the sidecar runs;
 - when ``ORCHESTRATE_RUN_DIR`` and ``RANK`` are set and ``ORCHESTRATE_SIDECAR`` is not ``0``,
@@ -36,6 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
+from orchestrate.hostside.cpubind import bind_from
 from orchestrate.hostside.timeouts import bound_from
 
 TYPE_CHECKING = False
@@ -82,6 +85,10 @@ def run_as_sitecustomize(entry: str) -> None:
     """Everything the ``sitecustomize.py`` at ``entry`` does: :func:`activate` (an error of
     ours never stops the program: one line on stderr), then run the ``sitecustomize`` it
     hides."""
+    try:
+        bind_from(os.environ)  # first: a rank's threads start on its GPU's NUMA node
+    except OSError as exc:
+        sys.stderr.write(f"orchestrate: CPUs not bound: {exc}\n")
     try:
         activate(os.environ)
     except Exception as exc:

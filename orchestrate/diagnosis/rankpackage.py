@@ -34,13 +34,15 @@ import orchestrate.diagnosis.sidecar
 import orchestrate.diagnosis.stepreport
 import orchestrate.diagnosis.threadstate
 import orchestrate.diagnosis.workers
+import orchestrate.hostside.cpubind
 import orchestrate.hostside.timeouts
 from orchestrate.hostside.shipping import Manifest, module_source
 
 #: Every rank's sidecar: the modules of ``sidecar/_orchestrate_rank/``, copied as files under
 #: their last names (:func:`folder`), not bundled into one program.
 SIDECAR = Manifest("sidecar", (
-    orchestrate.core.layout, orchestrate.hostside.timeouts, orchestrate.diagnosis.kernelstate,
+    orchestrate.core.layout, orchestrate.hostside.timeouts, orchestrate.hostside.cpubind,
+    orchestrate.diagnosis.kernelstate,
     orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.threadstate,
     orchestrate.diagnosis.workers, orchestrate.diagnosis.flightrecorder,
     orchestrate.diagnosis.joinwatch, orchestrate.diagnosis.activation,

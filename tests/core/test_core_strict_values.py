@@ -30,7 +30,9 @@ TRAIN_JOB = CORE / "jobs" / "train-slurm.yaml"
 JOB = {"name": "j", "command": ["python", "t.py"],
        "train": {"model": "m:f", "dataset": "d:f"}}  # one entrypoint is dropped per field
 INVENTORY = {"name": "inv",
-             "nodes": [{"name": "a", "gpus": [{"model": "A100", "memory_gb": 80, "count": 1}]}]}
+             "nodes": [{"name": "a", "gpus": [{"model": "A100", "memory_gb": 80, "count": 2}],
+                        "numa": [{"node": 0, "cpus": "0-3", "gpus": [0, 1]}],
+                        "gpu_islands": [{"gpus": [0, 1]}]}]}
 
 
 def _leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...],

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.core.errors import UserError
 from orchestrate.core.exits import EXIT_BUSY
+from orchestrate.core.plan.gpuchoice import choose
 from orchestrate.core.plan.memory import (
     MemoryEstimate,
     capacity_bytes,
@@ -72,6 +73,7 @@ class Choice:
     node: Node
     gpus: tuple[Gpu, ...]
     nproc: int
+    why: str = ""  # why these GPUs (NUMA node, switch: core/plan/gpuchoice), for `plan`
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def place(
             notes: tuple[str, ...] = ()
             if len(models) > 1 and model is not None and model != ANY_GPU:
                 notes = (f"picked GPU model {model}; set resources.gpu_model to choose another",)
-            return Placement(tuple(picked), notes)
+            return Placement(tuple(picked), notes + _placement_notes(picked))
         reasons[model or "cpu"] = why
     refusal = _refusal(job, nodes, memory, reasons, source)
     if busy.anything and _fits_when_free(job, inventory, memory, busy, source):
@@ -146,6 +148,15 @@ def place(
             "(`orchestrate list` shows them); the exit status is 75, not 2")
             for p in refusal.problems)
     raise refusal
+
+
+def _placement_notes(picked: list[Choice]) -> tuple[str, ...]:
+    """Why each node got its GPUs (nodes with the same reason share a line)."""
+    by_why: dict[str, list[str]] = {}
+    for choice in picked:
+        if choice.why:
+            by_why.setdefault(choice.why, []).append(choice.node.name)
+    return tuple(f"placement: {hostlist.compress(names)}: {why}" for why, names in by_why.items())
 
 
 def check_spare_node(job: JobSpec, inventory: Inventory, memory: MemoryEstimate | None,
@@ -287,7 +298,8 @@ def _fit(
         extra = f" ({len(held)} held by other jobs)" if held else ""
         reason = f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
         return None, reason + _whom(node.name, held, used, shared, busy, res.share_gpus)
-    return Choice(node, tuple(free[:want]), want), ""
+    picked = choose(node, free, want, res.placement)
+    return Choice(node, picked.gpus, want, picked.why), ""
 
 
 def _sized(job: JobSpec, gpus: list[Gpu], memory: MemoryEstimate | None

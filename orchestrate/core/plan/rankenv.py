@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from orchestrate.core.errors import UserError
 from orchestrate.core.plan.placement import Choice
 from orchestrate.core.spec import frameworks
+from orchestrate.core.spec.backendtraits import traits
+from orchestrate.core.spec.cpulist import cpu_set
 
 if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (the
     # supervisor and `status` read a stored plan; docs/performance.md)
@@ -24,6 +26,10 @@ if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (
 #: at start time (not in the scripts, which stay the same for every attempt): a ``command:``
 #: program that resumes itself reads it.
 ATTEMPT_VAR = "ORCHESTRATE_ATTEMPT"
+
+#: Each local rank's CPUs, ``;``-separated: the rank sidecar binds the rank to them (read by
+#: :mod:`orchestrate.hostside.cpubind`, which names it too: the core may not import it).
+CPU_BIND_VAR = "ORCHESTRATE_CPU_BIND"
 
 
 def heartbeat_s(stall_s: float) -> float:
@@ -137,7 +143,12 @@ def node_env(
         # Every local rank sees all of the job's GPUs on the node and uses cuda:LOCAL_RANK;
         # isolating one GPU per process would block NCCL peer-to-peer over NVLink.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in choice.gpus)
+    binding = cpu_binding(choice) if not traits(job.backend).scheduler_allocates else None
+    if binding is not None:
+        env[CPU_BIND_VAR] = ";".join(binding)
     threads = job.distributed.omp_num_threads
+    if threads is None and binding is not None:
+        threads = bound_threads(binding)
     if threads is None:
         threads = max(1, node.cpus // choice.nproc) if node.cpus else 1
     env["OMP_NUM_THREADS"] = str(threads)
@@ -155,6 +166,27 @@ def node_env(
         if node.gpu_link == "none":
             env["NCCL_P2P_DISABLE"] = "1"
     return env
+
+
+def cpu_binding(choice: Choice) -> list[str] | None:
+    """Each local rank's CPUs (a CPU list), those of its GPU's NUMA node (local rank i drives
+    ``cuda:i``, the i-th GPU of the node's choice), or None when a GPU's NUMA node is unknown.
+    The launch scripts hand it to the rank sidecar, which binds the rank
+    (:mod:`orchestrate.hostside.cpubind`)."""
+    if not choice.gpus or len(choice.gpus) != choice.nproc:
+        return None
+    numas = [choice.node.numa_of(g.index) for g in choice.gpus]
+    cpus = [n.cpus for n in numas if n is not None]
+    return cpus if len(cpus) == len(numas) else None
+
+
+def bound_threads(binding: list[str]) -> int:
+    """OMP_NUM_THREADS for ranks bound so: the CPUs of a NUMA node shared by its ranks (the
+    fewest any rank gets, so no rank's threads outnumber its cores)."""
+    ranks: dict[str, int] = {}
+    for cpus in binding:
+        ranks[cpus] = ranks.get(cpus, 0) + 1
+    return max(1, min(len(cpu_set(cpus)) // n for cpus, n in ranks.items()))
 
 
 def exact(names: str) -> str:

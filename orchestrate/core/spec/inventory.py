@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.spec import hostlist
 from orchestrate.core.spec.container import ContainerRuntime
+from orchestrate.core.spec.cpulist import CPULIST, cpu_set
 from orchestrate.core.spec.loader import Lines, read_yaml, validate
 from orchestrate.core.spec.schema import Bool, Float, Int, MaybeFloat, MaybeInt, Spec, single_line
 
@@ -76,6 +77,32 @@ class GpuGroup(Spec):
             if len(set(self.indices)) != len(self.indices):
                 raise ValueError("an index appears twice")
         return self
+
+
+class NumaSpec(Spec):
+    """One NUMA node of a machine: its CPUs and the GPUs (CUDA indices) attached to it."""
+
+    node: Int = Field(ge=0)
+    cpus: str = Field(min_length=1, description="a CPU list, e.g. '0-55,112-167'")
+    gpus: list[Int] = Field(default_factory=list)
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpulist(cls, value: str) -> str:
+        value = value.strip()
+        if not CPULIST.match(value):
+            raise ValueError("a CPU list such as '0-55,112-167'")
+        if len(cpu_set(value)) > MAX_SLOTS * 16:
+            raise ValueError("more CPUs than a machine has")
+        return value
+
+
+class IslandSpec(Spec):
+    """GPUs that reach each other without crossing the CPU: under one PCIe switch (``PIX`` or
+    ``PXB`` in ``nvidia-smi topo -m``) or joined by NVLink (``NV#``)."""
+
+    gpus: list[Int] = Field(min_length=2)
+    via: Literal["nvlink", "pcie-switch"] = "pcie-switch"
 
 
 class NetworkSpec(Spec):
@@ -163,6 +190,11 @@ class NodeSpec(Spec):
         default=None, gt=0, description="the node's RAM: the planner checks that the ranks can "
         "load the model (and CPU ranks train it) in it")
     lease_dir: str | None = Field(default=None, description=LEASE_DIR_HELP)
+    numa: list[NumaSpec] | None = Field(
+        default=None, description="NUMA nodes with their CPUs and GPUs (inventory probe "
+        "records them): the planner keeps a job's GPUs on one and binds ranks' CPUs to it")
+    gpu_islands: list[IslandSpec] | None = Field(
+        default=None, description="GPUs under one PCIe switch or joined by NVLink")
 
     @field_validator("lease_dir")
     @classmethod
@@ -215,6 +247,23 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Numa:
+    """A NUMA node of a machine: its number, its CPUs (a CPU list) and its GPUs."""
+
+    node: int
+    cpus: str
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Island:
+    """GPUs that talk without crossing the CPU: one PCIe switch, or NVLink."""
+
+    gpus: tuple[int, ...]
+    via: str = "pcie-switch"
+
+
+@dataclass(frozen=True)
 class Node:
     """A node with defaults applied and its hostlist expanded."""
 
@@ -232,6 +281,12 @@ class Node:
     containers: tuple[str, ...] | None = None  # container runtimes there; None: unknown
     host_memory_gb: float | None = None
     lease_dir: str | None = None  # the host's shared lease book (None: its default)
+    numa: tuple[Numa, ...] = ()  # NUMA nodes (empty: unknown)
+    islands: tuple[Island, ...] = ()  # GPUs under one PCIe switch or NVLink
+
+    def numa_of(self, gpu: int) -> Numa | None:
+        """The NUMA node GPU ``gpu`` (CUDA index) is attached to, if known."""
+        return next((n for n in self.numa if gpu in n.gpus), None)
 
     @property
     def is_gpu(self) -> bool:
@@ -302,6 +357,8 @@ def resolve_inventory(
         gpus = _gpus(ns)
         problems.extend(_entry_problems(i, ns, len(names), gpus, source, lines))
         ssh = _merge_ssh(d.ssh, ns.ssh)  # once per entry: a hostlist may name thousands
+        numa = tuple(Numa(n.node, n.cpus, tuple(n.gpus)) for n in ns.numa or ())
+        islands = tuple(Island(tuple(i.gpus), i.via) for i in ns.gpu_islands or ())
         slurm = ns.slurm or d.slurm or SlurmNodeSpec()
         for name in names:
             if name in seen:
@@ -330,6 +387,8 @@ def resolve_inventory(
                     containers=_containers(ns.containers, d.containers),
                     host_memory_gb=ns.host_memory_gb or d.host_memory_gb,
                     lease_dir=ns.lease_dir or d.lease_dir,
+                    numa=numa,
+                    islands=islands,
                 )
             )
     if problems:
@@ -353,6 +412,7 @@ def _entry_problems(i: int, ns: NodeSpec, count: int, gpus: tuple[Gpu, ...], sou
                 hint="drop 'address' (each name is its own address) or list nodes singly",
             )
         )
+    problems.extend(_topology_problems(i, ns, gpus, source, lines))
     indices = [g.index for g in gpus]
     if len(set(indices)) != len(indices):
         problems.append(
@@ -364,6 +424,28 @@ def _entry_problems(i: int, ns: NodeSpec, count: int, gpus: tuple[Gpu, ...], sou
                 got=str(sorted(indices)),
             )
         )
+    return problems
+
+
+def _topology_problems(i: int, ns: NodeSpec, gpus: tuple[Gpu, ...], source: str,
+                       lines: Lines) -> list[Problem]:
+    """A NUMA node or island naming a GPU the node lacks, a GPU on two NUMA nodes."""
+    known = {g.index for g in gpus}
+    problems = []
+    for key, groups in (("numa", [n.gpus for n in ns.numa or ()]),
+                        ("gpu_islands", [g.gpus for g in ns.gpu_islands or ()])):
+        for j, group in enumerate(groups):
+            unknown = sorted(set(group) - known)
+            if unknown:
+                problems.append(Problem(
+                    f"GPU {', '.join(map(str, unknown))} is not one of the node's GPUs",
+                    source=source, field=f"nodes.{i}.{key}.{j}.gpus",
+                    line=lines.get(("nodes", str(i), key, str(j), "gpus")), got=str(group)))
+    listed = [g for n in ns.numa or () for g in n.gpus]
+    if len(set(listed)) != len(listed):
+        problems.append(Problem(
+            "a GPU is on two NUMA nodes", source=source, field=f"nodes.{i}.numa",
+            line=lines.get(("nodes", str(i), "numa")), got=str(sorted(listed))))
     return problems
 
 

@@ -100,6 +100,10 @@ def plain_text(value: str) -> str:
     return value
 
 
+#: ``resources.placement``: how the planner picks among a node's free GPUs (core/plan/gpuchoice).
+Placement = Literal["pack", "spread", "any"]
+
+
 class Resources(Spec):
     """How much of the inventory the job takes."""
 
@@ -122,6 +126,9 @@ class Resources(Spec):
         description="local and SSH: may use GPUs that processes outside orchestrate use, "
         "counting their free memory (default: such GPUs are busy)",
     )
+    placement: Placement = Field(
+        default="pack", description="which free GPUs of a node: pack (one NUMA node, then one "
+        "PCIe switch or NVLink island), spread (across NUMA nodes), any (the first free)")
     wait: Annotated[bool | str, Field(
         description="local and SSH: when what the job needs is held by others, wait for it "
         "(PENDING, first come first served) instead of exiting 75: true, or for at most a "
