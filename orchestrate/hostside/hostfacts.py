@@ -30,6 +30,7 @@ mismatch) is reported with its message, and the other facts still come back.
                     "rate", "link_layer"}]}]}
     routes         {peer: {"interface", "ip"} | {"error"}} for every peer asked about
     cpus           {"count": os.cpu_count(), "usable": CPUs this process may run on}
+    numa           {node number: its CPU list} from /sys/devices/system/node ({}: none there)
     memory_kib     MemTotal from /proc/meminfo, or None
     python         {"executable", "version"}
     torch          None (not asked) | {"version", "cuda", "nccl", "imported"} | {"error"}
@@ -366,6 +367,27 @@ def usable_cpus() -> int | None:
         return os.cpu_count()
 
 
+def numa_nodes() -> dict[str, str]:
+    """Each NUMA node's CPU list (``/sys/devices/system/node/nodeN/cpulist``), by node number;
+    {} where sysfs has no such folder."""
+    root = os.path.join(sysfs_root(), "devices", "system", "node")
+    found: dict[str, str] = {}
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return found
+    for name in names:
+        if name.startswith("node") and name[4:].isdigit():
+            try:
+                with open(os.path.join(root, name, "cpulist")) as handle:
+                    cpus = handle.read().strip()
+            except OSError:
+                continue
+            if cpus:
+                found[name[4:]] = cpus
+    return found
+
+
 def start_torch(python: str, load: bool) -> subprocess.Popen[bytes] | None:
     try:
         return subprocess.Popen(
@@ -415,6 +437,7 @@ def gather(peers: tuple[str, ...] | list[str] = (), torch: bool = True,
     facts["net"] = {"interfaces": interfaces(), "infiniband": infiniband()}
     facts["routes"] = {peer: route(peer) for peer in peers}
     facts["cpus"] = {"count": os.cpu_count(), "usable": usable_cpus()}
+    facts["numa"] = numa_nodes()
     facts["memory_kib"] = meminfo_kib()
     facts["python"] = {"executable": python, "version": sys.version.split()[0]}
     facts["shm_bytes"] = shm_bytes()

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from orchestrate.core.spec.inventory import GpuLink, NetworkSpec
 from orchestrate.hostside import smi
 from orchestrate.probe.network import HcaPort, NicFact, choose_network, hcas_of, nics_of
+from orchestrate.probe.topology import IslandFact, NumaFact, islands, numa_facts
 
 GpuStatus = Literal["ok", "missing", "failed"]
 
@@ -161,6 +162,8 @@ class ProbedHost:
     memlock: Any = None
     problems: tuple[str, ...] = field(default_factory=tuple)
     containers: tuple[str, ...] | None = None  # container runtimes found (None: not asked)
+    numa: tuple[NumaFact, ...] = ()  # NUMA nodes with CPUs and GPUs (fewer than two: none)
+    islands: tuple[IslandFact, ...] = ()  # GPUs under one PCIe switch or joined by NVLink
 
     @property
     def driver(self) -> str | None:
@@ -329,6 +332,7 @@ def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
     if status == "failed":
         problems.append(f"nvidia-smi failed: {error}")
     link = gpu_link(gpus, asked.get("topo"))
+    numa, joined = _placement_facts(gpus, asked.get("topo"), _get(raw, "numa") or {})
     if gpus and asked.get("topo_error"):
         problems.append(f"nvidia-smi topo -m failed: {asked.get('topo_error')}")
     raw_hcas = _get(raw, "net", "infiniband") or []
@@ -371,4 +375,17 @@ def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
         problems=tuple(problems),
         containers=None if raw.get("containers") is None
         else tuple(str(c) for c in raw["containers"]),
+        numa=numa,
+        islands=joined,
     )
+
+
+def _placement_facts(gpus: tuple[GpuFact, ...], topo: str | None, sysfs: Mapping[str, str]
+                     ) -> tuple[tuple[NumaFact, ...], tuple[IslandFact, ...]]:
+    """The GPUs' NUMA nodes and islands (:mod:`orchestrate.probe.topology`); none on a CPU
+    node (its ranks have no GPU to sit beside)."""
+    if not gpus:
+        return (), ()
+    cuda_of = {g.smi_index: g.cuda_index for g in gpus if g.smi_index is not None}
+    return (numa_facts(cuda_of, topo, sysfs),
+            islands(cuda_of, parse_topo_matrix(topo)) if topo else ())

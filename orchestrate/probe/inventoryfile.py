@@ -42,9 +42,12 @@ from orchestrate.probe.provenance import (
 )
 
 #: The fields probing owns; everything else in an entry is the user's.
-PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "network", "containers")
-_ORDER = ("name", "address", "ssh", "python", "cpus", "gpus", "slots", "gpu_link", "network",
-          "containers", "slurm")
+PROBED_FIELDS = ("cpus", "gpus", "slots", "gpu_link", "numa", "gpu_islands", "network",
+                 "containers")
+_ORDER = ("name", "address", "ssh", "python", "cpus", "gpus", "slots", "gpu_link", "numa",
+          "gpu_islands", "network", "containers", "slurm")
+#: Fields written as a block list, one item a line (``gpus:`` then ``- {model: ...}``).
+_BLOCK_LISTS = ("gpus", "numa", "gpu_islands")
 
 HEADER = (
     "# Written by `orchestrate inventory probe`. GPU indices are CUDA indices in PCI bus order\n"
@@ -84,6 +87,11 @@ def probed_fields(facts: ProbedHost) -> dict[str, Any]:
             for (model, memory), indices in groups.items()
         ]
         entry["gpu_link"] = facts.link.link
+        if facts.numa:
+            entry["numa"] = [{"node": n.node, "cpus": n.cpus, "gpus": list(n.gpus)}
+                             for n in facts.numa]
+        if facts.islands:
+            entry["gpu_islands"] = [{"gpus": list(i.gpus), "via": i.via} for i in facts.islands]
     else:
         entry["slots"] = facts.cpus or 1
     if facts.network is not None:
@@ -163,7 +171,7 @@ def entry_lines(entry: Mapping[str, Any], indent: int = 2) -> list[str]:
     out = []
     for i, (key, value) in enumerate(entry.items()):
         lead = f"{pad}- " if i == 0 else f"{pad}  "
-        if key == "gpus" and isinstance(value, list) and value:
+        if key in _BLOCK_LISTS and isinstance(value, list) and value:
             out.append(f"{lead}{key}:")
             out.extend(f"{pad}    - {flow(group)}" for group in value)
         else:
@@ -211,6 +219,10 @@ def _same_network(a: Any, b: Any) -> bool:
         return False
 
 
+#: The fields a probe replaces in an entry that has them.
+_MERGED = ("cpus", "gpu_link", "numa", "gpu_islands", "network", "gpus", "containers")
+
+
 def apply_probed(old: Mapping[str, Any], fields: Mapping[str, Any],
                  defaults: Mapping[str, Any]) -> dict[str, Any]:
     """``old`` with the probed ``fields`` in, user fields and key order kept.
@@ -225,13 +237,13 @@ def apply_probed(old: Mapping[str, Any], fields: Mapping[str, Any],
     for key, value in old.items():
         if key == other:
             key, value = kind, fields[kind]  # the node changed kind: same place in the entry
-        elif key in ("cpus", "gpu_link", "network", "gpus", "containers") and key in fields:
+        elif key in _MERGED and key in fields:
             value = fields[key]
         new[key] = value
     if kind == "slots" and "slots" in old and "gpus" not in old:
         new["slots"] = old["slots"]
     implicit = {"gpu_link": "pcie"} if kind == "gpus" else {}
-    for key in ("cpus", kind, "gpu_link", "network", "containers"):
+    for key in ("cpus", kind, "gpu_link", "numa", "gpu_islands", "network", "containers"):
         if key not in fields:
             continue
         inherited = defaults.get(key, implicit.get(key))

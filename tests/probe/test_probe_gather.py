@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.hostside import hostfacts
+from orchestrate.probe.facts import parse_facts
 from orchestrate.probe.gathering import facts_argv
 from tests.support.probemachine import FIXTURES, machine
 from tests.support.python38 import python38 as _python38
@@ -34,6 +35,23 @@ def test_gpus_come_back_as_nvidia_smi_printed_them(tmp_path: Path) -> None:
     assert "NVIDIA RTX A6000, 49140" in lines[3]
     assert smi["topo"] == (FIXTURES / "ambers-a100-a6000" / "topo.txt").read_text()
     assert facts["errors"] == []
+
+
+def test_numa_nodes_come_from_sysfs_and_their_gpus_from_the_topology(tmp_path: Path) -> None:
+    """sysfs lists every NUMA node with its CPUs (a node without GPUs too); the matrix's NUMA
+    Affinity column says which node each GPU hangs off."""
+    with machine(tmp_path, "ambers-a100-a6000") as root:
+        for node, cpus in (("0", "0-55,112-167"), ("1", "56-111,168-223"), ("2", "224-231")):
+            folder = root / "devices" / "system" / "node" / f"node{node}"
+            folder.mkdir(parents=True)
+            (folder / "cpulist").write_text(cpus + "\n")
+        (root / "devices" / "system" / "node" / "online").write_text("0-2\n")
+        facts = hostfacts.gather(torch=False)
+    assert facts["numa"] == {"0": "0-55,112-167", "1": "56-111,168-223", "2": "224-231"}
+    parsed = parse_facts(facts)
+    assert [(n.node, n.cpus, n.gpus) for n in parsed.numa] == [
+        (0, "0-55,112-167", (0, 1, 2, 3)), (1, "56-111,168-223", (4, 5, 6, 7)),
+        (2, "224-231", ())]
 
 
 def test_nics_and_hcas_from_a_fake_sysfs(tmp_path: Path) -> None:

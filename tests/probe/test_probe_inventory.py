@@ -61,7 +61,10 @@ def test_nvlink_pairs_and_roce(tmp_path: Path) -> None:
     check_golden("a100-nvlink-pairs.yaml", normalise(path.read_text()))
     assert "# topology: NV12 pairs 0-1, 2-3, 4-5, 6-7; others NODE/SYS; PCIe Gen4 x16" in \
         path.read_text()
-    assert load_inventory(path).nodes[1].gpu_link == "nvlink"
+    node = load_inventory(path).nodes[1]
+    assert node.gpu_link == "nvlink"
+    assert [(i.gpus, i.via) for i in node.islands] == [
+        ((0, 1), "nvlink"), ((2, 3), "nvlink"), ((4, 5), "nvlink"), ((6, 7), "nvlink")]
 
 
 def test_the_mixed_a100_a6000_server_is_the_readmes_ambers(tmp_path: Path) -> None:
@@ -73,6 +76,9 @@ def test_the_mixed_a100_a6000_server_is_the_readmes_ambers(tmp_path: Path) -> No
     assert [(g.index, g.model, g.memory_gb) for g in node.gpus] == [
         (0, "A100-80GB", 80), (1, "A100-80GB", 80), *[(i, "RTX-A6000", 48) for i in range(2, 8)]]
     assert node.gpu_link == "pcie"
+    # two sockets: GPUs 0-3 on NUMA node 0, 4-7 on node 1 (topo -m's affinity columns)
+    assert [(n.node, n.cpus, n.gpus) for n in node.numa] == [
+        (0, "0-55,112-167", (0, 1, 2, 3)), (1, "56-111,168-223", (4, 5, 6, 7))]
     assert node.network is not None and node.network.model_dump() == {
         "interface": "eno1", "fabric": "ethernet", "gbps": 10, "hca": None}
 
