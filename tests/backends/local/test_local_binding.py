@@ -52,7 +52,10 @@ with open(os.path.join(os.environ["OUT"], f"bound-{os.environ['RANK']}.json"), "
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
                     reason="needs CPUs 0 and 1 to map the two NUMA nodes onto")
 @pytest.mark.timeout(90)
-def test_each_rank_runs_on_the_cpus_of_its_gpus_numa_node(cli: Cli) -> None:
+@pytest.mark.parametrize("launcher", ["ranks", "torchrun"])
+def test_each_rank_runs_on_the_cpus_of_its_gpus_numa_node(cli: Cli, launcher: str) -> None:
+    """``ranks``: the launch script starts each rank; ``torchrun``: one torchrun per node starts
+    the workers (each binds itself at its start, by its LOCAL_RANK)."""
     bin_dir = fake_nvidia_smi(cli.work / "bin", [(i, f"NVIDIA {m}", mib) for i, m, mib in LAB])
     cli.env["PATH"] = f"{bin_dir}:{cli.env['PATH']}"
     cli.write("inv.yaml", INVENTORY)
@@ -61,6 +64,7 @@ def test_each_rank_runs_on_the_cpus_of_its_gpus_numa_node(cli: Cli) -> None:
     job = cli.write("bind.yaml", f"""
         name: bind
         inventory: inv.yaml
+        launcher: {launcher}
         resources: {{gpus_per_node: 2, gpu_model: RTX-A6000, placement: spread}}
         distributed: {{backend: gloo}}
         env: {{OUT: "{cli.work}"}}
