@@ -121,7 +121,9 @@ def test_without_numa_nodes_nothing_changes() -> None:
 
 def test_slurm_leaves_the_gpus_to_slurm_and_binds_nothing() -> None:
     spec = job(backend="slurm", resources={"gpus_per_node": 2, "gpu_model": "RTX-A6000"})
-    assert rankenv.CPU_BIND_VAR not in plan(spec, notes_server()).nodes[0].env
+    p = plan(spec, notes_server())
+    assert rankenv.CPU_BIND_VAR not in p.nodes[0].env
+    assert not [n for n in p.notes if n.startswith("placement:")]  # no claim Slurm may belie
 
 
 ISLANDS = inventory({**gpu_node("n", 8, A6000), "numa": [

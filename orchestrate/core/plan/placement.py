@@ -298,6 +298,8 @@ def _fit(
         extra = f" ({len(held)} held by other jobs)" if held else ""
         reason = f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
         return None, reason + _whom(node.name, held, used, shared, busy, res.share_gpus)
+    if traits(job.backend).scheduler_allocates:  # the scheduler picks a node's GPUs itself
+        return Choice(node, tuple(free[:want]), want), ""
     picked = choose(node, free, want, res.placement)
     return Choice(node, picked.gpus, want, picked.why), ""
 
