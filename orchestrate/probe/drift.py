@@ -65,6 +65,7 @@ def node_drift(node: Node, facts: ProbedHost, prov: Provenance | None = None) ->
     """The differences of one node."""
     out = _gpus(node, facts)
     out += _link(node, facts)
+    out += _numa(node, facts)
     out += _network(node, facts)
     if node.cpus and facts.cpus and node.cpus != facts.cpus:
         out.append(_diff(node, "cpus", f"{facts.cpus} usable CPUs, the inventory says {node.cpus}",
@@ -143,6 +144,30 @@ def _link(node: Node, facts: ProbedHost) -> list[Difference]:
     return [_diff(node, "gpu_link", f"the GPUs are linked by {facts.link.link} "
                   f"({facts.link.detail}), the inventory says {node.gpu_link}",
                   node.gpu_link, facts.link.link)]
+
+
+def _numa(node: Node, facts: ProbedHost) -> list[Difference]:
+    """A GPU on another NUMA node, a NUMA node with other CPUs, or NUMA nodes gone (what the
+    planner places and binds ranks by: docs/shared-servers.md)."""
+    if not node.numa or not facts.gpus:
+        return []
+    if not facts.numa:
+        return [_diff(node, "numa", f"fewer than two NUMA nodes found, the inventory lists "
+                      f"{len(node.numa)}")]
+    out: list[Difference] = []
+    found = {n.node: n for n in facts.numa}
+    for numa in node.numa:
+        there = found.get(numa.node)
+        if there is not None and there.cpus != numa.cpus:
+            out.append(_diff(node, "numa", f"NUMA node {numa.node} has CPUs {there.cpus}, the "
+                             f"inventory says {numa.cpus}", numa.cpus, there.cpus))
+    on = {g: n.node for n in facts.numa for g in n.gpus}
+    for gpu in node.gpus:
+        declared, actual = node.numa_of(gpu.index), on.get(gpu.index)
+        if declared is not None and actual is not None and declared.node != actual:
+            out.append(_diff(node, "numa", f"GPU {gpu.index} is on NUMA node {actual}, the "
+                             f"inventory says {declared.node}", declared.node, actual))
+    return out
 
 
 def _network(node: Node, facts: ProbedHost) -> list[Difference]:

@@ -91,6 +91,21 @@ def test_other_gpus_link_and_driver(tmp_path: Path, lab: Path) -> None:
                                "PCIe Gen4 x16 when probed") for line in lines)
 
 
+def test_a_gpu_on_another_numa_node_and_other_cpus(tmp_path: Path, lab: Path) -> None:
+    """What placement and binding go by: each GPU's NUMA node and each node's CPUs."""
+    edit(lab, '{node: 1, cpus: "56-111,168-223", gpus: [4, 5, 6, 7]}',
+         '{node: 1, cpus: "56-111", gpus: [5, 6, 7]}')
+    edit(lab, '{node: 0, cpus: "0-55,112-167", gpus: [0, 1, 2, 3]}',
+         '{node: 0, cpus: "0-55,112-167", gpus: [0, 1, 2, 3, 4]}')
+    with machine(tmp_path, "ambers-a100-a6000"):
+        result = cli(*CHECK, lab)
+    assert result.code == 1
+    lines = result.out.splitlines()
+    assert "localhost: numa: NUMA node 1 has CPUs 56-111,168-223, the inventory says 56-111" \
+        in lines
+    assert "localhost: numa: GPU 4 is on NUMA node 1, the inventory says 0" in lines
+
+
 def test_memory_that_differs(tmp_path: Path, lab: Path) -> None:
     edit(lab, "{model: A100-80GB, memory_gb: 80,", "{model: A100-80GB, memory_gb: 40,")
     with machine(tmp_path, "ambers-a100-a6000"):
