@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 #: The node's variable: each local rank's CPU list, ``;``-separated, in local-rank order.
 CPU_BIND_VAR = "ORCHESTRATE_CPU_BIND"
+#: Its value under Slurm: each rank finds its GPU's CPUs itself (:func:`slurm_gpu_cpus`).
+SLURM_MODE = "slurm"
 
 
 def cpu_set(cpus: str) -> frozenset[int]:
@@ -47,11 +49,17 @@ def cpu_set(cpus: str) -> frozenset[int]:
 
 def wanted(environ: Any) -> frozenset[int] | None:
     """The CPUs this process's local rank is planned on, or None (no plan, no LOCAL_RANK, a
-    rank beyond the list, a list that does not parse)."""
+    rank beyond the list, a list that does not parse). ``slurm``: found here, by
+    :func:`slurm_gpu_cpus`."""
     lists = str(environ.get(CPU_BIND_VAR, "")).strip()
     local = str(environ.get("LOCAL_RANK", "")).strip()
     if not lists or not local.isdigit():
         return None
+    if lists == SLURM_MODE:
+        try:
+            return slurm_gpu_cpus(environ, int(local))
+        except (OSError, ValueError):
+            return None
     entries = lists.split(";")
     if int(local) >= len(entries):
         return None
@@ -59,6 +67,33 @@ def wanted(environ: Any) -> frozenset[int] | None:
         return cpu_set(entries[int(local)]) or None
     except ValueError:
         return None
+
+
+def slurm_gpu_cpus(environ: Any, local: int) -> frozenset[int] | None:
+    """Under Slurm, the CPUs beside the GPU that local rank ``local`` drives: Slurm chose the
+    job's GPUs, so the plan cannot name them. ``SLURM_STEP_GPUS`` (else ``SLURM_JOB_GPUS``) holds
+    their Slurm indices, which are the NVIDIA device minors (``/dev/nvidiaN``, the order Slurm
+    sorts gres.conf's devices in); the driver's ``/proc/driver/nvidia/gpus/BUS/information``
+    maps each minor to its PCI bus id; in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID) the
+    rank's is the ``local``-th; its CPUs are sysfs's ``local_cpulist`` of that device."""
+    ids = str(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or "").strip()
+    if not ids:
+        return None
+    proc = os.environ.get("ORCHESTRATE_PROC_ROOT") or "/proc"
+    sysfs = os.environ.get("ORCHESTRATE_SYSFS_ROOT") or "/sys"
+    gpus = os.path.join(proc, "driver", "nvidia", "gpus")
+    bus_of = {}
+    for bus in os.listdir(gpus):
+        with open(os.path.join(gpus, bus, "information")) as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "Device Minor":
+                    bus_of[int(value)] = bus.lower()
+    mine = sorted(bus_of[int(i)] for i in ids.split(",") if int(i) in bus_of)
+    if local >= len(mine):
+        return None
+    with open(os.path.join(sysfs, "bus", "pci", "devices", mine[local], "local_cpulist")) as f:
+        return cpu_set(f.read()) or None
 
 
 def bind_from(environ: Any) -> frozenset[int] | None:

@@ -119,11 +119,44 @@ def test_without_numa_nodes_nothing_changes() -> None:
     assert not [n for n in p.notes if n.startswith("placement:")]
 
 
-def test_slurm_leaves_the_gpus_to_slurm_and_binds_nothing() -> None:
+def test_slurm_leaves_the_gpus_to_slurm_and_each_rank_finds_its_own() -> None:
     spec = job(backend="slurm", resources={"gpus_per_node": 2, "gpu_model": "RTX-A6000"})
     p = plan(spec, notes_server())
-    assert rankenv.CPU_BIND_VAR not in p.nodes[0].env
+    assert p.nodes[0].env[rankenv.CPU_BIND_VAR] == "slurm"
     assert not [n for n in p.notes if n.startswith("placement:")]  # no claim Slurm may belie
+
+
+def slurm_node(tmp: Path, minors: dict[int, tuple[str, str]]) -> dict[str, str]:
+    """A node's /proc/driver/nvidia and sysfs as the driver and kernel lay them out: each
+    minor's bus id and that device's local_cpulist; the roots to point cpubind at."""
+    for minor, (bus, cpus) in minors.items():
+        info = tmp / "proc" / "driver" / "nvidia" / "gpus" / bus
+        info.mkdir(parents=True)
+        (info / "information").write_text(
+            f"Model: \t\t NVIDIA RTX A6000\nIRQ:   \t\t 150\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\n")
+        device = tmp / "sys" / "bus" / "pci" / "devices" / bus
+        device.mkdir(parents=True)
+        (device / "local_cpulist").write_text(cpus + "\n")
+    return {"ORCHESTRATE_PROC_ROOT": str(tmp / "proc"), "ORCHESTRATE_SYSFS_ROOT": str(tmp / "sys")}
+
+
+def test_under_slurm_a_rank_reads_its_gpus_cpus_from_the_driver_and_sysfs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm gave the job GPUs with minors 5 and 2 (SLURM_JOB_GPUS, any order): in PCI bus
+    order 2 (bus 0000:25) is cuda:0 and 5 (bus 0000:c1) cuda:1."""
+    roots = slurm_node(tmp_path, {2: ("0000:25:00.0", "0-55,112-167"),
+                                  5: ("0000:c1:00.0", "56-111,168-223"),
+                                  6: ("0000:e1:00.0", "56-111,168-223")})
+    for key, value in roots.items():
+        monkeypatch.setenv(key, value)
+    env = {cpubind.CPU_BIND_VAR: "slurm", "SLURM_JOB_GPUS": "5,2"}
+    assert cpubind.wanted({**env, "LOCAL_RANK": "0"}) == cpu_set("0-55,112-167")
+    assert cpubind.wanted({**env, "LOCAL_RANK": "1"}) == cpu_set("56-111,168-223")
+    assert cpubind.wanted({**env, "LOCAL_RANK": "2"}) is None  # no third GPU: unbound
+    assert cpubind.wanted({cpubind.CPU_BIND_VAR: "slurm", "LOCAL_RANK": "0"}) is None
+    monkeypatch.setenv("ORCHESTRATE_PROC_ROOT", str(tmp_path / "no-driver"))
+    assert cpubind.wanted({**env, "LOCAL_RANK": "0"}) is None  # no driver: unbound, no error
 
 
 ISLANDS = inventory({**gpu_node("n", 8, A6000), "numa": [

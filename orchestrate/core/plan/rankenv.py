@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # annotations only: planning values need no pydantic import (
 ATTEMPT_VAR = "ORCHESTRATE_ATTEMPT"
 
 #: Each local rank's CPUs, ``;``-separated: the rank sidecar binds the rank to them (read by
-#: :mod:`orchestrate.hostside.cpubind`, which names it too: the core may not import it).
+#: :mod:`orchestrate.hostside.cpubind`, which names it too: the core may not import it);
+#: ``slurm``: each rank finds its GPU's CPUs itself (Slurm chose the GPUs).
 CPU_BIND_VAR = "ORCHESTRATE_CPU_BIND"
 
 
@@ -143,15 +144,7 @@ def node_env(
         # Every local rank sees all of the job's GPUs on the node and uses cuda:LOCAL_RANK;
         # isolating one GPU per process would block NCCL peer-to-peer over NVLink.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g.index) for g in choice.gpus)
-    binding = cpu_binding(choice) if not traits(job.backend).scheduler_allocates else None
-    if binding is not None:
-        env[CPU_BIND_VAR] = ";".join(binding)
-    threads = job.distributed.omp_num_threads
-    if threads is None and binding is not None:
-        threads = bound_threads(binding)
-    if threads is None:
-        threads = max(1, node.cpus // choice.nproc) if node.cpus else 1
-    env["OMP_NUM_THREADS"] = str(threads)
+    env.update(binding_env(job, choice))
     net = node.network
     interface = net.interface if net is not None and net.interface else found_interface
     if interface:
@@ -165,6 +158,29 @@ def node_env(
             env["NCCL_IB_HCA"] = exact(net.hca)
         if node.gpu_link == "none":
             env["NCCL_P2P_DISABLE"] = "1"
+    return env
+
+
+def binding_env(job: JobSpec, choice: Choice) -> dict[str, str]:
+    """Where the node's ranks run: ``ORCHESTRATE_CPU_BIND`` (each rank's GPU's NUMA node, or
+    ``slurm`` where the scheduler picks the GPUs and each rank finds its own) and
+    ``OMP_NUM_THREADS`` (the CPUs bound per rank, else the node's CPUs over its ranks)."""
+    env: dict[str, str] = {}
+    binding = None
+    if traits(job.backend).scheduler_allocates:
+        if choice.gpus:
+            env[CPU_BIND_VAR] = "slurm"
+    else:
+        binding = cpu_binding(choice)
+        if binding is not None:
+            env[CPU_BIND_VAR] = ";".join(binding)
+    threads = job.distributed.omp_num_threads
+    if threads is None and binding is not None:
+        threads = bound_threads(binding)
+    if threads is None:
+        cpus = choice.node.cpus
+        threads = max(1, cpus // choice.nproc) if cpus else 1
+    env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
