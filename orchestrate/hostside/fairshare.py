@@ -4,9 +4,10 @@ waiting job goes next; the admin's policy file beside the book sets the rules.
 First come, first served lets a user who queues 30 jobs hold every GPU for days while a
 labmate's one job waits behind them. Here a waiting job's place is its owner's *decayed use*
 (GPU-seconds, or CPU-slot-seconds for a CPU job, halving every ``half_life_s``, as Slurm's
-``PriorityDecayHalfLife``) less ``age_weight`` GPU-seconds for every second it has waited: the
-user who used least goes first, and a job's age raises it without bound, so nothing waits for
-ever. Ties go first come, first served, then by uid and job id: the same order on every host.
+``PriorityDecayHalfLife``), halved again for every ``age_half_life_s`` the job has waited: the
+user who used least goes first, and a job's age raises it without bound (a wait long enough
+puts it ahead of every user who has used anything), so nothing waits for ever. Ties go first
+come, first served, then by uid and job id: the same order on every host.
 
 **Where use comes from, and why it can be believed.** Every file of the book names its owner's
 uid and is believed only when that uid owns it, so nobody can write use *for someone else*. A
@@ -43,7 +44,7 @@ TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts o
 if TYPE_CHECKING:
     from typing import Any, Dict, Iterable
 
-    from orchestrate.hostside.leaserecord import Lease, Ticket  # noqa: F401
+    from orchestrate.hostside.leaserecord import Lease, Ticket
 
     Usage = Dict[int, float]
 
@@ -64,7 +65,7 @@ class Policy:
 
     order: str = "fair"  # or "fifo": first come, first served
     half_life_s: float = DAY_S
-    age_weight: float = 1.0  # GPU-seconds of use forgiven per second a job has waited
+    age_half_life_s: float = DAY_S  # each this long a job waits halves its owner's use for it
     max_gpus_per_user: int = 0  # 0: no limit
     max_waiting_per_user: int = 0
     source: str = "defaults (no policy file)"
@@ -72,7 +73,8 @@ class Policy:
 
     def to_dict(self) -> dict[str, Any]:
         return {"order": self.order, "half_life_s": self.half_life_s,
-                "age_weight": self.age_weight, "max_gpus_per_user": self.max_gpus_per_user,
+                "age_half_life_s": self.age_half_life_s,
+                "max_gpus_per_user": self.max_gpus_per_user,
                 "max_waiting_per_user": self.max_waiting_per_user, "source": self.source,
                 "problem": self.problem}
 
@@ -98,13 +100,14 @@ def parse_policy(text: str | bytes, source: str) -> Policy:
     unknown = sorted(set(data) - (set(Policy().to_dict()) - {"source", "problem"}))
     if unknown:
         raise PolicyError(f"{unknown[0]}: not a policy field (known: order, half_life_s, "
-                          "age_weight, max_gpus_per_user, max_waiting_per_user)")
+                          "age_half_life_s, max_gpus_per_user, max_waiting_per_user)")
     order = data.get("order", "fair")
     if order not in ("fair", "fifo"):
         raise PolicyError(f"order: not 'fair' or 'fifo' (got {order!r})")
     return Policy(order=order,
                   half_life_s=float(_number(data, "half_life_s", 60.0, 365 * DAY_S, False)),
-                  age_weight=float(_number(data, "age_weight", 0.0, 1e6, False)),
+                  age_half_life_s=float(_number(data, "age_half_life_s", 60.0, 365 * DAY_S,
+                                                False)),
                   max_gpus_per_user=_number(data, "max_gpus_per_user", 0, 4096, True),
                   max_waiting_per_user=_number(data, "max_waiting_per_user", 0, 1 << 20, True),
                   source=source)
@@ -219,12 +222,14 @@ def usage(leases: list[Lease], records: list[Used], now: float, half_life_s: flo
 def fair_key(ticket: Ticket, use: Usage, policy: Policy, now: float
              ) -> tuple[float, float, int, str]:
     """A waiting job's place: its owner's decayed use (at least the floor a multi-host job
-    carries) less what its wait has earned; then first come, first served."""
+    carries), halved for every ``age_half_life_s`` the job has waited (a wait long enough
+    puts it ahead of any user who has used anything at all); then first come, first served."""
     if policy.order == "fifo":
         return (0.0, ticket.submitted_at, ticket.uid, ticket.job_id)
     mine = max(use.get(ticket.uid, 0.0), floor(ticket, now, policy.half_life_s))
     waited = max(0.0, now - ticket.submitted_at)
-    return (mine - policy.age_weight * waited, ticket.submitted_at, ticket.uid, ticket.job_id)
+    aged = mine * math.exp(-math.log(2.0) * waited / policy.age_half_life_s)
+    return (aged, ticket.submitted_at, ticket.uid, ticket.job_id)
 
 
 def floor(ticket: Ticket, now: float, half_life_s: float) -> float:
@@ -315,11 +320,65 @@ def spend(book: Any, lease: Lease) -> None:
 
 
 def use(book: Any) -> Usage:
-    """Each user's decayed use of ``book``'s host (the leases its last ``live()`` found, and
-    the ended jobs' records; inside its lock)."""
+    """Each user's decayed use of ``book``'s host (inside its lock): the leases its last
+    ``live()`` found and the ended jobs' records, or root's ledger where that says more."""
     now = time.time()
     half = book.policy.half_life_s
-    return usage(book.leases, ended(book.directory, now, half, book.found), now, half)
+    found = usage(book.leases, ended(book.directory, now, half, book.found), now, half)
+    kept = read_ledger(book.directory, book.found)
+    for uid, value in kept.get("use", {}).items():
+        value *= math.exp(-math.log(2.0) * max(0.0, now - kept["at"]) / half)
+        found[int(uid)] = max(found.get(int(uid), 0.0), value)
+    return found
+
+
+def ledger_path(directory: str) -> str:
+    """Root's ledger of a host folder of the book: beside it, where only root writes."""
+    return directory.rstrip("/") + ".ledger.json"
+
+
+def read_ledger(directory: str, notes: dict[str, str]) -> dict[str, Any]:
+    """Root's ledger (``{"at", "use": {uid: value}, "counted": {job@uid: until}}``), or {}
+    where there is none or it is not root's alone (named in ``notes``)."""
+    path = ledger_path(directory)
+    data, _, info = read_file(path)
+    if info is None or data is None:
+        return {}
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        notes.setdefault(path, f"{path} is ignored: only root's own ledger is believed")
+        return {}
+    try:
+        kept = json.loads(data)
+        return {"at": float(kept["at"]), "counted": dict(kept["counted"]),
+                "use": {str(int(k)): float(v) for k, v in kept["use"].items()}}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        notes.setdefault(path, f"{path} is ignored: not a ledger")
+        return {}
+
+
+def fold(book: Any) -> dict[str, Any]:
+    """Root's ledger brought up to now (``orchestrate queue --account``, run by root every
+    minute): what live leases held since the last fold and the ended records not yet counted
+    are added, decayed; nothing is ever taken out, so deleting one's own records later lowers
+    nothing. Inside ``book``'s lock, after its ``live()``."""
+    now = time.time()
+    half = book.policy.half_life_s
+    kept = read_ledger(book.directory, book.found) or {"at": now, "use": {}, "counted": {}}
+    factor = math.exp(-math.log(2.0) * max(0.0, now - kept["at"]) / half)
+    total = {uid: value * factor for uid, value in kept["use"].items()}
+    counted: dict[str, float] = {}
+    spans = [(f"{x.job_id}@{x.uid}", x.uid, lease_units(x), x.since or now, now)
+             for x in book.leases if not x.unreadable]
+    spans += [(f"{r.job_id}@{r.uid}", r.uid, r.units, r.start, r.end)
+              for r in ended(book.directory, now, half, book.found)]
+    for key, uid, units, start, end in spans:
+        start = max(start, float(kept["counted"].get(key, start)))
+        total[str(uid)] = total.get(str(uid), 0.0) + decayed(units, start, end, now, half)
+        counted[key] = max(counted.get(key, 0.0), end, start)
+    ledger = {"at": now, "use": total, "counted": counted}
+    tmp = book._temp(json.dumps(ledger).encode())
+    os.rename(tmp, ledger_path(book.directory))
+    return ledger
 
 
 def rules(book: Any, want: Any, gpus: int) -> list[str]:
@@ -340,6 +399,7 @@ def shares(use: Usage) -> dict[int, float]:
 
 __all__ = [
     "POLICY_FILE", "USED", "Policy", "PolicyError", "Used", "decayed", "ended", "fair_key",
-    "floor", "keyer", "ordered", "over_limit", "parse_policy", "read_policy", "rules", "shares",
-    "spend", "too_many_waiting", "usage", "use", "why_late",
+    "floor", "fold", "keyer", "ledger_path", "ordered", "over_limit", "parse_policy",
+    "read_ledger", "read_policy", "rules", "shares", "spend", "too_many_waiting", "usage", "use",
+    "why_late",
 ]

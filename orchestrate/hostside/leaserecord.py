@@ -296,6 +296,18 @@ def wanted(want: Want) -> tuple[tuple[float, int, str], set[int], int, int | Non
             want.get("port"))
 
 
+def as_ticket(want: Want) -> Ticket | None:
+    """``want`` as a ticket: a ticket, or its JSON object (the SSH preflight's); else None."""
+    if isinstance(want, Ticket):
+        return want
+    if not want.get("job_id") or not want.get("submitted_at"):
+        return None
+    try:
+        return Ticket.from_dict(dict(want))
+    except RecordError:
+        return None
+
+
 def conflicts(older: Ticket, want: Want) -> bool:
     """Whether granting ``want`` could take something the ``older`` ticket waits for."""
     _, gpus, slots, port = wanted(want)
@@ -307,6 +319,6 @@ def conflicts(older: Ticket, want: Want) -> bool:
 
 
 __all__ = [
-    "LATEST_TIME", "Lease", "RecordError", "Ticket", "conflicts", "describe", "held",
+    "LATEST_TIME", "Lease", "RecordError", "Ticket", "as_ticket", "conflicts", "describe", "held",
     "queue_key", "summary", "wanted",
 ]

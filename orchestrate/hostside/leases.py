@@ -78,6 +78,7 @@ from orchestrate.hostside.leaserecord import (
     Lease,
     RecordError,
     Ticket,
+    as_ticket,
     conflicts,
     describe,
     held,
@@ -337,11 +338,10 @@ class LeaseBook:
     def ahead(self, want: Want, job_id: str) -> list[Ticket]:
         """Tickets ahead of ``want`` (a ticket, or a claim with no place in the queue: the
         last) that want any of the same things (call inside :meth:`locked`)."""
-        queue, mine = self.tickets(except_job=job_id), wanted(want)[0]
-        key = keyer([*queue, want], use(self), self.policy, time.time()) \
-            if isinstance(want, Ticket) else None
+        queue, mine, placed = self.tickets(except_job=job_id), wanted(want)[0], as_ticket(want)
+        key = keyer([*queue, placed], use(self), self.policy, time.time()) if placed else None
         return [t for t in queue if conflicts(t, want) and
-                (key(t) < key(want) if key else queue_key(t) < mine)]
+                (key(t) < key(placed) if key else queue_key(t) < mine)]
 
     # ---- writing -----------------------------------------------------------------------
 

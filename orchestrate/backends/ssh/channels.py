@@ -63,9 +63,9 @@ _MARK = MARK.encode()
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
-    orchestrate.hostside.fairshare, orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
-    orchestrate.hostside.masterreach, orchestrate.core.exits, orchestrate.core.layout,
-    orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.hostside.fairshare, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
+    orchestrate.hostside.safeplace, orchestrate.hostside.masterreach, orchestrate.core.exits,
+    orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.backends.ssh.wire, orchestrate.backends.ssh.agent))
 
 

@@ -257,12 +257,13 @@ class Launcher:
 
     def _refuse_waits(self, verdict: Judgement) -> None:
         """Older waiting jobs want the same things, or a lease cannot be read: exit 75."""
+        from orchestrate.backends.sharing import QUEUE_HINT
+
         waits = [f"{name}: {why}" for name, whys in verdict.waits.items() for why in whys]
         if waits:
             raise UserError.single(
                 "; ".join(waits), source=str(self.prepared.path), field="resources", busy=True,
-                hint="waiting jobs start first come, first served (submit --wait joins the "
-                "queue); an unreadable lease is its owner's to remove")
+                hint=QUEUE_HINT + "; an unreadable lease is its owner's to remove")
 
     def enqueue(self) -> None:
         """A waiting job: keep its place in the queue of every host it is logged into (and

@@ -234,8 +234,8 @@ def _judge_leases(node: NodePlan, leases: dict[str, Any], cells: dict[str, str],
         queued = len(leases.get("queue") or [])
         cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)" + (
             f", {queued} waiting before it" if queued else "")
-    waits = [*(leases.get("unknown") or []), *(f"waiting longer: {w}" for w in
-                                              leases.get("queue") or [])]
+    waits = [*(leases.get("unknown") or []), *(w if w.startswith("policy ") else f"ahead: {w}"
+                                              for w in leases.get("queue") or [])]
     if waits:
         verdict.waits[node.name] = waits
     held = frozenset(int(g) for g in leases.get("gpus", []))
