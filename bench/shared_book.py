@@ -134,7 +134,7 @@ def _queue_of(host: Path, holders: dict[int, int], count: int, gpus: list[int]) 
 
 def queue_order(count: int = 1000, runs: int = 20) -> list[float]:
     """The fair order of ``count`` waiting jobs of 5 users (the pure code every claim runs)."""
-    from orchestrate.hostside.fairshare import Policy, ordered
+    from orchestrate.hostside.fairshare import QueuePolicy, ordered
     from orchestrate.hostside.leaserecord import Ticket
 
     now = time.time()
@@ -143,7 +143,7 @@ def queue_order(count: int = 1000, runs: int = 20) -> list[float]:
     took = []
     for _ in range(runs):
         start = time.perf_counter()
-        ordered(tickets, use, Policy(), now)
+        ordered(tickets, use, QueuePolicy(), now)
         took.append(time.perf_counter() - start)
     return took
 

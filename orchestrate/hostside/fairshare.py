@@ -10,15 +10,14 @@ puts it ahead of every user who has used anything), so nothing waits for ever. T
 come, first served, then by uid and job id: the same order on every host.
 
 **Where use comes from, and why it can be believed.** Every file of the book names its owner's
-uid and is believed only when that uid owns it, so nobody can write use *for someone else*. A
-file a user writes about his own use he can also rewrite or delete, so use is taken from what
-the kernel stamps wherever there is such a stamp: a live lease is charged from its ``since``
-but never later than its file's inode change time (set by the kernel on every write, never
-settable backwards), and an ended job's record (``<job>@<uid>.<token>.used``, written once by
-the supervisor or agent that held the lease, as it drops it) is charged up to no later than its
-own change time. Rewriting a record can only move that stamp later, which *raises* what it
-charges (it decays from then). What user space cannot stop is a user deleting his own ended
-records; ``docs/shared-servers.md`` ("Fair share") says what that costs and what root can add.
+uid and is believed only when that uid owns it, so nobody can write use *for someone else*:
+live leases, and the record of an ended one (``<job>@<uid>.<token>.used``, written by the
+supervisor or agent that held the lease as it drops it; charged up to its inode change time at
+the latest, the kernel's stamp). But what a user writes about himself he can also rewrite or
+delete (the book's folders are ``1777``), and what others write about him they could inflate:
+files of users alone cannot keep a user from hiding his own past use. Root's ledger does
+(``<book>/<host>.ledger.json``, :func:`fold`, run by root's crontab as ``orchestrate queue
+--account``): it only ever adds, and a reader takes the larger of it and the records.
 
 **The policy** is ``policy.json`` beside the host folders of the book
 (``/var/tmp/orchestrate/leases/policy.json``): used only when root (or the owner of the book,
@@ -55,12 +54,12 @@ DAY_S = 86400.0
 FORGET_HALF_LIVES = 10.0
 
 
-class PolicyError(ValueError):
+class QueuePolicyError(ValueError):
     """A policy file field that does not validate: ``field: problem (got value)``."""
 
 
 @dataclass
-class Policy:
+class QueuePolicy:
     """The admin's rules for one machine's queue (the defaults when there is no file)."""
 
     order: str = "fair"  # or "fifo": first come, first served
@@ -80,31 +79,31 @@ class Policy:
 
 
 def _number(data: dict[str, Any], name: str, low: float, high: float, whole: bool) -> Any:
-    value = data.get(name, getattr(Policy, name))
+    value = data.get(name, getattr(QueuePolicy, name))
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             (whole and not isinstance(value, int)) or not math.isfinite(value) or \
             not low <= value <= high:
         kind = "a whole number" if whole else "a number"
-        raise PolicyError(f"{name}: not {kind} from {low:g} to {high:g} (got {value!r})")
+        raise QueuePolicyError(f"{name}: not {kind} from {low:g} to {high:g} (got {value!r})")
     return value
 
 
-def parse_policy(text: str | bytes, source: str) -> Policy:
-    """The policy a file holds; :class:`PolicyError` naming the first bad field."""
+def parse_policy(text: str | bytes, source: str) -> QueuePolicy:
+    """The policy a file holds; :class:`QueuePolicyError` naming the first bad field."""
     try:
         data = json.loads(text)
     except (ValueError, UnicodeDecodeError):
-        raise PolicyError("not JSON") from None
+        raise QueuePolicyError("not JSON") from None
     if not isinstance(data, dict):
-        raise PolicyError("not a JSON object")
-    unknown = sorted(set(data) - (set(Policy().to_dict()) - {"source", "problem"}))
+        raise QueuePolicyError("not a JSON object")
+    unknown = sorted(set(data) - (set(QueuePolicy().to_dict()) - {"source", "problem"}))
     if unknown:
-        raise PolicyError(f"{unknown[0]}: not a policy field (known: order, half_life_s, "
+        raise QueuePolicyError(f"{unknown[0]}: not a policy field (known: order, half_life_s, "
                           "age_half_life_s, max_gpus_per_user, max_waiting_per_user)")
     order = data.get("order", "fair")
     if order not in ("fair", "fifo"):
-        raise PolicyError(f"order: not 'fair' or 'fifo' (got {order!r})")
-    return Policy(order=order,
+        raise QueuePolicyError(f"order: not 'fair' or 'fifo' (got {order!r})")
+    return QueuePolicy(order=order,
                   half_life_s=float(_number(data, "half_life_s", 60.0, 365 * DAY_S, False)),
                   age_half_life_s=float(_number(data, "age_half_life_s", 60.0, 365 * DAY_S,
                                                 False)),
@@ -113,25 +112,25 @@ def parse_policy(text: str | bytes, source: str) -> Policy:
                   source=source)
 
 
-def read_policy(root: str) -> Policy:
+def read_policy(root: str) -> QueuePolicy:
     """The policy beside the book's host folders under ``root``; the defaults (``problem``
     saying why) when there is none, or it is not root's (or the book's owner's) alone."""
     path = os.path.join(root, POLICY_FILE)
     data, why, info = read_file(path)
     if info is None and data is None:
-        return Policy()
+        return QueuePolicy()
     folder = lstat_or_none(root)
     owners = {0} | ({folder.st_uid} if folder is not None else set())
     if info is not None and (info.st_uid not in owners or info.st_mode & 0o022):
-        return Policy(problem=f"{path} is ignored: it must belong to root and be writable by "
+        return QueuePolicy(problem=f"{path} is ignored: it must belong to root and be writable by "
                       f"nobody else (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})"
                       "; the defaults apply")
     if data is None:
-        return Policy(problem=f"{path} cannot be read ({why}): the defaults apply")
+        return QueuePolicy(problem=f"{path} cannot be read ({why}): the defaults apply")
     try:
         return parse_policy(data, path)
-    except PolicyError as exc:
-        return Policy(problem=f"{path}: {exc}: the defaults apply")
+    except QueuePolicyError as exc:
+        return QueuePolicy(problem=f"{path}: {exc}: the defaults apply")
 
 
 @dataclass
@@ -219,7 +218,7 @@ def usage(leases: list[Lease], records: list[Used], now: float, half_life_s: flo
     return use
 
 
-def fair_key(ticket: Ticket, use: Usage, policy: Policy, now: float
+def fair_key(ticket: Ticket, use: Usage, policy: QueuePolicy, now: float
              ) -> tuple[float, float, int, str]:
     """A waiting job's place: its owner's decayed use (at least the floor a multi-host job
     carries), halved for every ``age_half_life_s`` the job has waited (a wait long enough
@@ -241,7 +240,7 @@ def floor(ticket: Ticket, now: float, half_life_s: float) -> float:
                                    / half_life_s)
 
 
-def keyer(tickets: list[Ticket], use: Usage, policy: Policy, now: float) -> Any:
+def keyer(tickets: list[Ticket], use: Usage, policy: QueuePolicy, now: float) -> Any:
     """The sort key of these tickets' queue: :func:`fair_key`, after every other ticket for a
     user's youngest tickets beyond ``max_waiting_per_user``."""
     late = set()
@@ -257,12 +256,12 @@ def keyer(tickets: list[Ticket], use: Usage, policy: Policy, now: float) -> Any:
     return key
 
 
-def ordered(tickets: list[Ticket], use: Usage, policy: Policy, now: float) -> list[Ticket]:
+def ordered(tickets: list[Ticket], use: Usage, policy: QueuePolicy, now: float) -> list[Ticket]:
     """The queue: who goes first."""
     return sorted(tickets, key=keyer(tickets, use, policy, now))
 
 
-def why_late(ticket: Ticket, queue: list[Ticket], policy: Policy) -> str:
+def why_late(ticket: Ticket, queue: list[Ticket], policy: QueuePolicy) -> str:
     """Why ``ticket`` waits behind every other user's (``max_waiting_per_user``), or ''."""
     limit = policy.max_waiting_per_user
     older = [t for t in queue if t.uid == ticket.uid and
@@ -272,7 +271,7 @@ def why_late(ticket: Ticket, queue: list[Ticket], policy: Policy) -> str:
     return too_many_waiting(ticket.uid, ticket.user or str(ticket.uid), len(older), policy)
 
 
-def over_limit(uid: int, user: str, gpus: int, leases: list[Lease], policy: Policy
+def over_limit(uid: int, user: str, gpus: int, leases: list[Lease], policy: QueuePolicy
                ) -> str:
     """Why a claim of ``gpus`` more GPUs by ``uid`` breaks ``max_gpus_per_user`` ('' if not)."""
     if not policy.max_gpus_per_user or not gpus:
@@ -284,7 +283,7 @@ def over_limit(uid: int, user: str, gpus: int, leases: list[Lease], policy: Poli
             f"this job wants {gpus}; {policy.source})")
 
 
-def too_many_waiting(uid: int, user: str, waiting: int, policy: Policy) -> str:
+def too_many_waiting(uid: int, user: str, waiting: int, policy: QueuePolicy) -> str:
     """Why one more waiting job of ``uid`` breaks ``max_waiting_per_user`` ('' if not)."""
     if not policy.max_waiting_per_user or waiting < policy.max_waiting_per_user:
         return ""
@@ -296,10 +295,9 @@ def spend(book: Any, lease: Lease) -> None:
     """Record what this user's ended ``lease`` held (``book``: the
     :class:`~orchestrate.hostside.leases.LeaseBook`, whose lock is held), under a new name;
     this user's records too old to weigh are dropped."""
-    units = lease_units(lease)
-    if lease.unreadable or not units:
-        return
-    now = time.time()
+    units, now = lease_units(lease), time.time()
+    if lease.unreadable or not units or now - (lease.since or now) < 1.0:
+        return  # nothing held, or a claim dropped at once (a waiting SSH job's)
     record = Used(lease.job_id, book.uid, units, min(lease.since or now, now), now,
                   lease.user, list(lease.gpus))
     tmp = book._temp(record.to_json().encode())
@@ -322,6 +320,9 @@ def spend(book: Any, lease: Lease) -> None:
 def use(book: Any) -> Usage:
     """Each user's decayed use of ``book``'s host (inside its lock): the leases its last
     ``live()`` found and the ended jobs' records, or root's ledger where that says more."""
+    cached = getattr(book, "fair_use", None)
+    if cached is not None and cached[0] is book.leases:  # the same read of the book
+        return dict(cached[1])
     now = time.time()
     half = book.policy.half_life_s
     found = usage(book.leases, ended(book.directory, now, half, book.found), now, half)
@@ -329,7 +330,8 @@ def use(book: Any) -> Usage:
     for uid, value in kept.get("use", {}).items():
         value *= math.exp(-math.log(2.0) * max(0.0, now - kept["at"]) / half)
         found[int(uid)] = max(found.get(int(uid), 0.0), value)
-    return found
+    book.fair_use = (book.leases, found)
+    return dict(found)
 
 
 def ledger_path(directory: str) -> str:
@@ -398,8 +400,8 @@ def shares(use: Usage) -> dict[int, float]:
 
 
 __all__ = [
-    "POLICY_FILE", "USED", "Policy", "PolicyError", "Used", "decayed", "ended", "fair_key",
-    "floor", "fold", "keyer", "ledger_path", "ordered", "over_limit", "parse_policy",
+    "POLICY_FILE", "USED", "QueuePolicy", "QueuePolicyError", "Used", "decayed", "ended",
+    "fair_key", "floor", "fold", "keyer", "ledger_path", "ordered", "over_limit", "parse_policy",
     "read_ledger", "read_policy", "rules", "shares", "spend", "too_many_waiting", "usage", "use",
     "why_late",
 ]

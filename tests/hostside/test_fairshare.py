@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.hostside import fairshare, leases
-from orchestrate.hostside.fairshare import Policy, Used, ordered, usage
+from orchestrate.hostside.fairshare import QueuePolicy, Used, ordered, usage
 from orchestrate.hostside.leaserecord import Lease, Ticket
 
 pytestmark = pytest.mark.unit
@@ -41,8 +41,8 @@ def test_the_light_users_one_job_goes_before_the_heavy_users_ten() -> None:
                 [Used("h-old", heavy, 4, NOW - DAY, NOW - DAY / 2)], NOW, DAY)
     queue = [_ticket(f"h{n}", heavy, NOW - 3600 + n) for n in range(10)]
     queue.append(_ticket("l1", light, NOW - 60))  # submitted last
-    assert [t.job_id for t in ordered(queue, use, Policy(), NOW)][:2] == ["l1", "h0"]
-    fifo = ordered(queue, use, Policy(order="fifo"), NOW)
+    assert [t.job_id for t in ordered(queue, use, QueuePolicy(), NOW)][:2] == ["l1", "h0"]
+    fifo = ordered(queue, use, QueuePolicy(order="fifo"), NOW)
     assert fifo[0].job_id == "h0" and fifo[-1].job_id == "l1"
 
 
@@ -53,24 +53,24 @@ def test_a_job_that_waits_long_enough_goes_before_any_user_with_use() -> None:
     old, new = _ticket("old", 1001, NOW), _ticket("new", 1002, NOW)
     for waited, first in ((0.0, "new"), (DAY, "new"), (20 * DAY, "old")):
         new.submitted_at = NOW + waited
-        assert ordered([old, new], use, Policy(), NOW + waited)[0].job_id == first
+        assert ordered([old, new], use, QueuePolicy(), NOW + waited)[0].job_id == first
     nobody = _ticket("fresh", 1003, NOW + 20 * DAY)
-    assert ordered([old, nobody], use, Policy(), NOW + 20 * DAY)[0].job_id == "fresh"
+    assert ordered([old, nobody], use, QueuePolicy(), NOW + 20 * DAY)[0].job_id == "fresh"
 
 
 def test_a_multi_host_jobs_carried_use_raises_its_place_never_lowers_it() -> None:
     use = {1001: 100.0, 1002: 200.0}
     gang = _ticket("gang", 1001, NOW)
     other = _ticket("other", 1002, NOW)
-    assert ordered([other, gang], use, Policy(), NOW)[0].job_id == "gang"
+    assert ordered([other, gang], use, QueuePolicy(), NOW)[0].job_id == "gang"
     gang.usage, gang.usage_at = 1000.0, NOW  # its owner's use on its busiest host
-    assert ordered([other, gang], use, Policy(), NOW)[0].job_id == "other"
+    assert ordered([other, gang], use, QueuePolicy(), NOW)[0].job_id == "other"
     gang.usage = 1.0  # a lower floor than this host's own count changes nothing
-    assert ordered([other, gang], use, Policy(), NOW)[0].job_id == "gang"
+    assert ordered([other, gang], use, QueuePolicy(), NOW)[0].job_id == "gang"
 
 
 def test_a_users_waiting_jobs_beyond_the_limit_go_last_and_the_rule_is_named() -> None:
-    policy = Policy(max_waiting_per_user=2, source="/book/policy.json")
+    policy = QueuePolicy(max_waiting_per_user=2, source="/book/policy.json")
     queue = [_ticket(f"h{n}", 1001, NOW + n) for n in range(4)]
     queue.append(_ticket("l1", 1002, NOW + 10))
     use = {1001: 0.0, 1002: 1e6}  # the light user is no light user here
@@ -82,7 +82,7 @@ def test_a_users_waiting_jobs_beyond_the_limit_go_last_and_the_rule_is_named() -
 
 
 def test_max_gpus_per_user_is_named_when_a_claim_would_pass_it() -> None:
-    policy = Policy(max_gpus_per_user=4, source="/book/policy.json")
+    policy = QueuePolicy(max_gpus_per_user=4, source="/book/policy.json")
     held = [Lease("a", 1001, gpus=[0, 1, 2]), Lease("b", 1002, gpus=[3, 4, 5, 6])]
     assert fairshare.over_limit(1001, "ann", 1, held, policy) == ""
     assert fairshare.over_limit(1001, "ann", 2, held, policy) == (
@@ -90,7 +90,7 @@ def test_max_gpus_per_user_is_named_when_a_claim_would_pass_it() -> None:
 
 
 def test_the_policy_file_is_believed_only_when_roots_alone(tmp_path: Path) -> None:
-    assert fairshare.read_policy(str(tmp_path)) == Policy()
+    assert fairshare.read_policy(str(tmp_path)) == QueuePolicy()
     path = tmp_path / "policy.json"
     path.write_text(json.dumps({"order": "fair", "half_life_s": 3600, "max_gpus_per_user": 4}))
     path.chmod(0o644)
@@ -109,7 +109,7 @@ def test_the_policy_file_is_believed_only_when_roots_alone(tmp_path: Path) -> No
     assert "max_gpu_per_user: not a policy field" in fairshare.read_policy(str(tmp_path)).problem
 
 
-def simulate(seed: int, policy: Policy, gpus: int = 8, step: float = 60.0) -> dict[int, float]:
+def simulate(seed: int, policy: QueuePolicy, gpus: int = 8, step: float = 60.0) -> dict[int, float]:
     """A day of a lab server with the real queue code: four users who always keep three jobs
     waiting (sizes 1; 1-2; 2-4; 4 GPUs, 5 to 60 minutes each); every minute ended jobs leave
     records, and waiting jobs start in the queue's order while the first one fits (every job
@@ -148,9 +148,9 @@ def simulate(seed: int, policy: Policy, gpus: int = 8, step: float = 60.0) -> di
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_day_of_four_users_gives_each_their_share_within_ten_percent(seed: int) -> None:
-    shares = simulate(seed, Policy())
+    shares = simulate(seed, QueuePolicy())
     assert all(abs(share - 0.25) <= 0.025 for share in shares.values()), shares
-    fifo = simulate(seed, Policy(order="fifo"))  # the 4-GPU user takes what others leave
+    fifo = simulate(seed, QueuePolicy(order="fifo"))  # the 4-GPU user takes what others leave
     assert max(abs(share - 0.25) for share in fifo.values()) > \
         max(abs(share - 0.25) for share in shares.values())
 
@@ -160,7 +160,7 @@ def test_queue_order_of_a_thousand_waiting_jobs_is_quick() -> None:
     queue = [_ticket(f"j{n}", 1001 + n % 5, NOW - rng.uniform(0, DAY)) for n in range(1000)]
     use = {1001 + n: rng.uniform(0, 1e6) for n in range(5)}
     start = time.perf_counter()
-    ordered(queue, use, Policy(), NOW)
+    ordered(queue, use, QueuePolicy(), NOW)
     assert time.perf_counter() - start < 0.1  # bench/shared_book.py measures it: ~2 ms
 
 
