@@ -208,3 +208,19 @@ def test_roots_ledger_keeps_use_its_owner_deletes_later(tmp_path: Path) -> None:
     with book.locked():
         book.live()
         assert os.geteuid() not in fairshare.use(book)
+
+
+def test_a_waiting_job_is_told_its_place_and_the_rule_that_holds_it() -> None:
+    from orchestrate.backends.sharing import blocked
+
+    held = {"unknown": []}
+    said = blocked(held, ["job b7 (ben, since 10:02:11)", "job c1 (cy, since 10:05:00)",
+                          "policy max_gpus_per_user: 4 (ann holds 3, this job wants 2; "
+                          "/book/policy.json)"], "job.yaml")
+    assert said is not None and said.exit_status == 75
+    text = " ".join(p.message for p in said.problems)
+    assert text.startswith("place 3 in the queue: 2 job(s) ahead of it want the same GPUs or "
+                           "slots: job b7 (ben, since 10:02:11); job c1")
+    assert "policy max_gpus_per_user: 4 (ann holds 3" in text
+    assert "recent use" in said.problems[0].hint
+    assert blocked(held, [], "job.yaml") is None
