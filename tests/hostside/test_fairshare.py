@@ -213,7 +213,7 @@ def test_roots_ledger_keeps_use_its_owner_deletes_later(tmp_path: Path) -> None:
 def test_a_waiting_job_is_told_its_place_and_the_rule_that_holds_it() -> None:
     from orchestrate.backends.sharing import blocked
 
-    held = {"unknown": []}
+    held: dict[str, list[str]] = {"unknown": []}
     said = blocked(held, ["job b7 (ben, since 10:02:11)", "job c1 (cy, since 10:05:00)",
                           "policy max_gpus_per_user: 4 (ann holds 3, this job wants 2; "
                           "/book/policy.json)"], "job.yaml")
