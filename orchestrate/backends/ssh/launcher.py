@@ -101,6 +101,7 @@ class Launcher:
         self.fanout = prepared.plan.ssh.fanout
         self.connect_timeout_s = prepared.plan.ssh.connect_timeout_s
         self.facts: dict[str, HostAnswer] = {}
+        self.refused: dict[str, list[str]] = {}  # host -> why its claim was refused
         self.discover = needs_interface(prepared.inventory)
         self.timings: dict[str, float] = {}
         self._reached: tuple[str, int] | None = None  # the master address and port checked
@@ -237,8 +238,9 @@ class Launcher:
                 self.prepared = prepared
                 return prepared
             if self.tickets is not None:  # a waiting job holds nothing while it waits
+                ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
                 raise UserError.single(
-                    "another job claimed what the plan needs meanwhile",
+                    "; ".join(ahead) or "another job claimed what the plan needs meanwhile",
                     source=str(self.prepared.path), field="preflight", busy=True)
         raise UserError.single(
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
@@ -331,6 +333,7 @@ class Launcher:
 
         targets = self.targets(plan)
         show("claiming GPUs and the port", hosts(list(targets)))
+        self.refused = {}
         answers = self._gang(targets, claim) if self.tickets is not None and len(targets) > 1 \
             else fan_out(list(targets.values()), claim, self.fanout)
         failures = Judgement()
@@ -343,6 +346,7 @@ class Launcher:
             if reply.get("ok"):
                 continue
             conflict = True
+            self.refused[name] = [str(q) for q in reply.get("queue") or []]
             facts = self.facts[name].facts or {}
             leases = facts.setdefault("leases", {})
             leases["gpus"] = reply.get("busy_gpus", [])
