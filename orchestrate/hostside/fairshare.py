@@ -98,18 +98,19 @@ def parse_policy(text: str | bytes, source: str) -> QueuePolicy:
         raise QueuePolicyError("not a JSON object")
     unknown = sorted(set(data) - (set(QueuePolicy().to_dict()) - {"source", "problem"}))
     if unknown:
-        raise QueuePolicyError(f"{unknown[0]}: not a policy field (known: order, half_life_s, "
-                          "age_half_life_s, max_gpus_per_user, max_waiting_per_user)")
+        raise QueuePolicyError(f"{unknown[0]}: not a policy field (known: order, "
+                               "half_life_s, age_half_life_s, max_gpus_per_user, "
+                               "max_waiting_per_user)")
     order = data.get("order", "fair")
     if order not in ("fair", "fifo"):
         raise QueuePolicyError(f"order: not 'fair' or 'fifo' (got {order!r})")
-    return QueuePolicy(order=order,
-                  half_life_s=float(_number(data, "half_life_s", 60.0, 365 * DAY_S, False)),
-                  age_half_life_s=float(_number(data, "age_half_life_s", 60.0, 365 * DAY_S,
-                                                False)),
-                  max_gpus_per_user=_number(data, "max_gpus_per_user", 0, 4096, True),
-                  max_waiting_per_user=_number(data, "max_waiting_per_user", 0, 1 << 20, True),
-                  source=source)
+    year = 365 * DAY_S
+    return QueuePolicy(
+        order=order, half_life_s=float(_number(data, "half_life_s", 60.0, year, False)),
+        age_half_life_s=float(_number(data, "age_half_life_s", 60.0, year, False)),
+        max_gpus_per_user=_number(data, "max_gpus_per_user", 0, 4096, True),
+        max_waiting_per_user=_number(data, "max_waiting_per_user", 0, 1 << 20, True),
+        source=source)
 
 
 def read_policy(root: str) -> QueuePolicy:
@@ -122,9 +123,9 @@ def read_policy(root: str) -> QueuePolicy:
     folder = lstat_or_none(root)
     owners = {0} | ({folder.st_uid} if folder is not None else set())
     if info is not None and (info.st_uid not in owners or info.st_mode & 0o022):
-        return QueuePolicy(problem=f"{path} is ignored: it must belong to root and be writable by "
-                      f"nobody else (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})"
-                      "; the defaults apply")
+        return QueuePolicy(problem=f"{path} is ignored: it must belong to root and be "
+                           f"writable by nobody else (owner uid {info.st_uid}, mode "
+                           f"{stat.S_IMODE(info.st_mode):o}); the defaults apply")
     if data is None:
         return QueuePolicy(problem=f"{path} cannot be read ({why}): the defaults apply")
     try:
