@@ -86,11 +86,11 @@ def submit_to_running(env: dict[str, str], job: Path, tag: str, runs: int) -> li
     return took
 
 
-def free_to_running(env: dict[str, str], work: Path, runs: int) -> list[float]:
+def free_to_running(env: dict[str, str], work: Path, runs: int, tag: str = "") -> list[float]:
     book = Path(env["ORCHESTRATE_LEASES"]) / os.uname().nodename
     took = []
     for n in range(runs):
-        holder, waiter = f"fa-{n}-{os.getpid()}", f"fb-{n}-{os.getpid()}"
+        holder, waiter = f"fa{tag}-{n}-{os.getpid()}", f"fb{tag}-{n}-{os.getpid()}"
         stamp = work / f"{waiter}.t"
         hold = work / "hold.yaml"
         hold.write_text("name: hold\nresources: {nodes: 1, gpus_per_node: 2, gpu_model: "
@@ -182,7 +182,7 @@ def main() -> None:
         fair = dict(env, ORCHESTRATE_LEASES=str(work / "fair"))
         _queue_of(work / "fair" / os.uname().nodename,
                   {uid: p.pid for uid, p in sleepers.items()}, 50, [2, 3, 4, 5, 6, 7])
-        fair_freed = free_to_running(fair, work, args.runs)
+        fair_freed = free_to_running(fair, work, args.runs, "fair")
     finally:
         for proc in sleepers.values():
             proc.kill()
