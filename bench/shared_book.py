@@ -2,7 +2,9 @@
 of several users against an empty book (ratio; issue 32's target: 1,000 leases within 1.2x),
 submit-to-running with this checkout's checks (ancestors, owners, typed records) against an
 older checkout's (``--before``; target within 1.05x), and the time from GPUs freeing to a
-waiting job's rank running (target under 3 s).
+waiting job's rank running (target under 3 s). Fair share (issue 36): the same with 50 waiting
+tickets of 5 users ahead in the book (the freed GPUs go to the next fair job; target under
+1 s), and the queue's order computed for 1,000 waiting jobs (target under 10 ms).
 
 Local backend, the lab server of issue 20 (2x A100 + 6x A6000) replayed by the stand-in
 nvidia-smi. The leases are files of 5 users (as root they are written and handed to uids
@@ -84,11 +86,11 @@ def submit_to_running(env: dict[str, str], job: Path, tag: str, runs: int) -> li
     return took
 
 
-def free_to_running(env: dict[str, str], work: Path, runs: int) -> list[float]:
+def free_to_running(env: dict[str, str], work: Path, runs: int, tag: str = "") -> list[float]:
     book = Path(env["ORCHESTRATE_LEASES"]) / os.uname().nodename
     took = []
     for n in range(runs):
-        holder, waiter = f"fa-{n}-{os.getpid()}", f"fb-{n}-{os.getpid()}"
+        holder, waiter = f"fa{tag}-{n}-{os.getpid()}", f"fb{tag}-{n}-{os.getpid()}"
         stamp = work / f"{waiter}.t"
         hold = work / "hold.yaml"
         hold.write_text("name: hold\nresources: {nodes: 1, gpus_per_node: 2, gpu_model: "
@@ -109,6 +111,40 @@ def free_to_running(env: dict[str, str], work: Path, runs: int) -> list[float]:
             time.sleep(0.01)
         took.append(float(stamp.read_text()) - freed)
         cancel.wait()
+    return took
+
+
+def _queue_of(host: Path, holders: dict[int, int], count: int, gpus: list[int]) -> None:
+    """``count`` waiting tickets of 5 users for ``gpus`` (none of the bench's own GPUs), each
+    held by a live process of its user, and each user's use of the last hours."""
+    host.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for n in range(count):
+        uid = 1001 + n % 5
+        path = host / f"q-{n}@{uid}.ticket"
+        path.write_text(json.dumps({
+            "job_id": f"q-{n}", "uid": uid, "submitted_at": now - 60 + n * 0.1, "gpus": gpus,
+            "holders": [[holders[uid], None]], "since": now}))
+        os.chown(path, uid, uid)
+    for uid in range(1001, 1006):
+        used = host / f"old@{uid}.{os.urandom(8).hex()}.used"
+        used.write_text(json.dumps({"units": uid - 1000, "start": now - 7200, "end": now - 60}))
+        os.chown(used, uid, uid)
+
+
+def queue_order(count: int = 1000, runs: int = 20) -> list[float]:
+    """The fair order of ``count`` waiting jobs of 5 users (the pure code every claim runs)."""
+    from orchestrate.hostside.fairshare import QueuePolicy, ordered
+    from orchestrate.hostside.leaserecord import Ticket
+
+    now = time.time()
+    tickets = [Ticket(f"j{n}", 1001 + n % 5, now - n, gpus=[n % 8]) for n in range(count)]
+    use = {1001 + n: 3600.0 * n for n in range(5)}
+    took = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        ordered(tickets, use, QueuePolicy(), now)
+        took.append(time.perf_counter() - start)
     return took
 
 
@@ -143,6 +179,10 @@ def main() -> None:
                 took[name] += submit_to_running(sides[name], job,
                                                 f"r{run}-{names.index(name)}", 1)
         freed = free_to_running(sides["empty book"], work, args.runs)
+        fair = dict(env, ORCHESTRATE_LEASES=str(work / "fair"))
+        _queue_of(work / "fair" / os.uname().nodename,
+                  {uid: p.pid for uid, p in sleepers.items()}, 50, [2, 3, 4, 5, 6, 7])
+        fair_freed = free_to_running(fair, work, args.runs, "fair")
     finally:
         for proc in sleepers.values():
             proc.kill()
@@ -160,6 +200,11 @@ def main() -> None:
           f"{statistics.median(took[names[1]]) / base:.3f} (target within 1.2)")
     print(f"GPUs freed to waiting rank running  median {statistics.median(freed):.3f} s "
           f"(min {min(freed):.3f}, max {max(freed):.3f}; target < 3 s)")
+    print(f"... with 50 waiting jobs of 5 users     median {statistics.median(fair_freed):.3f} s "
+          f"(min {min(fair_freed):.3f}, max {max(fair_freed):.3f}; target < 1 s)")
+    order = queue_order()
+    print(f"queue order of 1,000 waiting jobs      median {statistics.median(order) * 1e3:.2f} ms"
+          f" (max {max(order) * 1e3:.2f}; target < 10 ms)")
 
 
 if __name__ == "__main__":

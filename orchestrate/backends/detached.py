@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
+import orchestrate.hostside.fairshare
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
@@ -41,7 +42,7 @@ from orchestrate.backends.base import make_run_dir, secret_values
 from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
-from orchestrate.hostside.shipping import Manifest, program
+from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
 WATCHDOG = Manifest("watchdog", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
-    orchestrate.hostside.leases,
+    orchestrate.hostside.fairshare, orchestrate.hostside.leases,
     orchestrate.hostside.watchdog))
 
 
@@ -264,9 +265,10 @@ def start_watchdog(pid: int, job_id: str, grace_s: float,
     site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
-    text = program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
+    # Compacted: whole, the book's modules outgrow a quarter of one argument's limit.
+    text = compact(program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
                    f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
-                   f"lease_root={lease_root!r})")
+                   f"lease_root={lease_root!r})"))
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(

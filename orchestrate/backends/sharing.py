@@ -110,13 +110,20 @@ def blocked(held: Mapping[str, Any], queue: list[str], source: str) -> UserError
     if held.get("unknown"):
         return UserError.single("; ".join(held["unknown"]), source=source, field="leases",
                                 hint="its owner (or root) can remove the file", busy=True)
-    if queue:
+    jobs = [line for line in queue if not line.startswith("policy ")]
+    rules = [line for line in queue if line.startswith("policy ")]
+    if jobs or rules:
+        said = [f"place {len(jobs) + 1} in the queue: {len(jobs)} job(s) ahead of it want the "
+                "same GPUs or slots: " + "; ".join(summary(jobs, "the queue"))] if jobs else []
         return UserError.single(
-            f"{len(queue)} job(s) waiting longer want the same GPUs or slots: "
-            + "; ".join(summary(queue, "the queue")), source=source, field="resources",
-            busy=True, hint="waiting jobs start first come, first served (submit --wait joins "
-            "the queue)")
+            "; ".join([*said, *rules]), source=source, field="resources", busy=True,
+            hint=QUEUE_HINT)
     return None
+
+
+#: What a waiting job is told about the order of the queue.
+QUEUE_HINT = ("waiting jobs go by their owners' recent use, then by age (orchestrate queue "
+              "shows the order; submit --wait joins it)")
 
 
 def waiting_reason(exc: UserError) -> str:

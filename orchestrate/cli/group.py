@@ -67,6 +67,10 @@ COMMANDS: Mapping[str, Lazy] = {
                  "A job's merged output with [node:rank] prefixes, or one rank's."),
     "plan": Lazy("orchestrate.cli.inspect", "plan",
                  "Show where every rank runs and with what environment; launches nothing."),
+    "queue": Lazy("orchestrate.cli.queue", "queue",
+                  "This machine's queue: running jobs, waiting jobs in the order they will "
+                  "start (each with its place and what it waits for), each user's decayed use "
+                  "and share, and the policy in force."),
     "render": Lazy("orchestrate.cli.inspect", "render",
                    "Print (or write) exactly the scripts a backend would submit."),
     "report": Lazy("orchestrate.cli.report", "report",

@@ -71,6 +71,14 @@ def _time(data: dict[str, Any], name: str) -> float:
     return float(value)
 
 
+def _amount(data: dict[str, Any], name: str) -> float:
+    value = data.get(name, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or not 0.0 <= value <= 1e15:
+        raise _bad(name, "not an amount from 0 to 1e15", value)
+    return float(value)
+
+
 def _list(data: dict[str, Any], name: str) -> list[Any]:
     value = data.get(name)
     if value is None:
@@ -195,6 +203,8 @@ class Ticket:
     port: int | None = None
     holders: Holders = field(default_factory=list)
     since: float = 0.0
+    usage: float = 0.0  # a multi-host job: its owner's use on the busiest of its hosts
+    usage_at: float = 0.0  # ... when that was read
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -204,7 +214,8 @@ class Ticket:
         return {"job_id": self.job_id, "user": self.user, "uid": self.uid,
                 "hostname": self.hostname, "submitted_at": self.submitted_at,
                 "gpus": self.gpus, "slots": self.slots, "port": self.port,
-                "holders": [list(p) for p in self.holders], "since": self.since}
+                "holders": [list(p) for p in self.holders], "since": self.since,
+                "usage": self.usage, "usage_at": self.usage_at}
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Ticket:
@@ -217,13 +228,14 @@ class Ticket:
                    submitted_at=_time(data, "submitted_at"), user=_text(data, "user", "", 256),
                    hostname=_text(data, "hostname", "", 256), gpus=_gpus(data),
                    slots=_int(data, "slots", 0, 1 << 20, 0), port=_port(data),
-                   holders=_holders(data), since=_time(data, "since"))
+                   holders=_holders(data), since=_time(data, "since"),
+                   usage=_amount(data, "usage"), usage_at=_time(data, "usage_at"))
 
     def with_holder(self, pid: int, start: int | None) -> Ticket:
         """This ticket held by ``pid`` (the process that waits for it on this host)."""
         return Ticket(self.job_id, os.geteuid(), self.submitted_at, self.user,
                       socket.gethostname(), list(self.gpus), self.slots, self.port,
-                      [(pid, start)], time.time())
+                      [(pid, start)], time.time(), self.usage, self.usage_at)
 
 
 #: How many bad files one report names before it counts the rest.
@@ -284,6 +296,18 @@ def wanted(want: Want) -> tuple[tuple[float, int, str], set[int], int, int | Non
             want.get("port"))
 
 
+def as_ticket(want: Want) -> Ticket | None:
+    """``want`` as a ticket: a ticket, or its JSON object (the SSH preflight's); else None."""
+    if isinstance(want, Ticket):
+        return want
+    if not want.get("job_id") or not want.get("submitted_at"):
+        return None
+    try:
+        return Ticket.from_dict(dict(want))
+    except RecordError:
+        return None
+
+
 def conflicts(older: Ticket, want: Want) -> bool:
     """Whether granting ``want`` could take something the ``older`` ticket waits for."""
     _, gpus, slots, port = wanted(want)
@@ -295,6 +319,6 @@ def conflicts(older: Ticket, want: Want) -> bool:
 
 
 __all__ = [
-    "LATEST_TIME", "Lease", "RecordError", "Ticket", "conflicts", "describe", "held",
+    "LATEST_TIME", "Lease", "RecordError", "Ticket", "as_ticket", "conflicts", "describe", "held",
     "queue_key", "summary", "wanted",
 ]

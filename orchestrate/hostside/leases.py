@@ -31,11 +31,11 @@ owner, and for root -- while a process still carries the job's tag. A stale leas
 its owner's next reader and ignored by everyone else.
 
 **The queue.** A job that waits (``submit --wait``) writes a ticket naming what it may use; a
-claim is refused while an older live ticket wants any of the same GPUs (or CPU slots, or its
-port). Older means submitted earlier (then uid and job id: the same order on every host), so
-waiting jobs start first come, first served. A ticket counts only while its holder is a live
-process of its owner, and its place is never earlier than its holder's start (less
-:data:`PLACE_SLACK_S`): a forged ticket cannot jump the queue.
+claim is refused while a ticket ahead of it wants any of the same GPUs (or CPU slots, or its
+port). Ahead is by the owners' decayed use, then age (:mod:`orchestrate.hostside.fairshare`;
+the admin's ``policy.json`` may say first come, first served). A ticket counts only while its
+holder is a live process of its owner, and its place is never earlier than its holder's start
+(less :data:`PLACE_SLACK_S`): a forged ticket cannot jump the queue.
 """
 
 from __future__ import annotations
@@ -71,12 +71,14 @@ from orchestrate.hostside.containment import (
     started_at,
     user_name,
 )
+from orchestrate.hostside.fairshare import keyer, read_policy, rules, spend, use
 from orchestrate.hostside.gpuuse import foreign_use, holders, usage
 from orchestrate.hostside.host import alive, port_free, proc_start, suppress
 from orchestrate.hostside.leaserecord import (
     Lease,
     RecordError,
     Ticket,
+    as_ticket,
     conflicts,
     describe,
     held,
@@ -99,11 +101,6 @@ if TYPE_CHECKING:
 PLACE_SLACK_S = float(os.environ.get("ORCHESTRATE_QUEUE_SLACK_S") or 120.0)
 
 
-def holders_of(record: Lease | Ticket) -> list[tuple[int, int | None]]:
-    """The processes whose life holds a record: ``[(pid, start), ...]``."""
-    return list(record.holders)
-
-
 def new_lease(job_id: str, node: str, gpus: list[int], slots: int, port: int | None,
               holders: list[int], cgroup: str | None = None) -> Lease:
     """A lease record: what ``job_id`` holds on this host, who holds it, since when."""
@@ -123,7 +120,9 @@ class LeaseBook:
         base = book_root(root)
         self.directory = os.path.join(base, hostname or socket.gethostname())
         self.trust = open_book(base, self.directory)
+        self.policy = read_policy(base)
         self.uid = os.geteuid()
+        self.leases: list[Lease] = []  # what the last :meth:`live` found
         self.found: dict[str, str] = {}  # path -> what is wrong with it (each named once)
         self._names: dict[int, str] = {}
 
@@ -264,8 +263,10 @@ class LeaseBook:
             elif self._lives(record, uid, scan, path):
                 leases.append(record)
             elif uid == self.uid:
+                spend(self, record)
                 with suppress(OSError):
                     os.unlink(path)
+        self.leases = leases
         return leases
 
     def _held_by(self, pairs: list[tuple[int, int | None]], uid: int, path: str) -> bool:
@@ -321,7 +322,7 @@ class LeaseBook:
             elif uid == self.uid:
                 with suppress(OSError):
                     os.unlink(path)
-        return sorted(found, key=queue_key)
+        return sorted(found, key=keyer(found, use(self), self.policy, time.time()))
 
     def _placed(self, ticket: Ticket, path: str) -> Ticket:
         starts = [started_at(pid) for pid, _ in ticket.holders]
@@ -335,11 +336,12 @@ class LeaseBook:
         return ticket
 
     def ahead(self, want: Want, job_id: str) -> list[Ticket]:
-        """Tickets older than ``want`` (a ticket, or a claim with no place in the queue: the
-        youngest) that want any of the same things (call inside :meth:`locked`)."""
-        mine = wanted(want)[0]
-        return [t for t in self.tickets(except_job=job_id)
-                if queue_key(t) < mine and conflicts(t, want)]
+        """Tickets ahead of ``want`` (a ticket, or a claim with no place in the queue: the
+        last) that want any of the same things (call inside :meth:`locked`)."""
+        queue, mine, placed = self.tickets(except_job=job_id), wanted(want)[0], as_ticket(want)
+        key = keyer([*queue, placed], use(self), self.policy, time.time()) if placed else None
+        return [t for t in queue if conflicts(t, want) and
+                (key(t) < key(placed) if key else queue_key(t) < mine)]
 
     # ---- writing -----------------------------------------------------------------------
 
@@ -372,7 +374,8 @@ class LeaseBook:
             too_many = slot_capacity is not None and slots and \
                 others["slots"] + slots > slot_capacity
             want = ticket or {"gpus": lease.gpus, "slots": slots, "port": port}
-            queue = [describe(t) for t in self.ahead(want, job_id)]
+            queue = [describe(t) for t in self.ahead(want, job_id)] + \
+                rules(self, want, len(lease.gpus))
             if busy_gpus or port_taken or too_many or others["unknown"] or queue:
                 if ticket is not None:
                     self._write(ticket, TICKET)
@@ -452,6 +455,9 @@ class LeaseBook:
             return True
 
     def _drop(self, job_id: str, kind: str) -> None:
+        """Remove this user's files of ``job_id`` (an ended lease is recorded first)."""
+        if kind == LEASE and (lease := self.own(job_id)) is not None:
+            spend(self, lease)
         for path in self._mine(job_id, kind):
             with suppress(FileNotFoundError):
                 os.unlink(path)
@@ -489,8 +495,5 @@ def machine_gpus(lease_dir: str | None) -> dict[str, Any]:
     answer["gpus"] = holders(found, leases)
     return answer
 
-__all__ = [
-    "DEFAULT_ROOT", "ROOT_VAR", "BookError", "Lease", "LeaseBook", "Ticket", "book_root",
-    "check_dir", "conflicts", "describe", "held", "holders_of", "machine_gpus", "new_lease",
-    "queue_key",
-]
+__all__ = ["DEFAULT_ROOT", "ROOT_VAR", "BookError", "Lease", "LeaseBook", "Ticket", "book_root",
+           "check_dir", "conflicts", "describe", "held", "machine_gpus", "new_lease", "queue_key"]

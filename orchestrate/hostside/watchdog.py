@@ -15,7 +15,7 @@ import time
 
 from orchestrate.hostside.containment import JobGroup, describe_pid, stop_processes
 from orchestrate.hostside.host import alive, reap
-from orchestrate.hostside.leases import BookError, LeaseBook, holders_of
+from orchestrate.hostside.leases import BookError, LeaseBook
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def stop_job(job_id: str, grace_s: float, lease_root: str | None = None,
         survivors = stop_processes(lambda: group.members(me), grace_s)
         result["found"] += len(survivors)
         group.remove()
-    holders = [p for p, _ in holders_of(lease)] if gone is None and lease is not None \
+    holders = [p for p, _ in lease.holders] if gone is None and lease is not None \
         else gone or []
     try:
         book.leave(job_id, holders, survivors,

@@ -221,8 +221,8 @@ def test_every_program_sent_on_a_command_line_fits_one_argument() -> None:
     assert len(agent) < limit, f"the agent's remote command is {len(agent)} bytes"
     facts = shell_command(facts_argv("/usr/bin/python3", ["h1", "h2"], bound_s=10))
     assert len(facts) < limit, f"the facts program is {len(facts)} bytes"
-    watchdog = program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
-                       "watch(1, None, 'job', 5.0)")
+    watchdog = shipping.compact(program(WATCHDOG, "from orchestrate.hostside.watchdog import "
+                                        "watch\nwatch(1, None, 'job', 5.0)"))
     assert len(watchdog) < limit, f"the watchdog is {len(watchdog)} bytes: compact() it"
 
 

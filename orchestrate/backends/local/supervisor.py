@@ -54,6 +54,7 @@ from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
 from orchestrate.hostside import containment, gpuuse, host, leases
+from orchestrate.hostside.fairshare import rules
 from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
 
@@ -188,8 +189,8 @@ class LocalSupervisor(Supervisor):
         want = (ticket(submitted, node, self.handshake.submitted_at, me, host.proc_start(me))
                 if waits else wants(submitted, node))
         try:
-            refusal = blocked(held, [leases.describe(t) for t in book.ahead(want, self.job_id)],
-                              source)
+            ahead = [leases.describe(t) for t in book.ahead(want, self.job_id)]
+            refusal = blocked(held, ahead + rules(book, want, len(node.gpu_indices)), source)
             if refusal is not None:
                 raise refusal
             prepared = _fit(submitted, held, outside)

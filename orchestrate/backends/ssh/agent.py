@@ -86,6 +86,7 @@ from orchestrate.hostside.containment import (
     reap_orphans,
     stop_processes,
 )
+from orchestrate.hostside.fairshare import use as fair_use
 from orchestrate.hostside.gpuuse import outside_use, usage
 from orchestrate.hostside.host import (
     TAG,
@@ -200,6 +201,7 @@ def preflight(request: Preflight) -> dict[str, Any]:
             report["leases"] = held(book.live(except_job=request.job_id))
             report["leases"]["queue"] = [describe(t) for t in
                                          book.ahead(request.want or {}, request.job_id)]
+            report["leases"]["use"] = fair_use(book).get(os.geteuid(), 0.0)  # gang order
             report["leases"]["problems"] = book.problems
     except (BookError, OSError) as exc:
         report["leases"] = {"error": str(exc), "hint": getattr(exc, "hint", ""), "gpus": [],

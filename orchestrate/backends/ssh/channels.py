@@ -34,6 +34,7 @@ import orchestrate.core.plan.outcome
 import orchestrate.core.plan.restart
 import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
+import orchestrate.hostside.fairshare
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
@@ -62,9 +63,9 @@ _MARK = MARK.encode()
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
-    orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
-    orchestrate.hostside.masterreach, orchestrate.core.exits, orchestrate.core.layout,
-    orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
+    orchestrate.hostside.fairshare, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
+    orchestrate.hostside.safeplace, orchestrate.hostside.masterreach, orchestrate.core.exits,
+    orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.backends.ssh.wire, orchestrate.backends.ssh.agent))
 
 

@@ -101,6 +101,7 @@ class Launcher:
         self.fanout = prepared.plan.ssh.fanout
         self.connect_timeout_s = prepared.plan.ssh.connect_timeout_s
         self.facts: dict[str, HostAnswer] = {}
+        self.refused: dict[str, list[str]] = {}  # host -> why its claim was refused
         self.discover = needs_interface(prepared.inventory)
         self.timings: dict[str, float] = {}
         self._reached: tuple[str, int] | None = None  # the master address and port checked
@@ -180,8 +181,20 @@ class Launcher:
         from orchestrate.backends.sharing import wants
 
         if self.tickets is not None:
-            return self.tickets(node)
+            return self._ticket(node)
         return wants(self.prepared, node)
+
+    def _ticket(self, node: NodePlan) -> dict[str, Any]:
+        """The job's ticket for ``node``. A multi-host job's carries its owner's use on the
+        busiest of its hosts (each host's preflight says it), so that every host orders it
+        alike: a host takes the larger of it and its own count."""
+        assert self.tickets is not None
+        ticket = dict(self.tickets(node))
+        if len(self.prepared.plan.nodes) > 1:
+            uses = [float(((a.facts or {}).get("leases") or {}).get("use") or 0.0)
+                    for a in self.facts.values()]
+            ticket["usage"], ticket["usage_at"] = max(uses, default=0.0), time.time()
+        return ticket
 
     def settle(self) -> Prepared:
         """Preflight, re-plan and claim until the plan holds; returns the plan to launch.
@@ -225,8 +238,9 @@ class Launcher:
                 self.prepared = prepared
                 return prepared
             if self.tickets is not None:  # a waiting job holds nothing while it waits
+                ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
                 raise UserError.single(
-                    "another job claimed what the plan needs meanwhile",
+                    "; ".join(ahead) or "another job claimed what the plan needs meanwhile",
                     source=str(self.prepared.path), field="preflight", busy=True)
         raise UserError.single(
             f"the plan kept changing: other jobs took its GPUs or port {MAX_ROUNDS} times",
@@ -257,19 +271,19 @@ class Launcher:
 
     def _refuse_waits(self, verdict: Judgement) -> None:
         """Older waiting jobs want the same things, or a lease cannot be read: exit 75."""
+        from orchestrate.backends.sharing import QUEUE_HINT
+
         waits = [f"{name}: {why}" for name, whys in verdict.waits.items() for why in whys]
         if waits:
             raise UserError.single(
                 "; ".join(waits), source=str(self.prepared.path), field="resources", busy=True,
-                hint="waiting jobs start first come, first served (submit --wait joins the "
-                "queue); an unreadable lease is its owner's to remove")
+                hint=QUEUE_HINT + "; an unreadable lease is its owner's to remove")
 
     def enqueue(self) -> None:
         """A waiting job: keep its place in the queue of every host it is logged into (and
         drop any claim it made meanwhile: it holds nothing while it waits)."""
         if self.tickets is None:
             return
-        tickets = self.tickets
         plan = self.prepared.plan
         sessions = self.pool.sessions()
         targets = self.targets(plan)
@@ -279,9 +293,27 @@ class Launcher:
             node = next(n for n in nodes if n.name == target.name)
             channel = sessions[node.name].channels[0]
             return channel.request(Queue(job_id=plan.job_id, lease_dir=target.lease_dir,
-                                         ticket=tickets(node)), "queue", STEP_TIMEOUT_S)
+                                         ticket=self._ticket(node)), "queue", STEP_TIMEOUT_S)
 
         fan_out([targets[n.name] for n in nodes], put, self.fanout)
+
+    def _gang(self, targets: dict[str, Target], claim: Callable[[Target], dict[str, Any]]
+              ) -> dict[str, Any]:
+        """A waiting multi-host job claims one host after another in one global order (by
+        host name), stopping at the first refusal: two such jobs never each hold half of
+        what the other waits for (the one refused first holds nothing; its waiting drops
+        what it holds)."""
+        def name(node: str) -> tuple[str, str]:
+            facts = self.facts[node].facts if node in self.facts else None
+            return (str((facts or {}).get("hostname") or node), node)
+
+        answers: dict[str, Any] = {}
+        for node in sorted(targets, key=name):
+            answers.update(fan_out([targets[node]], claim, self.fanout))
+            answer = answers[node]
+            if answer.error is not None or not (answer.value or {}).get("ok"):
+                break
+        return answers
 
     def _claim(self, plan: Plan) -> bool:
         """Claim every node's GPUs and port; False (with facts updated) on a conflict."""
@@ -292,7 +324,7 @@ class Launcher:
             cpu = not node.gpu_indices
             return channel.request(Claim(
                 job_id=plan.job_id, node=node.name, lease_dir=target.lease_dir,
-                ticket=self.tickets(node) if self.tickets is not None else None,
+                ticket=self._ticket(node) if self.tickets is not None else None,
                 gpus=list(node.gpu_indices),
                 slots=node.nproc if cpu else 0,
                 slot_capacity=spec.capacity if cpu and spec is not None else None,
@@ -301,7 +333,9 @@ class Launcher:
 
         targets = self.targets(plan)
         show("claiming GPUs and the port", hosts(list(targets)))
-        answers = fan_out(list(targets.values()), claim, self.fanout)
+        self.refused = {}
+        answers = self._gang(targets, claim) if self.tickets is not None and len(targets) > 1 \
+            else fan_out(list(targets.values()), claim, self.fanout)
         failures = Judgement()
         conflict = False
         for name, answer in answers.items():
@@ -312,6 +346,7 @@ class Launcher:
             if reply.get("ok"):
                 continue
             conflict = True
+            self.refused[name] = [str(q) for q in reply.get("queue") or []]
             facts = self.facts[name].facts or {}
             leases = facts.setdefault("leases", {})
             leases["gpus"] = reply.get("busy_gpus", [])

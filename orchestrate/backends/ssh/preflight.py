@@ -234,8 +234,11 @@ def _judge_leases(node: NodePlan, leases: dict[str, Any], cells: dict[str, str],
         queued = len(leases.get("queue") or [])
         cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)" + (
             f", {queued} waiting before it" if queued else "")
-    waits = [*(leases.get("unknown") or []), *(f"waiting longer: {w}" for w in
-                                              leases.get("queue") or [])]
+    ahead = [w for w in leases.get("queue") or [] if not w.startswith("policy ")]
+    waits = [*(leases.get("unknown") or []),
+             *(w for w in leases.get("queue") or [] if w.startswith("policy ")),
+             *([f"place {len(ahead) + 1} in the queue, behind " + "; ".join(ahead[:5])]
+               if ahead else [])]
     if waits:
         verdict.waits[node.name] = waits
     held = frozenset(int(g) for g in leases.get("gpus", []))
