@@ -16,6 +16,7 @@ from orchestrate.cli import completion
 from orchestrate.cli.tables import console
 from orchestrate.core.errors import EXIT_BUSY, EXIT_USER_ERROR, UserError
 from orchestrate.core.layout import DOCTOR_FILE, rank_log
+from orchestrate.run.attemptmetrics import older_resumes
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
@@ -177,12 +178,16 @@ def _follow(store: Store, record: JobRecord, path: Path | None = None, *,
     raise click.exceptions.Exit(EXIT_INTERRUPTED)
 
 
-def _summary(job: JobRecord) -> None:
+def _summary(job: JobRecord, resumes: bool = True) -> None:
+    """The end of a followed job: its state and reason, a resume from an older checkpoint
+    (``resumes``: status has said it already), the failure's last lines."""
     took = ""
     if job.finished_at and job.submitted_at:
         took = f" in {job.finished_at - job.submitted_at:.1f}s"
     click.echo(f"job {job.id} {job.state}{took}" + (f": {job.reason}" if job.reason else ""),
                err=True)
+    for line in older_resumes(Path(job.run_dir)) if resumes else ():
+        click.echo(line, err=True)
     failure = job.failure
     if failure:
         if failure.last_lines:
@@ -323,7 +328,7 @@ def status(job_ref: str | None, as_json: bool, watch: bool) -> None:
     for line in report.status_lines(job):
         out.print(line, markup=False)
     if job.failure:
-        _summary(job)
+        _summary(job, resumes=False)
 
 
 @click.command()

@@ -44,15 +44,18 @@ def report(job_ref: str, output: Path | None) -> None:
 def status_json(job: JobRecord) -> dict[str, Any]:
     """``status --json``: the job record with ``straggler`` and per-rank ``timing`` (over the
     whole run once the job ended, over the last 30 s of timing while it runs), and
-    ``batch_shares`` under a global batch split (orchestrate/report/balance.py)."""
+    ``batch_shares`` under a global batch split (orchestrate/report/balance.py), and
+    ``older_resumes``: the trainer's starts that passed over newer checkpoints not whole."""
     from orchestrate.cli.live import RECENT_S
     from orchestrate.report.balance import balance
     from orchestrate.report.runfiles import add_pace, read_metrics, read_timing
+    from orchestrate.run.attemptmetrics import older_resumes
 
     run_dir = Path(job.run_dir)
     status = add_pace(job.to_json(), run_dir, None if job.terminal else RECENT_S)
     split = balance(read_metrics(run_dir), read_timing(run_dir))
     status["batch_shares"] = None if split is None else split.to_json()
+    status["older_resumes"] = older_resumes(run_dir)
     return status
 
 
@@ -61,6 +64,7 @@ def status_lines(job: JobRecord) -> list[str]:
     from orchestrate.cli.live import RECENT_S, loss_line, straggler_line
     from orchestrate.report.balance import balance
     from orchestrate.report.runfiles import losses, read_metrics, read_timing, run_pace
+    from orchestrate.run.attemptmetrics import older_resumes
 
     run_dir = Path(job.run_dir)
     figures = run_pace(run_dir, {r.rank: r.node for r in job.ranks},
@@ -68,7 +72,7 @@ def status_lines(job: JobRecord) -> list[str]:
     records = read_metrics(run_dir)
     split = balance(records, read_timing(run_dir))
     lines = [straggler_line(figures.straggler, figures), loss_line(losses(records)),
-             None if split is None else split.line()]
+             None if split is None else split.line(), *older_resumes(run_dir)]
     return [line for line in lines if line]
 
 

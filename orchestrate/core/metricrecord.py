@@ -12,6 +12,8 @@ and a line holds exactly those (``null`` where the trainer had no value):
   time, and peak_memory_gb (every rank's measured peak in GB: orchestrate/train/peakmemory.py);
 - under ``global_batch_size``, ``start``, ``step`` and ``epoch`` also carry batch_shares (every
   rank's share of the global batch in force: ``batch_split: measured`` changes it);
+- a ``start`` that resumed from an older checkpoint than the newest also carries passed_over:
+  each newer checkpoint passed over and why (``step-00000300: shard ... is truncated``);
 - ``shares`` (``batch_split: measured`` changed the split, before the next step): epoch, step,
   time, batch_shares;
 - ``checkpoint`` (once a checkpoint is on disk): epoch, step, time, path;
@@ -78,6 +80,7 @@ class MetricRecord:
     outcome: str | None = None
     signal: str | None = None
     batch_shares: tuple[int, ...] | None = None  # start: every rank's share of a global batch
+    passed_over: tuple[str, ...] | None = None  # start: newer checkpoints not whole, and why
 
     def carried(self) -> tuple[str, ...]:
         """The fields a line of this kind holds (an unknown kind: every field it has)."""
@@ -85,7 +88,7 @@ class MetricRecord:
         if known is None:
             return tuple(f.name for f in fields(self) if f.name != "kind"
                          and getattr(self, f.name) is not None)
-        return known + tuple(name for name in ("peak_memory_gb", "batch_shares")
+        return known + tuple(name for name in ("peak_memory_gb", "batch_shares", "passed_over")
                              if getattr(self, name) is not None)
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +116,9 @@ class MetricRecord:
             elif f.name == "peak_memory_gb":
                 found = [finite(v) for v in raw] if isinstance(raw, list) else []
                 values[f.name] = tuple(v for v in found if v is not None) if found else None
+            elif f.name == "passed_over":
+                texts = [str(v) for v in raw if isinstance(v, str)] if isinstance(raw, list) else []
+                values[f.name] = tuple(texts) or None
             elif f.name == "batch_shares":
                 whole = [_whole(v) for v in raw] if isinstance(raw, list) else []
                 values[f.name] = tuple(v for v in whole if v is not None) or None

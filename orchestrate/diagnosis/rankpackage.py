@@ -13,7 +13,9 @@ trainer does) never gets these copies instead: nothing here is called ``orchestr
 import hook is needed.
 
 One public module sits beside them, ``orchestrate_steps``: the one line a ``command:``
-program needs to report its steps (:mod:`orchestrate.diagnosis.stepreport`).
+program needs to report its steps (:mod:`orchestrate.diagnosis.stepreport`), and, run as
+``python -m orchestrate_steps -- PROGRAM``, the relay of a program that is not Python
+(:mod:`orchestrate.diagnosis.steprelay`).
 
 A carried module may import only the standard library and the other carried modules:
 :func:`folder` fails at once on any other ``orchestrate`` import (the tests build it).
@@ -31,9 +33,11 @@ import orchestrate.diagnosis.flightrecorder
 import orchestrate.diagnosis.joinwatch
 import orchestrate.diagnosis.kernelstate
 import orchestrate.diagnosis.sidecar
+import orchestrate.diagnosis.steprelay
 import orchestrate.diagnosis.stepreport
 import orchestrate.diagnosis.threadstate
 import orchestrate.diagnosis.workers
+import orchestrate.hostside.childrun
 import orchestrate.hostside.cpubind
 import orchestrate.hostside.timeouts
 from orchestrate.hostside.shipping import Manifest, module_source
@@ -46,7 +50,8 @@ SIDECAR = Manifest("sidecar", (
     orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.threadstate,
     orchestrate.diagnosis.workers, orchestrate.diagnosis.flightrecorder,
     orchestrate.diagnosis.joinwatch, orchestrate.diagnosis.activation,
-    orchestrate.diagnosis.sidecar, orchestrate.diagnosis.stepreport))
+    orchestrate.diagnosis.sidecar, orchestrate.diagnosis.stepreport,
+    orchestrate.hostside.childrun, orchestrate.diagnosis.steprelay))
 
 #: The private package inside the sidecar folder.
 PACKAGE = "_orchestrate_rank"
@@ -73,12 +78,21 @@ STEPS_MODULE = "orchestrate_steps"
 
 _STEPS = f'''"""Report your program's steps to orchestrate: ``report(step, loss, samples=n)`` on
 every rank, every step (docs/launchers.md); loss curves, the NaN stop and the straggler split.
+A program that is not Python: ``python -m orchestrate_steps -- PROGRAM [ARG...]``, writing a
+JSON line per step to the file ``$ORCHESTRATE_STEP_FILE`` names.
 orchestrate's launch script put this folder on PYTHONPATH; the code is {PACKAGE}/stepreport.py.
 """
 
 from {PACKAGE}.stepreport import report
 
 __all__ = ["report"]
+
+if __name__ == "__main__":  # python -m orchestrate_steps -- PROGRAM: the file protocol
+    import sys
+
+    from {PACKAGE}.steprelay import main
+
+    sys.exit(main(sys.argv[1:]))
 '''
 
 _IMPORT = re.compile(r"^(\s*from\s+)(orchestrate(?:\.\w+)+)(\s+import\b)", re.M)

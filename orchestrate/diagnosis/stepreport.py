@@ -79,9 +79,11 @@ class StepReporter:
 
     def report(self, step: int, loss: Any, samples: int | None = None, *,
                epoch: int | None = None, data_s: float | None = None,
-               backward_s: float | None = None) -> None:
-        """Record one step (see the module docstring); stops the rank on a non-finite loss."""
-        now, wall = self.clock(), time.time()
+               backward_s: float | None = None, at: float | None = None) -> None:
+        """Record one step (see the module docstring); stops the rank on a non-finite loss.
+        ``at``: when the step ended, on this reporter's clock, where it was not just now
+        (the step relay's file lines)."""
+        now, wall = (self.clock() if at is None else at), time.time()
         value = float(loss)
         step = int(step)
         phase("step", step)
@@ -170,7 +172,14 @@ def reporter(environ: Any = None) -> StepReporter:
     found = _reporters.get(pid)
     if found is not None:
         return found
-    environ = os.environ if environ is None else environ
+    made = from_environ(os.environ if environ is None else environ)
+    _reporters[pid] = made
+    atexit.register(made.flush)  # the last, partial window
+    return made
+
+
+def from_environ(environ: Any, clock: Callable[[], float] = time.perf_counter) -> StepReporter:
+    """A reporter for the rank this process is: its process group's, else ``RANK``."""
     world = dist_world()
     rank_text = str(environ.get("RANK", "")).strip()
     size_text = str(environ.get("WORLD_SIZE", "")).strip()
@@ -181,10 +190,8 @@ def reporter(environ: Any = None) -> StepReporter:
         window_s = float(environ.get(ENV_TIMING_S, DEFAULT_WINDOW_S))
     except ValueError:
         window_s = DEFAULT_WINDOW_S
-    made = StepReporter(run_dir, rank, size, window_s if window_s > 0 else DEFAULT_WINDOW_S)
-    _reporters[pid] = made
-    atexit.register(made.flush)  # the last, partial window
-    return made
+    return StepReporter(run_dir, rank, size, window_s if window_s > 0 else DEFAULT_WINDOW_S,
+                        clock)
 
 
 def report(step: int, loss: Any, samples: int | None = None, *,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.core.errors import Problem, UserError
+from orchestrate.core.plan import frameworkfsdp
 from orchestrate.core.plan.memory import ModelFacts
 from orchestrate.core.plan.plan import Occupancy, Plan, make_plan
 from orchestrate.core.plan.ports import unreachable_addresses
@@ -34,6 +35,7 @@ from orchestrate.core.spec.inventory import (
 )
 from orchestrate.core.spec.job import JobSpec, Lines, check_job_id, job_dir, read_job
 from orchestrate.core.spec.loader import read_yaml
+from orchestrate.run import programtext
 from orchestrate.run.progress import show
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
@@ -68,6 +70,7 @@ class Loaded:
     notes: tuple[str, ...] = ()
     debug: bool = False  # submit --debug: NCCL's log and torch's collective checks
     model: ModelFacts | None = None  # the model probe's facts and traces (train/modelfacts.py)
+    fsdp_signs: tuple[str, ...] = ()  # framework-level FSDP in a command:'s files (programtext)
 
     @property
     def path(self) -> Path:
@@ -94,6 +97,7 @@ class Loaded:
             "notes": list(self.notes),
             "debug": self.debug,
             "model": None if self.model is None else self.model.to_json(),
+            "fsdp_signs": list(self.fsdp_signs),
         }
 
     @classmethod
@@ -114,6 +118,7 @@ class Loaded:
             notes=tuple(data["notes"]),
             debug=bool(data.get("debug", False)),
             model=None if data.get("model") is None else ModelFacts.from_json(data["model"]),
+            fsdp_signs=tuple(data.get("fsdp_signs", ())),
         )
 
 
@@ -181,6 +186,8 @@ def load_spec(
         param_count=None if model is None else model.params,
         notes=(*notes, note) if note else tuple(notes),
         model=model,
+        fsdp_signs=() if job.train is not None else
+        tuple(programtext.fsdp_signs(job.command, job.env, workdir)),
     )
 
 
@@ -204,8 +211,11 @@ def plan_job(
         debug=loaded.debug,
         model=loaded.model,
     )
-    if loaded.notes:
-        plan = replace(plan, notes=(*plan.notes, *loaded.notes))
+    warnings, notes = frameworkfsdp.advice(list(loaded.fsdp_signs),
+                                           any(n.gpu_indices for n in plan.nodes))
+    if loaded.notes or warnings or notes:
+        plan = replace(plan, warnings=(*plan.warnings, *warnings),
+                       notes=(*plan.notes, *loaded.notes, *notes))
     _check_reachable(loaded, plan)
     return Prepared(loaded, plan)
 

@@ -13,8 +13,12 @@ costs a function call and shows nothing. Calls may come from any thread (the SSH
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Protocol
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Progress(Protocol):
@@ -39,6 +43,40 @@ def hosts(names: list[str], limit: int = 3) -> str:
     """``a, b, c and 13 more``: a short name for the hosts a phase runs on at once."""
     shown = ", ".join(names[:limit])
     return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+class HostCount:
+    """A phase over many hosts at once, counted as each host is done: ``gathering facts 3/16
+    hosts (waiting for h4, h7 and 7 more)``. Thread-safe: the SSH fan-out's threads call
+    :meth:`done`."""
+
+    def __init__(self, phase: str, names: Iterable[str]) -> None:
+        self.phase = phase
+        self.waiting = list(names)
+        self.total = len(self.waiting)
+        self.lock = threading.Lock()
+        with self.lock:
+            self._show()
+
+    def done(self, name: str) -> None:
+        """``name`` is done (whether it succeeded or not)."""
+        with self.lock:
+            if name in self.waiting:
+                self.waiting.remove(name)
+            self._show()
+
+    def counted(self, name_of: Callable[[T], str], work: Callable[[T], R]) -> Callable[[T], R]:
+        """``work`` that counts its item as done when it returns or raises."""
+        def run(item: T) -> R:
+            try:
+                return work(item)
+            finally:
+                self.done(name_of(item))
+        return run
+
+    def _show(self) -> None:
+        waiting = f"waiting for {hosts(self.waiting)}" if self.waiting else None
+        show(f"{self.phase} {self.total - len(self.waiting)}/{self.total} hosts", waiting)
 
 
 @contextlib.contextmanager

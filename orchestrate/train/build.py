@@ -47,6 +47,8 @@ class Built:
     resume_from: Path | None = None  # rank 0's finding; shared with all ranks by the agreement
     peak: PeakMemory | None = None
     notes: list[str] = field(default_factory=list)  # for people, from rank 0
+    #: Newer checkpoints rank 0 passed over for ``resume_from`` (not whole), and why.
+    passed_over: list[str] = field(default_factory=list)
     #: FSDP's init_from on rank 0: the weights to broadcast (read in setup's first phase, so
     #: that a file rank 0 cannot read stops every rank before the broadcast).
     init_weights: dict[str, Any] | None = None
@@ -119,7 +121,7 @@ def build(spec: TrainSpec, cluster: Cluster, run_dir: Path) -> Built:
     )
     if cluster.rank == 0:
         checkpoint.clean_temporaries(directory)
-        skipped: list[str] = []
+        skipped = built.passed_over
         built.resume_from = checkpoint.find_latest(directory, skipped)
         built.notes.extend(
             f"checkpoint {why}: resuming from the newest complete one instead "

@@ -180,6 +180,7 @@ def _setup(
         position=restored.position,
         totals=restored.totals,
         resumed_from=restored.resumed_from,
+        passed_over=tuple(built.passed_over),
         timing=StepTiming.for_rank(run_dir, cluster.rank, cuda=cuda, environ=environ),
         peak=built.peak,
         val_set=built.val_set,

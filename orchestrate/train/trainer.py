@@ -97,6 +97,7 @@ class Trainer:
     position: Position = field(default_factory=Position)
     totals: EpochTotals = field(default_factory=EpochTotals)
     resumed_from: int | None = None
+    passed_over: tuple[str, ...] = ()  # newer checkpoints not whole (rank 0: build.Built)
     timing: StepTiming = field(default_factory=StepTiming.off)
     peak: PeakMemory | None = None
     val_set: Any = None  # the whole validation set (FSDP's evaluation borrows a sample)
@@ -342,6 +343,7 @@ class Trainer:
                 "start", epoch=self.position.epoch + 1, step=self.position.step,
                 time=time.time(), world_size=self.cluster.world_size,
                 resumed_from_step=self.resumed_from, batch_shares=self.shares,
+                passed_over=self.passed_over or None,
             ))
         every_log = self.spec.log_every_steps
         if every_log and self.position.step % every_log == 0:

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrate.backends.handshake import Verdict, read_verdict
 from orchestrate.doctor.run import tier_phase
-from orchestrate.run.progress import hosts, reporting, show
+from orchestrate.run.progress import HostCount, hosts, reporting, show
 from tests.support.localcli import Cli
 from tests.support.terminals import Terminal
 
@@ -38,6 +38,31 @@ def test_phases_reach_whoever_shows_them_and_nobody_else() -> None:
     assert seen == [("copying the job's files", "gpu01"), ("starting", None)]
     assert hosts(["a", "b"]) == "a, b"
     assert hosts([f"gpu{i:02d}" for i in range(16)]) == "gpu00, gpu01, gpu02 and 13 more"
+
+
+@pytest.mark.unit
+def test_a_phase_over_many_hosts_counts_them_as_each_is_done() -> None:
+    """``inventory probe`` over 16 hosts: ``gathering facts 3/16 hosts (waiting for ...)``,
+    counted from the SSH fan-out's threads, a host that failed counted too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen: list[tuple[str, str | None]] = []
+    names = [f"gpu{i:02d}" for i in range(16)]
+
+    def work(name: str) -> str:
+        if name == "gpu05":
+            raise OSError("no route to host")
+        return name
+
+    with reporting(lambda phase, host=None: seen.append((phase, host))):
+        count = HostCount("gathering facts", names)
+        with ThreadPoolExecutor(4) as pool:
+            results = [pool.submit(count.counted(str, work), n) for n in names]
+        assert sum(1 for r in results if r.exception() is not None) == 1
+    assert seen[0] == ("gathering facts 0/16 hosts",
+                       "waiting for gpu00, gpu01, gpu02 and 13 more")
+    assert [phase for phase, _ in seen] == [f"gathering facts {n}/16 hosts" for n in range(17)]
+    assert seen[-1][1] is None  # nobody left to wait for
 
 
 @pytest.mark.unit

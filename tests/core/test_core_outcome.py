@@ -80,6 +80,12 @@ def test_a_rank_that_explains_outranks_one_that_died_first_saying_nothing() -> N
     (["rank 0: stopping: setup failed on rank(s) 1"], ELSEWHERE),
     (["Traceback (most recent call last):", "RuntimeError: Connection reset by peer"], ELSEWHERE),
     (["rank 2: interrupted"], ELSEWHERE),
+    # torchrun's report of its failed worker (what the worker's node's log ends with) explains;
+    # an agent that srun stopped after another node failed points elsewhere.
+    (["Root Cause (first observed failure):", "[0]:", "  rank      : 3 (local_rank: 1)",
+      "  exitcode  : 3 (pid: 921) ", "  error_file: <N/A>"], EXPLAINED),
+    (["    time.sleep(monitor_interval)", "torch.distributed.elastic.multiprocessing.api."
+      "SignalException: Process 736 got signal: 15"], ELSEWHERE),
 ])
 def test_what_a_failed_ranks_last_lines_say(lines: list[str], verdict: int) -> None:
     assert says(lines) == verdict

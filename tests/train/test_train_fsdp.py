@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from orchestrate.run.attemptmetrics import older_resumes
 from tests.support.trainranks import REPO, Launch, Launcher, base_env
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
@@ -167,4 +168,10 @@ def test_a_truncated_shard_is_named_and_resume_takes_the_checkpoint_before(
     resumed = launcher.run(config | {"max_steps": 20}, run_dir, timeout=200)
     assert resumed.metrics()[0]["resumed_from_step"] == 10
     assert "checkpoint step-00000017: shard __1_0.distcp is truncated" in resumed.ranks[0].stdout
+    # status and the summary say the resume went back (orchestrate/run/attemptmetrics.py)
+    (passed,) = resumed.metrics()[0]["passed_over"]
+    assert passed.startswith("step-00000017: shard __1_0.distcp is truncated"), passed
+    (said,) = older_resumes(run_dir)
+    assert said.startswith("start 2 resumed from step 10, an older checkpoint: the newer were "
+                           "not whole (step-00000017: shard __1_0.distcp is truncated"), said
     assert _end(resumed)["step"] == 20

@@ -265,11 +265,15 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
                ) -> StepVerdict:
     """The verdict on one run of the step (see the module docstring), noted in the log.
     ``stalled`` is the file the stall watch wrote if it stopped the step."""
-    ends = [_worker_end(end, run_dir) for end in rank_ends(exit_dir)]
+    logged = {}  # a failed worker's rank -> the rank whose log its node's task wrote
+    ends = []
+    for end in rank_ends(exit_dir):
+        ends.append(_worker_end(end, run_dir))
+        logged[ends[-1].rank] = end.rank
     stall = _read_stall(stalled) if stalled else None
     if not ends and stall is None:
         return StepVerdict("NONE", 0)
-    first = first_failure(ends, lambda rank: _last_lines(run_dir, rank))
+    first = first_failure(ends, lambda rank: _last_lines(run_dir, logged.get(rank, rank)))
     if first is None and stall is None:
         return StepVerdict("COMPLETED", 0)
     failed = [end.exit for end in ends if not end.exit.ok]

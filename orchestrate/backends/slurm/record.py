@@ -24,6 +24,8 @@ from orchestrate.core.layout import (
     slurm_hostfile,
 )
 from orchestrate.core.plan.outcome import Attempt, Failure, RankEnd, first_failure
+from orchestrate.core.plan.plan import Plan
+from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.run.logsink import last_lines
 from orchestrate.run.store import JobRecord
 
@@ -64,18 +66,40 @@ def read_runs(run_dir: Path) -> list[BatchRun]:
     return [BatchRun(r, starts[r], ends.get(r)) for r in sorted(starts)]
 
 
-def rank_exits(run_dir: Path, restart: int) -> dict[int, RankEnd]:
-    """How the ranks of one run ended (what each rank's shell recorded), by rank."""
-    return {end.rank: end for end in rank_ends(str(slurm_exit_dir(run_dir, restart)))}
+def rank_exits(run_dir: Path, restart: int, plan: Plan | None = None) -> dict[int, RankEnd]:
+    """How the ranks of one run ended (what each rank's shell recorded), by rank. Under a
+    ``per_node`` or ``torchrun`` ``plan`` only a node's one process records its end (as its
+    node's first rank); a failed one is the end of the worker its launcher's report names
+    (:func:`orchestrate.core.plan.workers.worker_end`), keyed by that worker's rank, so the job
+    names the worker that failed, as the local and SSH supervisors do."""
+    ends = rank_ends(str(slurm_exit_dir(run_dir, restart)))
+    if plan is not None and plan.per_node:
+        ends = [worker_end(end, last_lines(rank_log(run_dir, end.rank), REPORT_LINES))
+                for end in ends]
+    return {end.rank: end for end in ends}
 
 
-def job_failure(run_dir: Path, exits: dict[int, RankEnd]) -> Failure | None:
+def log_rank(plan: Plan | None, rank: int) -> int:
+    """The rank whose log file holds ``rank``'s output: under a per-node launcher its node's
+    first (that node's one task writes the node's log), else ``rank`` itself."""
+    if plan is not None and plan.per_node:
+        for node in plan.nodes:
+            if node.first_rank <= rank <= node.last_rank:
+                return node.first_rank
+    return rank
+
+
+def job_failure(run_dir: Path, exits: dict[int, RankEnd], plan: Plan | None = None
+                ) -> Failure | None:
     """The first failure of a run (:func:`orchestrate.core.plan.outcome.first_failure`), with the
-    last lines of that rank's log."""
-    first = first_failure(exits.values(), lambda rank: last_lines(rank_log(run_dir, rank), 10))
+    last lines of that rank's log (a per-node launcher's worker: its node's log)."""
+    def said(rank: int) -> list[str]:
+        return last_lines(rank_log(run_dir, log_rank(plan, rank)), 10)
+
+    first = first_failure(exits.values(), said)
     if first is None:
         return None
-    return Failure.of(first, last_lines(rank_log(run_dir, first.rank), 10))
+    return Failure.of(first, said(first.rank))
 
 
 def attempts_of(run_dir: Path, runs: list[BatchRun], job: JobRecord) -> list[Attempt]:

@@ -69,8 +69,8 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
     requeue = info.get("Requeue") == "1"
     run_dir = Path(job.run_dir)
     last = runs[-1] if runs else None
-    exits = rank_exits(run_dir, last.restart) if last is not None else {}
-    failure = job_failure(run_dir, exits)
+    exits = rank_exits(run_dir, last.restart, job.plan) if last is not None else {}
+    failure = job_failure(run_dir, exits, job.plan)
     end = last.end if last is not None else None
     max_restarts = job.plan.restart.max
     if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
@@ -201,7 +201,7 @@ def _update_ranks(job: JobRecord, store: Store, runs: list[BatchRun], view: JobV
     run_dir = Path(job.run_dir)
     last = runs[-1]
     hosts = rank_hosts(run_dir, last.restart)
-    exits = with_workers(job.plan, rank_exits(run_dir, last.restart))
+    exits = with_workers(job.plan, rank_exits(run_dir, last.restart, job.plan))
     for record in job.ranks:
         fields: RankFields = {}
         if record.rank < len(hosts):
@@ -224,16 +224,19 @@ def _update_ranks(job: JobRecord, store: Store, runs: list[BatchRun], view: JobV
 
 
 def with_workers(plan: Plan, exits: dict[int, RankEnd]) -> dict[int, RankEnd]:
-    """``exits`` with, under ``per_node`` and ``torchrun``, every worker rank ending as its
-    node's one process did (only that process, recorded as the node's first rank, writes an
-    exit): a COMPLETED job's workers are COMPLETED, not STOPPED."""
+    """``exits`` with, under ``per_node`` and ``torchrun``, every rank of a node ending as its
+    node's one process did (only that process writes an exit, under its node's first rank, or
+    under the worker its launcher named as failed: :func:`~.record.rank_exits`): a COMPLETED
+    job's workers are COMPLETED, and a failed node's ranks other than the failed worker are
+    STOPPED (``_update_ranks`` marks FAILED only the job's failure)."""
     if not plan.per_node:
         return exits
     out = dict(exits)
     for node in plan.nodes:
-        ended = exits.get(node.first_rank)
+        ranks = range(node.first_rank, node.last_rank + 1)
+        ended = next((exits[rank] for rank in ranks if rank in exits), None)
         if ended is not None:
-            for rank in range(node.first_rank + 1, node.first_rank + node.nproc):
+            for rank in ranks:
                 out.setdefault(rank, replace(ended, rank=rank))
     return out
 
@@ -258,8 +261,8 @@ def forgotten_view(job: JobRecord, runs: list[BatchRun], client: SlurmClient) ->
     forgotten = "the controller forgot the job and there is no accounting to ask"
     if last is None:
         return JobView("FAILED", f"{forgotten}; it left no sign of having started", None)
-    exits = rank_exits(Path(job.run_dir), last.restart)
-    failure = job_failure(Path(job.run_dir), exits)
+    exits = rank_exits(Path(job.run_dir), last.restart, job.plan)
+    failure = job_failure(Path(job.run_dir), exits, job.plan)
     end = last.end
     if end is None:
         return JobView("FAILED", f"{forgotten}; its last run (restart {last.restart}) never "

@@ -62,7 +62,7 @@ from orchestrate.probe.gathering import (
     shell_command,
 )
 from orchestrate.run.extras import require
-from orchestrate.run.progress import hosts, show
+from orchestrate.run.progress import HostCount
 
 #: The controller waits this much longer than a host's own bound (the host stops itself first,
 #: and says so; this covers the session opening and a host that cannot even do that).
@@ -84,8 +84,9 @@ def gather_over_ssh(
     require("ssh", "reaching hosts over SSH")  # not one ModuleNotFoundError per host
     links = Links()
     try:
-        show("logging in", hosts([t.name for t in targets]))
-        opened = fan_out(list(targets), lambda t: links.get(t).open(), fanout)
+        logins = HostCount("logging in", [t.name for t in targets])
+        opened = fan_out(list(targets), logins.counted(_name, lambda t: links.get(t).open()),
+                         fanout)
         gathered: dict[str, Gathered] = {}
         reached: list[Target] = []
         for t in targets:
@@ -101,9 +102,9 @@ def gather_over_ssh(
                 if found is not None:
                     addresses[t.name] = found
         index = {t.name: i for i, t in enumerate(reached)}
-        show("gathering facts", hosts([t.name for t in reached]))
-        answers = fan_out(reached, lambda t: _gather(
-            links.get(t), peers_of(seen_at, index[t.name]), bound_s, torch, import_torch),
+        facts = HostCount("gathering facts", [t.name for t in reached])
+        answers = fan_out(reached, facts.counted(_name, lambda t: _gather(
+            links.get(t), peers_of(seen_at, index[t.name]), bound_s, torch, import_torch)),
             fanout)
         for t in reached:
             answer = answers[t.name]
@@ -112,6 +113,10 @@ def gather_over_ssh(
         return {t.name: gathered[t.name] for t in targets}
     finally:
         links.close()
+
+
+def _name(target: Target) -> str:
+    return target.name
 
 
 def address_to_write(name: str, host: str | None, peer_ip: str | None) -> str | None:

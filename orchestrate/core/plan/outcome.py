@@ -82,12 +82,16 @@ EXPLAINED, SILENT, ELSEWHERE = 0, 1, 2
 
 #: orchestrate.train's own line about this rank (``rank 3: ...``, session.py).
 _OWN_LINE = re.compile(r"^rank \d+: (.*)$")
-#: Words of a rank that failed because another did, or was stopped.
+#: Words of a rank that failed because another did, or was stopped (``got signal:``: torchrun's
+#: agent stopped from outside, ``SignalException: Process 736 got signal: 15``).
 _ELSEWHERE = ("another rank", "failed on rank(s)", "connection closed", "connection reset",
-              "broken pipe", "remote process", "stopped by sig", "interrupted", "by peer")
-#: Words of a rank that says why it failed.
+              "broken pipe", "remote process", "stopped by sig", "interrupted", "by peer",
+              "got signal:")
+#: Words of a rank that says why it failed (``exitcode :``: the worker torchrun's report
+#: names, its last lines when the worker itself printed nothing).
 _ERROR = re.compile(r"Traceback \(most recent call last\)|[a-z](Error|Exception)\b|"
-                    r"(?i:\berror:|\bfatal\b|\bsegmentation fault\b|\baborted\b)")
+                    r"(?i:\berror:|\bfatal\b|\bsegmentation fault\b|\baborted\b)|"
+                    r"^\s*exitcode\s*:\s*-?\d+ \(pid")
 
 
 def says(lines: Sequence[str]) -> int:

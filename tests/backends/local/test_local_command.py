@@ -134,3 +134,34 @@ def test_bash_c_sees_the_inventorys_python_though_bashrc_puts_another_first(
     assert status["state"] == "COMPLETED", status
     found = {p.read_text().strip() for p in out.glob("rank-*.txt")}
     assert len(found) == 1 and str(bad) not in found.pop(), found
+
+
+SHELL_TRAINER = """#!/bin/sh
+# A trainer that is not Python: one JSON line per step into $ORCHESTRATE_STEP_FILE.
+i=1
+while [ "$i" -le 2000 ]; do
+  loss=0.5
+  if [ "$RANK" = "$NAN_RANK" ] && [ "$i" -ge 4 ]; then loss='"nan"'; fi
+  echo "{\\"step\\": $i, \\"loss\\": $loss, \\"samples\\": 8}" >> "$ORCHESTRATE_STEP_FILE"
+  i=$((i + 1))
+  sleep 0.05
+done
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_shell_trainer_reports_through_the_step_file_and_is_stopped_on_nan(cli: Cli) -> None:
+    """docs/launchers.md's step file: rank 0's curve comes from a shell program's lines, and
+    rank 1's NaN stops the job naming rank 1 with the trainer's sentence, long before its end."""
+    program = cli.work / "trainer.sh"
+    program.write_text(SHELL_TRAINER)
+    program.chmod(0o755)
+    status = _submit(cli, "shellsteps", f"""
+        env: {{NAN_RANK: '1'}}
+        command: [python3, -m, orchestrate_steps, --, '{program}']""")
+    assert status["state"] == "FAILED", status
+    assert status["reason"].startswith("rank 1 on "), status["reason"]
+    said = "\n".join(status["failure"]["last_lines"])
+    assert "rank 1: the loss is not finite (nan) at step 4; training stopped" in said, said
+    steps = [m for m in _records(Path(status["run_dir"]), "metrics.jsonl") if m["kind"] == "step"]
+    assert steps and steps[0]["step"] == 1 and steps[-1]["step"] < 1000, steps[-1:]

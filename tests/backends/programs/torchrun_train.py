@@ -1,7 +1,8 @@
 """A torchrun script, unchanged: it reads what torchrun gives every worker (RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR/PORT through ``init_process_group()``'s env:// default) and trains a
 tiny DDP model on CPU with gloo. Each worker writes ``OUT/rank-<rank>.json``: its process
-group's rank and world size, torchrun's RANK, host, pid and a digest of the weights."""
+group's rank and world size, torchrun's RANK, host, pid and a digest of the weights. With
+``FAIL_RANK=R`` worker R exits 3 after its steps instead (its peers end 0)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         time.sleep(float(os.environ.get("PAUSE_S", "0.05")))
+    if os.environ.get("FAIL_RANK") == str(rank):
+        os._exit(3)
     digest = round(float(sum(p.sum() for p in model.parameters())), 6)
     record = {"rank": rank, "world_size": dist.get_world_size(), "env_rank": os.environ["RANK"],
               "local_rank": os.environ["LOCAL_RANK"], "host": socket.gethostname(),

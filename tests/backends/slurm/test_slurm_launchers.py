@@ -61,6 +61,27 @@ def test_workers_started_per_node_join_the_plans_world(ocli: OrchestrateCli, lau
                                                                              "COMPLETED")
 
 
+def test_the_failed_torchrun_worker_is_named_not_its_nodes_first_rank(
+        ocli: OrchestrateCli) -> None:
+    """As on local and SSH (issue #33): worker 3 (the second on node 2) exits 3; the job's
+    reason, failure and rank table name rank 3, and its node's other rank was stopped. srun
+    then stops node 1's torchrun (``SignalException ... got signal: 15``): that points
+    elsewhere, and torchrun's report on node 2 explains (core/plan/outcome.py ``says``)."""
+    ocli.inventory()
+    path, _out = _job(ocli, "w-fail", "torchrun", "torchrun_train.py", gpus=2,
+                      env=", FAIL_RANK: '3'")
+    status = ocli.wait(ocli.submit(path), ENDED, timeout=240)
+    assert status["state"] == "FAILED", status
+    merged = merged_text(Path(status["run_dir"]))
+    assert status["reason"].startswith("rank 3 on "), merged
+    assert "failed with exit code 3" in status["reason"], status["reason"]
+    assert status["failure"]["rank"] == 3, status["failure"]
+    states = {r["rank"]: r["state"] for r in status["ranks"]}
+    assert (states[2], states[3]) == ("STOPPED", "FAILED"), states
+    # Node 1's workers finished their steps; srun may stop its torchrun before it exits 0.
+    assert states[0] == states[1] in ("COMPLETED", "STOPPED"), states
+
+
 def test_the_notes_program_unchanged_in_a_ranks_job_is_stopped(ocli: OrchestrateCli) -> None:
     ocli.inventory()
     path, out = _job(ocli, "own", "ranks", "spawn_train.py", gpus=1,

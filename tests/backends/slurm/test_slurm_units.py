@@ -5,6 +5,7 @@ allocation a plan asks for, the rendered script (shellcheck), and the log merger
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,9 +24,11 @@ from orchestrate.backends.slurm.ctl import (
     parse_sacct,
     parse_show_job,
 )
+from orchestrate.backends.slurm.record import job_failure, rank_exits
 from orchestrate.backends.slurm.script import monitor_program
 from orchestrate.backends.slurm.view import with_workers
 from orchestrate.core.errors import UserError
+from orchestrate.core.layout import rank_log, slurm_exit_dir
 from orchestrate.core.plan.outcome import Exit, RankEnd
 from orchestrate.core.spec.job import time_limit_seconds
 from orchestrate.run.prepare import prepare
@@ -299,12 +302,14 @@ def _record(exit_dir: Path, rank: int, status: int, at_us: int, host: str) -> No
 POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_failed_node": False}
 
 
-def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3) -> tuple[str, int]:
+def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3,
+            launcher: str = "ranks") -> tuple[str, int]:
     done = subprocess.run(
         [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.idx"),
          str(tmp_path / "exits"), str(restart), json.dumps({**POLICY, "max": max_restarts}),
          str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True,
+        env={"PATH": os.environ["PATH"], "ORCHESTRATE_LAUNCHER": launcher})
     verdict, status, _wait, _exclude = done.stdout.split()
     return verdict, int(status)
 
@@ -361,3 +366,81 @@ def test_the_workers_of_a_torchrun_job_end_as_their_nodes_process() -> None:
         0: ("n1", 0, 5.0), 1: ("n1", 0, 5.0), 2: ("n2", 1, 6.0), 3: ("n2", 1, 6.0)}
     ranks = plans.job(backend="slurm", resources={"nodes": 2, "gpus_per_node": 2})
     assert with_workers(plans.plan(ranks, inv), exits) == exits  # every rank writes its own
+
+
+#: torchrun's last lines when its second worker on the node was killed (as torchrun prints them).
+TORCHRUN_REPORT = """\
+[rank3]: Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-05_05:40:00
+  host      : n2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================
+"""
+
+
+def test_the_failed_worker_of_a_torchrun_node_is_named_on_slurm(tmp_path: Path) -> None:
+    """A node's task writes one exit (as its first rank) and one log; the job's failure names
+    the worker torchrun's report names, with the node's log, and that worker alone is FAILED:
+    the node's other ranks were stopped (issue #33, as local and SSH name it)."""
+    inv = plans.inventory(plans.gpu_node("n1", 2), plans.gpu_node("n2", 2))
+    plan = plans.plan(plans.job(backend="slurm", launcher="torchrun",
+                                resources={"nodes": 2, "gpus_per_node": 2}), inv)
+    _record(slurm_exit_dir(tmp_path, 0), 0, 0, 5_000_000, "n1")
+    _record(slurm_exit_dir(tmp_path, 0), 2, 1, 6_000_000, "n2")
+    rank_log(tmp_path, 2).parent.mkdir(parents=True)
+    rank_log(tmp_path, 2).write_text(TORCHRUN_REPORT)
+    exits = rank_exits(tmp_path, 0, plan)
+    assert sorted(exits) == [0, 3]
+    failure = job_failure(tmp_path, exits, plan)
+    assert failure is not None
+    assert failure.sentence() == "rank 3 on n2 failed with signal 9 (SIGKILL)"
+    assert "exitcode  : -9 (pid: 4242)" in failure.last_lines[-4]
+    ended = with_workers(plan, exits)
+    assert {r: (e.node, e.exit.ok) for r, e in ended.items()} == {
+        0: ("n1", True), 1: ("n1", True), 2: ("n2", False), 3: ("n2", False)}
+    # Without the plan (or under launcher: ranks) the node's first rank carries it.
+    assert sorted(rank_exits(tmp_path, 0)) == [0, 2]
+
+
+def _two_spawn_nodes_failed(run_dir: Path) -> None:
+    """n1's task (rank 0) ended first without a word; 0.4 s later n2's (rank 2), its worker 1
+    (rank 3) saying why in the node's log: the worker that explains is the one named."""
+    exits = slurm_exit_dir(run_dir, 0)
+    _record(exits, 0, 1, 1_000_000, "n1")
+    _record(exits, 2, 1, 1_400_000, "n2")
+    rank_log(run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+    rank_log(run_dir, 0).write_text("Killed\n")
+    rank_log(run_dir, 2).write_text(
+        "rank 3: the loss is not finite (nan) at step 5; training stopped\n"
+        "torch.multiprocessing.spawn.ProcessRaisedException:\n\n"
+        "-- Process 1 terminated with the following error:\n")
+
+
+def test_a_per_node_workers_blame_reads_its_nodes_log(tmp_path: Path) -> None:
+    inv = plans.inventory(plans.gpu_node("n1", 2), plans.gpu_node("n2", 2))
+    plan = plans.plan(plans.job(backend="slurm", launcher="per_node",
+                                resources={"nodes": 2, "gpus_per_node": 2}), inv)
+    _two_spawn_nodes_failed(tmp_path)
+    failure = job_failure(tmp_path, rank_exits(tmp_path, 0, plan), plan)
+    assert failure is not None
+    assert failure.sentence() == "rank 3 on n2 failed with exit code 1"
+
+
+@pytest.mark.process
+def test_monitor_decide_names_the_per_node_worker_that_explains(tmp_path: Path) -> None:
+    _two_spawn_nodes_failed(tmp_path)
+    (tmp_path / "exits").symlink_to(slurm_exit_dir(tmp_path, 0))
+    assert _decide(tmp_path, launcher="per_node") == ("FAILED", 1)
+    assert "rank 3 on n2 failed with exit code 1" in merged_text(tmp_path)
