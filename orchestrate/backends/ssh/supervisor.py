@@ -85,7 +85,12 @@ class SSHSupervisor(Supervisor):
         loaded = self.submitted.loaded
         prepared = self.submitted
         if attempt != self.first:
-            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets)
+            # A restart keeps the last attempt's connections (no new login), unless it avoids
+            # a node; hosts the new plan does not use are logged out of once it is settled.
+            kept = self.pool.links if self.pool is not None and not excluded else None
+            if self.pool is not None and kept is None:
+                self.pool.links.close()
+            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets, kept)
             prepared = plan_job(loaded, self.job_id, Occupancy(excluded=frozenset(excluded)))
         assert self.pool is not None
 
@@ -103,7 +108,10 @@ class SSHSupervisor(Supervisor):
                                   tickets)
         self.timings = self.launcher.timings
         try:
-            return self.launcher.settle()
+            settled = self.launcher.settle()
+            used = {node.name for node in settled.plan.nodes}
+            self.pool.links.close([name for name in self.pool.links.links if name not in used])
+            return settled
         except UserError as exc:
             if tickets is not None and exc.exit_status == EXIT_BUSY:
                 self.launcher.enqueue()
@@ -148,7 +156,7 @@ class SSHSupervisor(Supervisor):
             # kill-by-tag.
             left = _finish_all(handles, STOP_GRACE_S)
             stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
-            pool.close(abort_all=False)
+            pool.close(abort_all=False, keep_links=True)  # for a restart; end() logs out
             for node, names in stopper.survivors.items():
                 left.setdefault(node, []).extend(names)
             return _survived(left)
@@ -181,6 +189,12 @@ class SSHSupervisor(Supervisor):
         """Tell every agent nothing starts (each releases its claim), and log out."""
         if self.pool is not None:
             self.pool.close(abort_all=True)
+
+    def end(self) -> None:
+        """The job ended: log out of the hosts (each attempt's end kept its connections for a
+        restart)."""
+        if self.pool is not None:
+            self.pool.links.close()
 
 
 def _finish_all(handles: list[SSHRank], grace_s: float) -> dict[str, list[str]]:
