@@ -427,6 +427,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["mark"] and len(argv) == 4:
         mark(argv[1], argv[2], argv[3])
         return 0
+    if argv[:1] == ["decide"] and argv[-1] == "per_node":  # the launcher is in the environment
+        argv = argv[:-1]  # (ORCHESTRATE_LAUNCHER); job.sbatch says it for per-node launchers
     if argv[:1] == ["decide"] and len(argv) in (9, 10):
         policy = Policy.from_json(json.loads(argv[4]))
         verdict = verdict_of(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6],

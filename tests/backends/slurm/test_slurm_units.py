@@ -304,12 +304,12 @@ POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_f
 
 
 def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3,
-            **policy: object) -> tuple[str, int]:
+            *more: str, **policy: object) -> tuple[str, int]:
     done = subprocess.run(
         [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.idx"),
          str(tmp_path / "exits"), str(restart),
          json.dumps({**POLICY, "max": max_restarts, **policy}),
-         str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
+         str(tmp_path), str(tmp_path / "marker.json"), "", "0", *more],
         capture_output=True, text=True, check=True)
     verdict, status, _wait, _exclude = done.stdout.split()
     return verdict, int(status)
@@ -367,6 +367,9 @@ def test_a_failed_rank_restarts_in_the_allocation_unless_a_node_is_to_be_avoided
     assert _decide(tmp_path, on=on, exclude_failed_node=True) == ("REQUEUE", 137)
     assert "requeuing, restart 1 of at most 3 in 0s, without n2" in merged_text(tmp_path)
     assert _decide(tmp_path, restart=3, on=on) == ("FAILED", 137)
+    # As job.sbatch asks it for a per-node launcher (torchrun): the stall file, then per_node.
+    stalled = str(tmp_path / "stalled")
+    assert _decide(tmp_path, 0, 3, stalled, "per_node", on=on) == ("RESTART", 137)
 
 
 def test_the_workers_of_a_torchrun_job_end_as_their_nodes_process() -> None:
