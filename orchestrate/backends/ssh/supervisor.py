@@ -84,6 +84,8 @@ class SSHSupervisor(Supervisor):
 
         loaded = self.submitted.loaded
         prepared = self.submitted
+        previous = self._launcher
+        kept = None
         if attempt != self.first:
             # A restart keeps the last attempt's connections (no new login), unless it avoids
             # a node; hosts the new plan does not use are logged out of once it is settled.
@@ -106,6 +108,10 @@ class SSHSupervisor(Supervisor):
 
         self._launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason, self.log,
                                   tickets)
+        if kept is not None and previous is not None:
+            # The hosts kept answered the last attempt's preflight with torch imported: this
+            # one asks again (leases, GPUs, ports) without importing it (seconds a host).
+            self.launcher.facts.update(previous.facts)
         self.timings = self.launcher.timings
         try:
             settled = self.launcher.settle()
