@@ -175,7 +175,8 @@ class SSHSupervisor(Supervisor):
         """Read on the host of rank 0 (no shared file system is assumed)."""
         from orchestrate.backends.ssh.reaping import progress_on
 
-        return progress_on(plan, self.launcher.targets(plan))
+        kept = self.pool.links if self.pool is not None else None
+        return progress_on(plan, self.launcher.targets(plan), kept)
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """A failed check (with the per-host table), or a cancel before the launch."""
