@@ -10,14 +10,16 @@ every backend (local files, the SSH channels, Slurm's shared run directory), so:
 
 Both include the interpreter's start on the ranks, so the ratio restart / fresh compares what
 orchestrate does around it: noticing the death, stopping the other rank, recording, deciding,
-re-planning and launching (local, SSH), or requeueing (Slurm: the batch script judges the
-ranks, ``scontrol requeue``, and Slurm schedules the job again) against planning, rendering,
-submitting and launching. Runs alternate between backends' jobs; medians are printed.
+re-planning and launching (local; SSH over the attempt's kept connections), or on Slurm a
+new srun step in the same allocation (the batch script judges the ranks and runs again: no
+``scontrol requeue``, no queue; issue #37) against planning, rendering, submitting and
+launching. Runs alternate between backends' jobs; medians are printed.
 
     python bench/restart_time.py [--backends local ssh slurm] [--runs 5]
 
 ssh and slurm need the test hosts/cluster (tests/clusters/; brought up here if they are not
-running; root only) and must run under ``flock /tmp/orchestrate-cluster-tests.lock``.
+running; root only) and must run under ``flock /tmp/ssh-tests.lock`` or
+``flock /tmp/slurm-tests.lock``, the locks their tests take.
 """
 
 from __future__ import annotations

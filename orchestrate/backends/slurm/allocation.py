@@ -93,8 +93,10 @@ class SlurmLayout:
         return len(self.ranks)
 
 
-def slurm_layout(plan: Plan) -> SlurmLayout:
-    """The layout of ``plan`` as one Slurm job.
+def slurm_layout(plan: Plan, expedite: bool = False) -> SlurmLayout:
+    """The layout of ``plan`` as one Slurm job. ``expedite``: the cluster's Slurm has
+    ``--requeue=expedite`` (25.11: a job requeued after a node failure restarts at once, first
+    in the queue, its other nodes held for it); the caller knows the version.
 
     Raises :class:`UserError` for a plan that one Slurm job cannot run as planned.
     """
@@ -104,7 +106,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     counts = [n.nproc for n in nodes]
     # Slurm requeues a job whose node failed by itself when allowed to: the restart policy says.
     requeue = "node_lost" in plan.restart.on and plan.restart.max > 0
-    options = _sbatch_options(plan, requeue)
+    options = _sbatch_options(plan, requeue, expedite)
     node_slots = tuple(
         NodeSlot(
             index=i,
@@ -143,7 +145,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     )
 
 
-def _sbatch_options(plan: Plan, requeue: bool) -> list[Option]:
+def _sbatch_options(plan: Plan, requeue: bool, expedite: bool = False) -> list[Option]:
     """The job's ``#SBATCH`` lines: its size, where and how long it runs, its signal and
     requeue, then the job's own ``slurm.extra_args``; every one checked printable."""
     slurm = plan.slurm
@@ -164,7 +166,10 @@ def _sbatch_options(plan: Plan, requeue: bool) -> list[Option]:
     # Without "B:" Slurm signals every process of the job's steps (the ranks), not the batch
     # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
     options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
-    options.append(("--requeue" if requeue else "--no-requeue", None))
+    if requeue:
+        options.append(("--requeue", "expedite") if expedite else ("--requeue", None))
+    else:
+        options.append(("--no-requeue", None))
     options.append(("--open-mode", "append"))
     options += _extra_args(slurm.extra_args)
     for option, given in options:

@@ -50,9 +50,12 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     which reads each failed rank's last log lines: the rank that explains the failure is named),
     apply the job's restart policy (POLICY, JSON; :func:`orchestrate.core.plan.restart.decide`, the
     same
-    decision the local and SSH supervisors make; REQUEUES is how often Slurm restarted this job),
+    decision the local and SSH supervisors make; REQUEUES is how often this Slurm job was
+    restarted, requeued or in its allocation),
     and
-    print the verdict for the batch script, one line: ``COMPLETED``, ``REQUEUE``, ``FAILED`` or
+    print the verdict for the batch script, one line: ``COMPLETED``, ``RESTART`` (a new step
+    in this allocation: a rank failed or stalled, no node to avoid), ``REQUEUE`` (``scontrol
+    requeue``: the ranks asked to resume, or a node is to be avoided), ``FAILED`` or
     ``NONE`` (no rank recorded anything), the exit status the batch script should end with, the
     seconds to wait before the next run, and the nodes to exclude (``-`` for none); the reason
     goes into the merged view and into ``REASON`` beside EXIT_DIR.
@@ -297,14 +300,20 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
     if ending.kind == "requeue" and first is not None:
         sentence = (f"rank {first.rank} on {first.node} checkpointed and asks to resume "
                     f"(exit {first.exit.code})")
-    reason = f"{sentence}: requeuing, {decision.why}" if decision.restart else \
+    # A rank's failure or a stall leaves the allocation as it was: the next run is a new step
+    # of the same job (seconds), unless a node is to be avoided. A requeue (the stop signal
+    # before the time limit, a preemption) needs a new allocation from the queue.
+    here = decision.restart and ending.kind != "requeue" and not decision.exclude
+    how = "restarting in the allocation" if here else "requeuing"
+    reason = f"{sentence}: {how}, {decision.why}" if decision.restart else \
         f"{sentence}; {decision.why}"
     _note(merged, reason if decision.restart or stall is not None else
           f"{reason}; the other ranks were stopped")
     _write(os.path.join(exit_dir, "REASON"), reason)
     status = (first.exit.status if first is not None else 0) or EXIT_FAILED
     if decision.restart:
-        return StepVerdict("REQUEUE", status, reason, decision.wait_s, decision.exclude)
+        return StepVerdict("RESTART" if here else "REQUEUE", status, reason, decision.wait_s,
+                           decision.exclude)
     return StepVerdict("FAILED", status, reason)
 
 
@@ -422,6 +431,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["mark"] and len(argv) == 4:
         mark(argv[1], argv[2], argv[3])
         return 0
+    if argv[:1] == ["decide"] and argv[-1] == "per_node":  # the launcher is in the environment
+        argv = argv[:-1]  # (ORCHESTRATE_LAUNCHER); job.sbatch says it for per-node launchers
     if argv[:1] == ["decide"] and len(argv) in (9, 10):
         policy = Policy.from_json(json.loads(argv[4]))
         verdict = verdict_of(argv[1], argv[2], int(argv[3]), policy, argv[5], argv[6],

@@ -28,6 +28,7 @@ from orchestrate.core.plan.outcome import Failure, RankEnd
 from orchestrate.core.plan.plan import Plan
 from orchestrate.diagnosis.evidence import read_diagnosis
 from orchestrate.run.jobrecord import (
+    RESTARTING,
     STOPPED,
     EndFields,
     JobRecord,
@@ -81,6 +82,9 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
         waiting = "queued" if slurm_reason == "None" else f"waiting: {slurm_reason}"
         return JobView(state, f"Slurm job {job.external_id} {waiting}", None, restarts)
     again = f" (run {restarts + 1}, after {restarts} requeue(s))" if restarts else ""
+    if state == "RUNNING" and end is not None and end.get("outcome") == "RESTARTED":
+        # Between two steps of a restart inside the allocation (the next run not started yet).
+        return JobView(RESTARTING, _decided(run_dir, last), None, restarts)
     if state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING",
                  "SIGNALING", "STAGE_OUT"):
         return JobView(state, f"Slurm job {job.external_id}{again}", None, restarts)

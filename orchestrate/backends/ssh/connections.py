@@ -242,7 +242,12 @@ class Link:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self._connections: list[tuple[Any, int]] = []  # (fabric Connection, sessions opened)
+        # (fabric Connection, sessions open or being opened on it)
+        self._connections: list[tuple[Any, int]] = []
+        # The session channels opened on each connection (by id), so that those closed since
+        # (an attempt's agents that ended) make room again: a restart that keeps the link
+        # opens its sessions on the same connection, without logging in again.
+        self._opened: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
         self._lost: str | None = None
         self.hostname: str | None = None  # what the host calls itself, once known
@@ -320,10 +325,14 @@ class Link:
             with self._lock:
                 conn = self._room()
             try:
-                return cast(SshChannel, conn.client.get_transport().open_session(
-                    timeout=min(timeout, self.target.connect_timeout_s)))
+                channel = conn.client.get_transport().open_session(
+                    timeout=min(timeout, self.target.connect_timeout_s))
             except paramiko.ChannelException as exc:
                 self._refused(conn, exc)
+                continue
+            with self._lock:
+                self._opened.setdefault(id(conn), []).append(channel)
+            return cast(SshChannel, channel)
 
     def _room(self) -> Any:
         """A connection with room for one more session, counted (the lock is held)."""
@@ -331,6 +340,10 @@ class Link:
             self._connections.append((self._connect(), 0))
         self._check_alive()
         conn, used = self._connections[-1]
+        opened = self._opened.get(id(conn), [])
+        still = [c for c in opened if not c.closed]
+        used -= len(opened) - len(still)  # closed since: room again
+        self._opened[id(conn)] = still
         if used >= self._per_connection:
             try:
                 conn, used = self._connect(), 0
@@ -403,6 +416,7 @@ class Link:
         """Close every connection (remote pty sessions get SIGHUP), then its jump hosts."""
         with self._lock:
             connections, self._connections = self._connections, []
+            self._opened.clear()
         for conn, _ in connections:
             for hop in [conn, *reversed(gateways(conn))]:
                 try:

@@ -48,11 +48,13 @@ def reap_host(links: Links, target: Target, job_id: str, grace_s: float) -> Reap
     raise RuntimeError(f"kill-by-tag failed (exit {result.code}): {tail}")
 
 
-def progress_on(plan: Plan, targets: Mapping[str, Target]) -> dict[str, int | None]:
+def progress_on(plan: Plan, targets: Mapping[str, Target], kept: Links | None = None
+                ) -> dict[str, int | None]:
     """How far training got, read on the host of rank 0 (whose run directory has the
-    checkpoints and metrics; no shared file system is assumed). Nothing known on a failure."""
+    checkpoints and metrics; no shared file system is assumed). Nothing known on a failure.
+    ``kept``: the job's open connections (no login of its own; they stay open)."""
     target = targets[plan.nodes[0].name]
-    links = Links()
+    links = kept if kept is not None else Links()
     try:
         result = links.get(target).run(
             agent_command(target.python, "progress", plan.run_dir, checkpoint_dir(plan) or ""),
@@ -60,7 +62,8 @@ def progress_on(plan: Plan, targets: Mapping[str, Target]) -> dict[str, int | No
     except Exception:  # an unreachable host: progress unknown, the budget still bounds restarts
         return {"checkpoint_step": None, "step": None}
     finally:
-        links.close()
+        if kept is None:
+            links.close()
     for line in result.output.split("\n"):
         if line.startswith(MARK + "progress "):
             data: dict[str, int | None] = json.loads(line[len(MARK) + 9:])

@@ -37,8 +37,9 @@ class HostPool:
     """Hosts being logged into, or logged in; errors (ConnectError, ChannelError) are kept and
     raised to whoever asks for that host."""
 
-    def __init__(self, fanout: int, secrets: list[str]) -> None:
-        self.links = Links()
+    def __init__(self, fanout: int, secrets: list[str], links: Links | None = None) -> None:
+        # A restart on the same hosts passes the last attempt's links: no new login.
+        self.links = links if links is not None else Links()
         self.secrets = secrets
         self._executor = ThreadPoolExecutor(max_workers=max(1, fanout),
                                             thread_name_prefix="ssh-login")
@@ -99,15 +100,23 @@ class HostPool:
         """Hosts logged into or being logged into."""
         return list(self._sessions)
 
-    def close(self, abort_all: bool) -> None:
-        """Close every connection; with ``abort_all`` first tell each agent nothing starts."""
+    def close(self, abort_all: bool, keep_links: bool = False) -> None:
+        """Close every connection; with ``abort_all`` first tell each agent nothing starts.
+        ``keep_links``: close the agents' channels only, and keep the connections that still
+        answer (logged in) for the next attempt's pool."""
         self._executor.shutdown(wait=True, cancel_futures=True)
         if abort_all:
             for session in self.sessions().values():
                 for channel in session.channels:
                     abort(channel)
             time.sleep(0.05)  # let the abort lines leave before the connections close
-        self.links.close()
+        if not keep_links:
+            self.links.close()
+            return
+        for session in self.sessions().values():
+            for channel in session.channels:
+                channel.close()
+        self.links.close([name for name, link in self.links.links.items() if not link.alive()])
 
 
 def abort(channel: AgentChannel) -> None:

@@ -84,8 +84,15 @@ class SSHSupervisor(Supervisor):
 
         loaded = self.submitted.loaded
         prepared = self.submitted
+        previous = self._launcher
+        kept = None
         if attempt != self.first:
-            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets)
+            # A restart keeps the last attempt's connections (no new login), unless it avoids
+            # a node; hosts the new plan does not use are logged out of once it is settled.
+            kept = self.pool.links if self.pool is not None and not excluded else None
+            if self.pool is not None and kept is None:
+                self.pool.links.close()
+            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets, kept)
             prepared = plan_job(loaded, self.job_id, Occupancy(excluded=frozenset(excluded)))
         assert self.pool is not None
 
@@ -101,9 +108,16 @@ class SSHSupervisor(Supervisor):
 
         self._launcher = Launcher(prepared, replan, self.pool, lambda: self.stop.reason, self.log,
                                   tickets)
+        if kept is not None and previous is not None:
+            # The hosts kept answered the last attempt's preflight with torch imported: this
+            # one asks again (leases, GPUs, ports) without importing it (seconds a host).
+            self.launcher.facts.update(previous.facts)
         self.timings = self.launcher.timings
         try:
-            return self.launcher.settle()
+            settled = self.launcher.settle()
+            used = {node.name for node in settled.plan.nodes}
+            self.pool.links.close([name for name in self.pool.links.links if name not in used])
+            return settled
         except UserError as exc:
             if tickets is not None and exc.exit_status == EXIT_BUSY:
                 self.launcher.enqueue()
@@ -148,7 +162,7 @@ class SSHSupervisor(Supervisor):
             # kill-by-tag.
             left = _finish_all(handles, STOP_GRACE_S)
             stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
-            pool.close(abort_all=False)
+            pool.close(abort_all=False, keep_links=True)  # for a restart; end() logs out
             for node, names in stopper.survivors.items():
                 left.setdefault(node, []).extend(names)
             return _survived(left)
@@ -161,7 +175,8 @@ class SSHSupervisor(Supervisor):
         """Read on the host of rank 0 (no shared file system is assumed)."""
         from orchestrate.backends.ssh.reaping import progress_on
 
-        return progress_on(plan, self.launcher.targets(plan))
+        kept = self.pool.links if self.pool is not None else None
+        return progress_on(plan, self.launcher.targets(plan), kept)
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """A failed check (with the per-host table), or a cancel before the launch."""
@@ -181,6 +196,12 @@ class SSHSupervisor(Supervisor):
         """Tell every agent nothing starts (each releases its claim), and log out."""
         if self.pool is not None:
             self.pool.close(abort_all=True)
+
+    def end(self) -> None:
+        """The job ended: log out of the hosts (each attempt's end kept its connections for a
+        restart)."""
+        if self.pool is not None:
+            self.pool.links.close()
 
 
 def _finish_all(handles: list[SSHRank], grace_s: float) -> dict[str, list[str]]:

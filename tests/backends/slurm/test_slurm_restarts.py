@@ -1,10 +1,12 @@
-"""Restarts on Slurm (issue 13): a rank killed with SIGKILL mid-training; the batch job decides
-(monitor.py, the same policy as every backend) and requeues the job with Slurm's own requeue;
-the second run resumes from the checkpoint and ends where an uninterrupted run ends, parameter
-for parameter; the attempts and their reasons survive the controller's requeue."""
+"""Restarts on Slurm (issues 13, 37): a rank killed with SIGKILL mid-training; the batch job
+decides (monitor.py, the same policy as every backend) and, the allocation being intact, runs the
+ranks again as a new step of the same Slurm job (no requeue, no queue); the second run resumes
+from the checkpoint and ends where an uninterrupted run ends, parameter for parameter; the
+attempts and their reasons are kept in the run directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -43,7 +45,7 @@ def _rank_pid(job_id: str, rank: int) -> int:
 
 
 @pytest.mark.timeout(BRING_UP + 360)
-def test_a_killed_rank_is_requeued_and_ends_where_an_uninterrupted_run_ends(
+def test_a_killed_rank_restarts_as_a_new_step_and_ends_where_an_uninterrupted_run_ends(
     ocli: OrchestrateCli,
 ) -> None:
     ocli.inventory()
@@ -67,7 +69,14 @@ def test_a_killed_rank_is_requeued_and_ends_where_an_uninterrupted_run_ends(
     attempts = done["attempts"]
     assert [a["n"] for a in attempts] == [1, 2], attempts
     assert "failed with signal 9 (SIGKILL)" in attempts[0]["reason"], attempts
-    assert "restart 1 of at most 1" in attempts[0]["reason"], attempts
+    assert "restarting in the allocation, restart 1 of at most 1" in attempts[0]["reason"]
+    # The same Slurm job, never requeued: run 1 ended RESTARTED and run 2 started in it.
+    events = [json.loads(line) for line in
+              (run / "slurm" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["restart"], e.get("outcome")) for e in events] == [
+        ("start", 0, None), ("end", 0, "RESTARTED"), ("start", 1, None),
+        ("end", 1, "COMPLETED")], events
+    assert {e["slurm_job_id"] for e in events} == {int(done["external_id"])}, events
     assert "resuming from" in text
     reference = ocli.wait(straight_id, {"COMPLETED", "FAILED"}, timeout=180)
     assert reference["state"] == "COMPLETED"

@@ -151,6 +151,10 @@ def test_allocation_uniform_uneven_and_gpus(tmp_path: Path) -> None:
         "--time=30", "--partition=debug", "--account=acct", "--qos=high", "--signal=USR2@120",
         "--requeue", "--open-mode=append", "--exclusive", "--comment=a b",
     ]
+    # Where the Slurm version has it (25.11), a node failure's requeue is expedited.
+    plan = prepare(uniform, (), job_id="t-1").plan
+    assert ("--requeue", "expedite") in slurm_layout(plan, expedite=True).options
+    assert ("--requeue", None) not in slurm_layout(plan, expedite=True).options
     uneven = _job(tmp_path, "v", """\
         resources: {nodes: 2, gpus_per_node: all, node_names: [n3, n1]}
         command: [python, x.py]
@@ -303,11 +307,12 @@ POLICY = {"max": 3, "on": ["requeue", "node_lost"], "backoff_s": [0], "exclude_f
 
 
 def _decide(tmp_path: Path, restart: int = 0, max_restarts: int = 3,
-            launcher: str = "ranks") -> tuple[str, int]:
+            *more: str, launcher: str = "ranks", **policy: object) -> tuple[str, int]:
     done = subprocess.run(
         [sys.executable, "-S", str(_monitor(tmp_path)), "decide", str(tmp_path / "output.idx"),
-         str(tmp_path / "exits"), str(restart), json.dumps({**POLICY, "max": max_restarts}),
-         str(tmp_path), str(tmp_path / "marker.json"), "", "0"],
+         str(tmp_path / "exits"), str(restart),
+         json.dumps({**POLICY, "max": max_restarts, **policy}),
+         str(tmp_path), str(tmp_path / "marker.json"), "", "0", *more],
         capture_output=True, text=True, check=True,
         env={"PATH": os.environ["PATH"], "ORCHESTRATE_LAUNCHER": launcher})
     verdict, status, _wait, _exclude = done.stdout.split()
@@ -350,6 +355,25 @@ def test_a_run_whose_ranks_all_ask_to_resume_is_requeued_until_the_budget(tmp_pa
     _record(tmp_path / "exits", 1, 137, 999_999, "n2")
     assert _decide(tmp_path) == ("FAILED", 137)
     assert "rank 1 on n2 failed with signal 9 (SIGKILL)" in merged_text(tmp_path)
+
+
+@pytest.mark.process
+def test_a_failed_rank_restarts_in_the_allocation_unless_a_node_is_to_be_avoided(
+        tmp_path: Path) -> None:
+    """Issue #37: a rank's failure leaves the allocation intact, so the batch script runs a new
+    step of the same job (RESTART) instead of `scontrol requeue`; avoiding the failed node
+    needs a new allocation (REQUEUE)."""
+    _record(tmp_path / "exits", 0, 0, 1_000_000, "n1")
+    _record(tmp_path / "exits", 1, 137, 900_000, "n2")
+    on = ["requeue", "node_lost", "failure"]
+    assert _decide(tmp_path, on=on) == ("RESTART", 137)
+    assert "restarting in the allocation, restart 1 of at most 3" in merged_text(tmp_path)
+    assert _decide(tmp_path, on=on, exclude_failed_node=True) == ("REQUEUE", 137)
+    assert "requeuing, restart 1 of at most 3 in 0s, without n2" in merged_text(tmp_path)
+    assert _decide(tmp_path, restart=3, on=on) == ("FAILED", 137)
+    # As job.sbatch asks it for a per-node launcher (torchrun): the stall file, then per_node.
+    stalled = str(tmp_path / "stalled")
+    assert _decide(tmp_path, 0, 3, stalled, "per_node", on=on) == ("RESTART", 137)
 
 
 def test_the_workers_of_a_torchrun_job_end_as_their_nodes_process() -> None:

@@ -117,3 +117,34 @@ def test_a_failed_host_is_left_out_and_the_restart_lands_on_a_spare(ssh_cli: Ssh
     assert sorted(r["host"] for r in done["ranks"]) == ["h1", "h3"], done["ranks"]
     log = merged_text(Path(done["run_dir"]))
     assert "ran on h1" in log and "ran on h3" in log
+
+
+def _logins(cli: SshCli, host: str) -> int:
+    """Key logins the host's sshd has accepted so far (its log: tests/clusters/sshhosts.sh)."""
+    log = cli.hosts.state_dir / host / "sshd.log"
+    return (log.read_text(errors="replace") if log.exists() else "").count("Accepted ")
+
+
+@pytest.mark.timeout(240)
+def test_a_restart_on_the_same_hosts_logs_in_no_more(ssh_cli: SshCli) -> None:
+    """Issue #37: the restart reuses the attempt's connections: one login per host for the
+    whole job, two attempts (each host's sshd counts them)."""
+    ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2")])
+    (ssh_cli.work / "fails.py").write_text(FAILS_ON_H2)
+    job = ssh_cli.write("again.yaml", f"""
+        name: again
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 2, gpus_per_node: 1}}
+        workdir: {ssh_cli.work}
+        command: [python3, fails.py]
+        restart: {{max: 1, on: [failure], backoff_s: [0]}}
+        """)
+    before = {h: _logins(ssh_cli, h) for h in ("h1", "h2")}
+    job_id = "again-" + os.urandom(3).hex()
+    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
+    assert done["state"] == "COMPLETED", done
+    assert [a["n"] for a in done["attempts"]] == [1, 2], done["attempts"]
+    assert "ran on h1" in merged_text(Path(done["run_dir"]))
+    assert {h: _logins(ssh_cli, h) - before[h] for h in before} == {"h1": 1, "h2": 1}
