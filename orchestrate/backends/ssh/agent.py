@@ -26,7 +26,8 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 - ``start``: join the job's lease as a holder (and its cgroup), check the whole path of the
   script again (:func:`checked`), run ``bash launch-<node>.sh LOCAL_RANK`` as a child that
   inherits the pty, say its pid, wait for it and say how it ended
-  and what of the job is left here;
+  and what of the job is left here; meanwhile (``watch_s``, the node's first rank) say other
+  users' processes on the job's GPUs here whenever they change (``foreign``);
 - ``end``: the job is over: stop what the rank left below this agent, leave the lease (dropped
   once nothing of the job lives), name the survivors, exit the way the rank did;
 - ``abort``: release the claim and exit; nothing was started.
@@ -55,6 +56,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 from orchestrate.backends.ssh.wire import (
     Abort,
@@ -63,6 +65,7 @@ from orchestrate.backends.ssh.wire import (
     Ended,
     Exited,
     Files,
+    ForeignUse,
     Listen,
     Pid,
     Preflight,
@@ -86,7 +89,7 @@ from orchestrate.hostside.containment import (
     reap_orphans,
     stop_processes,
 )
-from orchestrate.hostside.gpuuse import outside_use, usage
+from orchestrate.hostside.gpuuse import outside_use, told, usage
 from orchestrate.hostside.host import (
     TAG,
     interface_towards,
@@ -114,6 +117,7 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 MARK = "\x1eorchestrate:"
+SAYING = threading.Lock()  # the rank's watcher speaks while the main thread waits
 TORCH_TIMEOUT_S = 240.0
 TORCH_VERSION = "orchestrate-torch-version "
 
@@ -124,9 +128,10 @@ def say(kind: str, payload: Any) -> None:
     if isinstance(payload, Record):
         payload = payload.to_json()
     data = (MARK + kind + " " + json.dumps(payload) + "\n").encode()
-    while data:
-        written = os.write(1, data)
-        data = data[written:]
+    with SAYING:
+        while data:
+            written = os.write(1, data)
+            data = data[written:]
 
 
 class Requests:
@@ -372,6 +377,10 @@ class Serving:
         child = subprocess.Popen(["bash", script, *argument], cwd=os.path.dirname(script),
                                  env=env)
         say("pid", Pid(child.pid))
+        done = threading.Event()
+        if request.watch_s and lease is not None and lease.gpus:
+            threading.Thread(target=self.watch, args=(request.watch_s, done),
+                             daemon=True).start()
         while True:
             try:
                 _, status = os.waitpid(child.pid, 0)
@@ -385,6 +394,7 @@ class Serving:
             code = 128 + signum
         else:
             code = os.WEXITSTATUS(status)
+        done.set()
         # What of the job is left here (tagged, or below this agent): none, and the
         # controller need not come back to sweep this host.
         reap_orphans()
@@ -393,6 +403,21 @@ class Serving:
             say("exit", Exited(code=None if signum is not None else code, signal=signum,
                                left=left))
         return code
+
+
+    def watch(self, every_s: float, done: threading.Event) -> None:
+        """While the rank runs: other users' processes on the GPUs the job leases here, said
+        whenever they change (the controller logs each, lists them for ``status`` and names
+        them in the job's ending); nothing is stopped."""
+        seen: dict[str, str] = {}
+        while not done.wait(every_s):
+            with suppress(Exception):  # a failing nvidia-smi or book: look again later
+                lease = self.book().own(self.job_id)
+                now = {} if lease is None else \
+                    {str(pid): line for pid, line in told(usage(), lease).items()}
+                if now != seen and not done.is_set():
+                    say("foreign", ForeignUse(now))
+                    seen = now
 
 
 def checked(script: str) -> str:

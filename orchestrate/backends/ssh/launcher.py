@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.sharing import FOREIGN_POLL_S
 from orchestrate.backends.ssh.channels import ChannelError, SSHRank
 from orchestrate.backends.ssh.connections import (
     ConnectError,
@@ -380,7 +381,9 @@ class Launcher:
                     channel=session.channels[local_rank or 0],
                     start_request=Start(job_id=plan.job_id, script=script,
                                         local_rank=local_rank, grace_s=grace_s,
-                                        env={ATTEMPT_VAR: str(attempt)}),
+                                        env={ATTEMPT_VAR: str(attempt)},
+                                        watch_s=FOREIGN_POLL_S if node.gpu_indices
+                                        and rank == node.first_rank else None),
                     stop_host=_stopper_for(stopper, node.name),
                 ))
         return handles

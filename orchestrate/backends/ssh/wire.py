@@ -6,7 +6,8 @@ back with :func:`read_request`, which refuses an unknown op, an unknown or missi
 value of the wrong kind with :class:`WireError` (the agent answers it as an ``error`` reply
 naming the op and field, and the channel stays usable). A renamed key is then a loud error on
 the first run, not a silent ``None`` on a remote host. Replies the controller reads field by
-field (``ready``, ``pid``, ``exit``, ``ended``, ``files`` and the master reach check's) are
+field (``ready``, ``pid``, ``exit``, ``ended``, ``foreign``, ``files`` and the master reach
+check's) are
 records too; the preflight facts, the lease book's answers (``claim``, ``queue``) stay the
 dicts their owners define (:mod:`orchestrate.hostside.leases`).
 
@@ -149,6 +150,7 @@ class Start(Record):
     grace_s: float = 5.0
     env: dict[str, str] = field(default_factory=dict)
     lease_dir: str | None = None  # None: the claim's
+    watch_s: float | None = None  # look for other users on the job's GPUs this often
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,14 @@ class Ended(Record):
     """What outlived the job's end on the host, named."""
 
     survivors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ForeignUse(Record):
+    """Other users' processes on the job's GPUs here now, said when it changes while the rank
+    runs: pid -> "GPU 3 of your job is also used by pid 4242 (ben, python train.py, 12.0 GB)"."""
+
+    uses: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
