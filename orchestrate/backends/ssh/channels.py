@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import orchestrate.backends.ssh.agent
+import orchestrate.backends.ssh.facts
+import orchestrate.backends.ssh.hostcheck
 import orchestrate.backends.ssh.wire
 import orchestrate.core.exits
 import orchestrate.core.layout
@@ -65,7 +67,8 @@ AGENT = Manifest("agent", (
     orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
     orchestrate.hostside.masterreach, orchestrate.core.exits, orchestrate.core.layout,
     orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
-    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.agent))
+    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.facts,
+    orchestrate.backends.ssh.hostcheck, orchestrate.backends.ssh.agent))
 
 
 def agent_source() -> str:
