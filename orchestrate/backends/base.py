@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -57,6 +58,7 @@ from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import safeplace
+from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
 from orchestrate.run.store import Store
 
@@ -168,6 +170,21 @@ def checked_script(prepared: Prepared, run_dir: Path, name: str) -> Path:
         raise UserError.single(f"cannot run {run_dir / name}: {exc.strerror}",
                                source=str(prepared.path), field="run_root",
                                hint="the run directory changed after it was written") from None
+
+
+#: The check a machine runs right before a program of the run directory (SSH's
+#: ``evidence.py``, Slurm's ``monitor.py``) is run by its path there
+#: (:func:`orchestrate.hostside.safeplace.check_main`).
+PLACE_CHECK = Manifest("placecheck", (safeplace,))
+
+
+def place_check(python: str, run_dir: str, name: str, folders: tuple[str, ...] = ()) -> str:
+    """The shell words that re-check ``run_dir``'s program ``name`` where it runs, for
+    ``CHECK && PROGRAM``: a labmate's replacement (a folder swapped on the way, a file of his)
+    is refused there, named, and the program does not run."""
+    text = compact(program(PLACE_CHECK, "from orchestrate.hostside.safeplace import "
+                                        "check_main\nsys.exit(check_main(sys.argv[1:]))"))
+    return " ".join(shlex.quote(w) for w in (python, "-S", "-c", text, run_dir, name, *folders))
 
 
 def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:

@@ -39,6 +39,7 @@ import contextlib
 import os
 import secrets
 import stat
+import sys
 from dataclasses import dataclass
 
 TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts once per rank
@@ -316,6 +317,22 @@ def runnable(run_dir: str | os.PathLike[str], script: str,
                 top.folder(name, create=False).close()
         top.script(script)
         return os.path.join(top.path, script)
+
+
+def check_main(argv: list[str]) -> int:
+    """``RUN_DIR PROGRAM [FOLDER...]``, the shipped check run right before a program of the
+    run directory is run by its path on another machine (SSH's ``evidence.py``, Slurm's
+    ``monitor.py``): 0 when :func:`runnable` holds, else 2 with the folder, its owner and mode,
+    and the fix on stderr (and the program is not run)."""
+    run_dir, name, *folders = argv
+    try:
+        runnable(run_dir, name, tuple(folders))
+    except (UnsafePlace, OSError) as exc:
+        fix = f"; fix: {exc.unsafe.fix}" if isinstance(exc, UnsafePlace) else ""
+        print(f"orchestrate: refused to run {os.path.join(run_dir, name)}: unsafe place: "
+              f"{exc}{fix}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _exists(folder: Folder, name: str) -> bool:

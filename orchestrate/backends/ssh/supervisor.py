@@ -161,7 +161,7 @@ class SSHSupervisor(Supervisor):
             return "; ".join(words for words in said if words) or None
 
         evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
-                                  self.run_dir, attempt)
+                                  self.run_dir, attempt, note)
         return Launched(handles, cleanup, sink, evidence)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
