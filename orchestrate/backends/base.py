@@ -50,6 +50,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -178,13 +179,19 @@ def checked_script(prepared: Prepared, run_dir: Path, name: str) -> Path:
 PLACE_CHECK = Manifest("placecheck", (safeplace,))
 
 
-def place_check(python: str, run_dir: str, name: str, folders: tuple[str, ...] = ()) -> str:
-    """The shell words that re-check ``run_dir``'s program ``name`` where it runs, for
-    ``CHECK && PROGRAM``: a labmate's replacement (a folder swapped on the way, a file of his)
-    is refused there, named, and the program does not run."""
-    text = compact(program(PLACE_CHECK, "from orchestrate.hostside.safeplace import "
+@lru_cache(maxsize=1)
+def place_check_program() -> str:
+    """The check's text, for ``python -S -c TEXT RUN_DIR NAME... [FOLDER/...]``."""
+    return compact(program(PLACE_CHECK, "from orchestrate.hostside.safeplace import "
                                         "check_main\nsys.exit(check_main(sys.argv[1:]))"))
-    return " ".join(shlex.quote(w) for w in (python, "-S", "-c", text, run_dir, name, *folders))
+
+
+def place_check(python: str, run_dir: str, *names: str) -> str:
+    """The shell words that re-check ``run_dir``'s programs ``names`` (and folders, written
+    ``NAME/``) where they run, for ``CHECK && PROGRAM``: a labmate's replacement (a folder
+    swapped on the way, a file of his) is refused there, named, and nothing runs."""
+    words = (python, "-S", "-c", place_check_program(), run_dir, *names)
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:

@@ -320,13 +320,15 @@ def runnable(run_dir: str | os.PathLike[str], script: str,
 
 
 def check_main(argv: list[str]) -> int:
-    """``RUN_DIR PROGRAM [FOLDER...]``, the shipped check run right before a program of the
-    run directory is run by its path on another machine (SSH's ``evidence.py``, Slurm's
-    ``monitor.py``): 0 when :func:`runnable` holds, else 2 with the folder, its owner and mode,
-    and the fix on stderr (and the program is not run)."""
-    run_dir, name, *folders = argv
+    """``RUN_DIR NAME...``, the shipped check run right before programs of the run directory
+    are run by their paths on another machine (SSH's ``evidence.py``; Slurm's ``monitor.py``
+    and batch script, and the sidecar folder, a ``NAME/``): 0 when :func:`runnable` holds for
+    each, else 2 with the folder, its owner and mode, and the fix on stderr."""
+    run_dir, *names = argv
+    folders = tuple(name.rstrip("/") for name in names if name.endswith("/"))
     try:
-        runnable(run_dir, name, tuple(folders))
+        for name in (n for n in names if not n.endswith("/")):
+            runnable(run_dir, name, folders)
     except (UnsafePlace, OSError) as exc:
         fix = f"; fix: {exc.unsafe.fix}" if isinstance(exc, UnsafePlace) else ""
         print(f"orchestrate: refused to run {os.path.join(run_dir, name)}: unsafe place: "

@@ -46,7 +46,7 @@ def evidence_command(python: str, run_dir: str, *args: str) -> str:
     """The remote command: the run directory's ``evidence.py`` run with ``args`` by the node's
     python, right after that python checked its whole path again (refused: exit 2, named)."""
     program = f"{run_dir}/{EVIDENCE_PROGRAM}"
-    check = place_check(python, run_dir, EVIDENCE_PROGRAM, (SIDECAR_DIR,))
+    check = place_check(python, run_dir, EVIDENCE_PROGRAM, SIDECAR_DIR + "/")
     return check + " && " + " ".join(shlex.quote(a) for a in (python, "-S", program, *args))
 
 
