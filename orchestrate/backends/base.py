@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -57,6 +59,7 @@ from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import safeplace
+from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
 from orchestrate.run.store import Store
 
@@ -168,6 +171,27 @@ def checked_script(prepared: Prepared, run_dir: Path, name: str) -> Path:
         raise UserError.single(f"cannot run {run_dir / name}: {exc.strerror}",
                                source=str(prepared.path), field="run_root",
                                hint="the run directory changed after it was written") from None
+
+
+#: The check a machine runs right before a program of the run directory (SSH's
+#: ``evidence.py``, Slurm's ``monitor.py``) is run by its path there
+#: (:func:`orchestrate.hostside.safeplace.check_main`).
+PLACE_CHECK = Manifest("placecheck", (safeplace,))
+
+
+@lru_cache(maxsize=1)
+def place_check_program() -> str:
+    """The check's text, for ``python -S -c TEXT RUN_DIR NAME... [FOLDER/...]``."""
+    return compact(program(PLACE_CHECK, "from orchestrate.hostside.safeplace import "
+                                        "check_main\nsys.exit(check_main(sys.argv[1:]))"))
+
+
+def place_check(python: str, run_dir: str, *names: str) -> str:
+    """The shell words that re-check ``run_dir``'s programs ``names`` (and folders, written
+    ``NAME/``) where they run, for ``CHECK && PROGRAM``: a labmate's replacement (a folder
+    swapped on the way, a file of his) is refused there, named, and nothing runs."""
+    words = (python, "-S", "-c", place_check_program(), run_dir, *names)
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _unwritable(prepared: Prepared, exc: OSError, run_dir: Path) -> UserError:

@@ -9,10 +9,14 @@ job's ticket asks for, and turns the book's own failures into user errors.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
@@ -139,7 +143,7 @@ def foreign_gpu_use(job_id: str, lease_dir: str | None) -> dict[int, str]:
     """What the job's owner is told about this machine's GPUs that the job leases and another
     user's process uses too, by pid: "GPU 3 of your job is also used by pid 4242 (ben, python
     train.py, 12.0 GB)"."""
-    from orchestrate.hostside.gpuuse import foreign_use, usage
+    from orchestrate.hostside.gpuuse import told, usage
     from orchestrate.hostside.leases import LeaseBook
 
     try:
@@ -148,6 +152,48 @@ def foreign_gpu_use(job_id: str, lease_dir: str | None) -> dict[int, str]:
         return {}
     if lease is None or not lease.gpus:
         return {}
-    return {use["pid"]: f"GPU {use['gpu']} of your job is also used by pid {use['pid']} "
-            f"({use['user']}, {use['name']}, {use['memory_gb']:.1f} GB)"
-            for use in foreign_use(usage(), [lease])}
+    return told(usage(), lease)
+
+
+class ForeignWatch:
+    """Another user's processes on a running job's GPUs, as its watchers (the local
+    supervisor's thread, each SSH host's agent) see them: each process named once in the job's
+    log, the current list in the run directory for ``status``, and all of an attempt's in its
+    ending, so a job whose GPUs were shared never ends COMPLETED without saying so."""
+
+    def __init__(self, path: Path, log: Callable[[str], None]) -> None:
+        self.path = path
+        self.log = log
+        self.now: dict[str, dict[int, str]] = {}  # by host ("" on the local machine)
+        self.seen: dict[tuple[str, int], str] = {}  # this attempt's, by host and pid
+        self.lock = threading.Lock()
+
+    def update(self, where: str, uses: Mapping[int, str]) -> None:
+        """What a watcher sees now on host ``where`` ("": this machine)."""
+        prefix = f"on {where}: " if where else ""
+        with self.lock:
+            for pid, line in sorted(uses.items()):
+                if (where, pid) not in self.seen:
+                    self.log(prefix + line)
+                self.seen[(where, pid)] = prefix + line
+            if self.now.get(where, {}) == dict(uses):
+                return
+            self.now[where] = dict(uses)
+            lines = [(f"on {host}: " if host else "") + line
+                     for host, found in sorted(self.now.items())
+                     for _, line in sorted(found.items())]
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            with contextlib.suppress(OSError):
+                tmp.write_text(json.dumps(lines))
+                tmp.replace(self.path)
+
+    def ending(self) -> str | None:
+        """The words an attempt's ending gets when its GPUs were shared (then forgotten: the
+        next attempt starts afresh)."""
+        with self.lock:
+            lines, self.seen = list(self.seen.values()), {}
+        if not lines:
+            return None
+        more = f"; and {len(lines) - 5} more" if len(lines) > 5 else ""
+        return ("another user's process used its GPUs too: "
+                + "; ".join(lines[:5]).replace(" is also used ", " was also used ") + more)

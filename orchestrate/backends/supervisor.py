@@ -21,13 +21,14 @@ import sys
 import time
 import traceback
 from abc import ABC, abstractmethod
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from orchestrate.backends.base import STOP_GRACE_S, new_record, write_run_dir
 from orchestrate.backends.handshake import Handshake, Verdict, VerdictLine
 from orchestrate.core.errors import EXIT_BUSY, Problem, UserError
-from orchestrate.core.layout import SUPERVISOR_LOG
+from orchestrate.core.layout import FOREIGN_GPU_USE, SUPERVISOR_LOG
 from orchestrate.core.plan.outcome import Attempt
 from orchestrate.run.jobrecord import JobState
 from orchestrate.run.progress import reporting, show
@@ -35,6 +36,7 @@ from orchestrate.run.store import PATIENCE_S, SUPERVISOR_PATIENCE_S, Store
 
 if TYPE_CHECKING:
     from orchestrate.backends.detached import DetachedBackend
+    from orchestrate.backends.sharing import ForeignWatch
     from orchestrate.core.plan.plan import Plan
     from orchestrate.run.prepare import Prepared
     from orchestrate.run.supervise import Launched, StopRequest
@@ -236,6 +238,14 @@ class Supervisor(ABC):
     def run_dir(self) -> Path:
         """The job's run directory."""
         return Path(self.handshake.plan.run_dir)
+
+    @cached_property
+    def foreign(self) -> ForeignWatch:
+        """Other users' processes on the job's GPUs, as the backend's watchers report them
+        (logged, listed for ``status``, named in the attempt's ending)."""
+        from orchestrate.backends.sharing import ForeignWatch
+
+        return ForeignWatch(self.run_dir / FOREIGN_GPU_USE, self.log)
 
     def _read_handshake(self) -> Handshake:
         return self.handshake_type.from_json(json.loads(sys.stdin.readline()))

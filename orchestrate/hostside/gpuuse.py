@@ -155,6 +155,14 @@ def foreign_use(found: dict[str, Any], leases: list[Lease]) -> list[dict[str, An
     return uses
 
 
+def told(found: dict[str, Any], lease: Lease) -> dict[int, str]:
+    """What the job's owner is told, by pid: "GPU 3 of your job is also used by pid 4242
+    (ben, python train.py, 12.0 GB)" (the local supervisor and the SSH agent look alike)."""
+    return {use["pid"]: f"GPU {use['gpu']} of your job is also used by pid {use['pid']} "
+            f"({use['user']}, {use['name']}, {use['memory_gb']:.1f} GB)"
+            for use in foreign_use(found, [lease])}
+
+
 def holders(found: dict[str, Any], leases: list[Lease]) -> list[dict[str, Any]]:
     """Every GPU with its holders, as ``orchestrate gpus`` shows them: the orchestrate jobs
     leasing it and the compute processes on it (each with the job it belongs to, if any: one of
@@ -191,4 +199,4 @@ def holders(found: dict[str, Any], leases: list[Lease]) -> list[dict[str, Any]]:
 
 
 __all__ = ["SMI_TIMEOUT_S", "bus_key", "command_line", "foreign_use", "gb", "holders",
-           "outside_use", "usage"]
+           "outside_use", "told", "usage"]

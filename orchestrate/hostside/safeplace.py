@@ -39,6 +39,7 @@ import contextlib
 import os
 import secrets
 import stat
+import sys
 from dataclasses import dataclass
 
 TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts once per rank
@@ -316,6 +317,24 @@ def runnable(run_dir: str | os.PathLike[str], script: str,
                 top.folder(name, create=False).close()
         top.script(script)
         return os.path.join(top.path, script)
+
+
+def check_main(argv: list[str]) -> int:
+    """``RUN_DIR NAME...``, the shipped check run right before programs of the run directory
+    are run by their paths on another machine (SSH's ``evidence.py``; Slurm's ``monitor.py``
+    and batch script, and the sidecar folder, a ``NAME/``): 0 when :func:`runnable` holds for
+    each, else 2 with the folder, its owner and mode, and the fix on stderr."""
+    run_dir, *names = argv
+    folders = tuple(name.rstrip("/") for name in names if name.endswith("/"))
+    try:
+        for name in (n for n in names if not n.endswith("/")):
+            runnable(run_dir, name, folders)
+    except (UnsafePlace, OSError) as exc:
+        fix = f"; fix: {exc.unsafe.fix}" if isinstance(exc, UnsafePlace) else ""
+        print(f"orchestrate: refused to run {os.path.join(run_dir, name)}: unsafe place: "
+              f"{exc}{fix}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _exists(folder: Folder, name: str) -> bool:

@@ -1,20 +1,27 @@
 """The SSH preflight's judgement of the hosts' answers (pure: the agents' answers are given as
 the agent writes them, no host is asked): torch versions compared across hosts, and the
 orchestrate module a command runs imported on each host, so that the odd host is the one named.
+The answers are records (review C2): what the agent's checks find here reads back field by
+field, and an answer that does not fit is named by its field, never a KeyError.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrate.backends.ssh.connections import Target
+from orchestrate.backends.ssh.facts import ClaimAnswer, HostFacts
+from orchestrate.backends.ssh.hostcheck import preflight
 from orchestrate.backends.ssh.preflight import HostAnswer, judge, orchestrate_module, request
+from orchestrate.backends.ssh.wire import Preflight, WireError
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.spec.job import JobSpec
+from orchestrate.hostside.leases import LeaseBook, new_lease
 from orchestrate.run.prepare import load_spec, plan_job
 
 pytestmark = pytest.mark.unit
@@ -31,11 +38,12 @@ def _plan(tmp_path: Path, command: list[str]) -> Plan:
 
 
 def _answer(name: str, torch: dict[str, Any]) -> HostAnswer:
-    facts = {"python": "/usr/bin/python3 3.11.7", "workdir": {"ok": True, "path": "/w"},
+    facts = {"hostname": name, "python": "/usr/bin/python3 3.11.7",
+             "workdir": {"ok": True, "path": "/w"},
              "leases": {"gpus": [], "slots": 0, "ports": [], "jobs": []},
              "interface": {"ok": True, "name": "eth0"}, "ports": {"free": [], "tried": 0},
              "torch": torch}
-    return HostAnswer(Target(name, "198.18.0.9", "python3"), facts=facts)
+    return HostAnswer(Target(name, "198.18.0.9", "python3"), facts=HostFacts.from_json(facts))
 
 
 def _ok(version: str) -> dict[str, Any]:
@@ -86,3 +94,44 @@ def test_a_command_running_an_orchestrate_module_has_it_imported_on_each_host(
                "detail": "ModuleNotFoundError: No module named 'orchestrate'"}})
     assert failed == {"h3": "import orchestrate failed: ModuleNotFoundError: No module named "
                             "'orchestrate'"}
+
+
+def test_the_agents_checks_of_this_host_read_back_as_the_record(tmp_path: Path) -> None:
+    """The agent's own preflight, run here against a book with another job's lease and a
+    bad file in it: the controller reads what it sent, typed, with the bad file named."""
+    book = LeaseBook(str(tmp_path / "book"))
+    book.claim(new_lease("other", "h1", [1], 0, None, [os.getpid()], None))
+    (Path(book.directory) / "junk@0.json").write_text('{"gpus": 5}')
+    asked = Preflight(job_id="pf-1", workdir=str(tmp_path), python="python3",
+                      lease_dir=str(tmp_path / "book"), want={"gpus": [1]})
+    sent = json.loads(json.dumps(preflight(asked).to_json()))  # what crosses the channel
+    facts = HostFacts.from_json(sent)
+    assert facts.workdir.ok and 1 in facts.leases.gpus and "other" in facts.leases.jobs
+    assert facts.leases.unknown  # its owner's bad lease: honoured as holding everything
+    assert facts.gpus is None and facts.torch is None  # not asked
+    assert any("junk@0.json" in line for line in facts.leases.problems), facts.leases.problems
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ({"hostname": "h1", "python": "p", "workdir": {"ok": True}},
+     "HostFacts: workdir: Workdir: missing field path"),
+    ({"hostname": "h1", "python": "p", "workdir": {"ok": True, "path": "/w"},
+      "leases": {"gpus": "0,1"}}, "HostFacts: leases: LeaseFacts: gpus must be list[int]"),
+    ({"hostname": "h1", "python": "p", "workdir": {"ok": True, "path": "/w"},
+      "gpu_use": {"0": {"why": 3}}}, "HostFacts: gpu_use: OutsideUse: why must be str"),
+])
+def test_a_preflight_answer_that_does_not_fit_is_named_by_its_field(
+        answer: dict[str, Any], said: str) -> None:
+    with pytest.raises(WireError, match=said.replace("[", r"\[").replace("]", r"\]")):
+        HostFacts.from_json(answer)
+
+
+def test_a_refused_claim_reads_back_with_what_the_others_hold() -> None:
+    reply = {"ok": False, "busy_gpus": [0], "busy_ports": [24411], "busy_slots": 0,
+             "port_taken": True, "jobs": ["b1"], "who": {"0": "job b1 (ben, since 10:02:11)"},
+             "unknown": [], "queue": [], "problems": ["junk@0.json (root): gpus must be a list"]}
+    claim = ClaimAnswer.from_json(reply)
+    assert not claim.ok and claim.busy_gpus == [0] and claim.port_taken
+    assert claim.to_json() == reply
+    with pytest.raises(WireError, match="ClaimAnswer: unknown field"):
+        ClaimAnswer.from_json({**reply, "busy": True})

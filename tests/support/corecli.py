@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,7 @@ def normalise(text: str) -> str:
     shipped program (the Slurm monitor: modules of this package bundled into one text) as one
     line naming its modules, and each file of the rank sidecar's folder as one line, since
     their own tests cover their text."""
+    from orchestrate.backends.base import PLACE_CHECK, place_check_program
     from orchestrate.backends.slurm.script import MONITOR, monitor_program
     from orchestrate.backends.ssh.backend import EVIDENCE, evidence_program
     from orchestrate.diagnosis.rankpackage import folder
@@ -137,6 +139,8 @@ def normalise(text: str) -> str:
     shipped = {
         monitor_program(): f"<orchestrate.hostside.shipping.program{MONITOR.names}>\n",
         evidence_program(): f"<orchestrate.hostside.shipping.program{EVIDENCE.names}>\n",
+        shlex.quote(place_check_program()):
+            f"<compacted orchestrate.hostside.shipping.program{PLACE_CHECK.names}>",
     }
     for name, source in folder().items():
         shipped[source] = f"<{name} of orchestrate.diagnosis.rankpackage.folder()>\n"

@@ -16,7 +16,6 @@ right before (:func:`orchestrate.backends.base.checked_script`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -46,7 +45,7 @@ from orchestrate.backends.sharing import (
 )
 from orchestrate.backends.supervisor import Supervisor
 from orchestrate.core.errors import EXIT_BUSY, UserError
-from orchestrate.core.layout import FOREIGN_GPU_USE, node_script_name
+from orchestrate.core.layout import node_script_name
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.core.plan.plan import Occupancy, Plan, checkpoint_dir
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
@@ -217,20 +216,11 @@ class LocalSupervisor(Supervisor):
 
     def _watch_foreign(self) -> None:
         """While the job runs: another user's process on one of its GPUs is named in the job's
-        log (once per process) and in the run dir's list that ``status`` shows (the owner of
-        the job is told; nothing is stopped)."""
-        seen: dict[int, str] = {}
-        path = self.run_dir / FOREIGN_GPU_USE
+        log (once per process), in the run dir's list that ``status`` shows and in the
+        attempt's ending (the owner of the job is told; nothing is stopped)."""
         while True:
             time.sleep(FOREIGN_POLL_S)
-            now = foreign_gpu_use(self.job_id, self.lease_root)
-            for pid in sorted(set(now) - set(seen)):
-                self.log(now[pid])
-            if now != seen:
-                tmp = path.with_name(f".{path.name}.tmp")
-                tmp.write_text(json.dumps(list(now.values())))
-                tmp.replace(path)
-            seen = now
+            self.foreign.update("", foreign_gpu_use(self.job_id, self.lease_root))
 
     def start_workers(self, prepared: Prepared, attempt: int) -> Launched:
         """A process per rank (or the node's one process under ``launcher: per_node`` or
@@ -272,7 +262,8 @@ class LocalSupervisor(Supervisor):
                      "cgroup): " + ", ".join(containment.describe_pid(p) for p in lingering[:5]))
         self.survivors = containment.stop_processes(left, STOP_GRACE_S)
         containment.reap_orphans(keep=skip)
-        return survived(self.survivors)
+        said = [survived(self.survivors), self.foreign.ending()]
+        return "; ".join(words for words in said if words) or None
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
         """From the run directory (on this machine)."""

@@ -26,6 +26,7 @@ import orchestrate.diagnosis.stall
 import orchestrate.diagnosis.stallrule
 import orchestrate.diagnosis.world
 import orchestrate.hostside.outputlog
+from orchestrate.backends.base import place_check_program
 from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import (
@@ -86,6 +87,8 @@ def slurm_context(plan: Plan) -> dict[str, Any]:
         # Every node has the same runtime under Slurm (the job's, or pyxis): its srun options
         # (pyxis) and command (apptainer) are the first node's (docs/containers.md).
         "container": plan.nodes[0].container,
+        # What the batch script checks again right before it runs monitor.py and the tasks.
+        "place_check": place_check_program(),
         "files": {
             "script": SBATCH_SCRIPT,
             "merged": MERGED_INDEX,

@@ -12,7 +12,8 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 - ``preflight``: every check of this host in one go (python, torch, workdir, master port,
   whether MASTER_ADDR resolves here, network interface towards MASTER_ADDR, GPUs by
   nvidia-smi and which of them processes outside orchestrate use, the leases other jobs hold
-  and the jobs queued before this one);
+  and the jobs queued before this one: :mod:`.hostcheck`), answered as one
+  :class:`~orchestrate.backends.ssh.facts.HostFacts`;
 - ``claim``: record this job's GPUs and port in the host's shared lease book
   (:mod:`orchestrate.hostside.leases`), under flock, unless another live job holds them or an
   older waiting job wants them (then say which; a waiting job's ticket stays queued), and make
@@ -26,7 +27,8 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 - ``start``: join the job's lease as a holder (and its cgroup), check the whole path of the
   script again (:func:`checked`), run ``bash launch-<node>.sh LOCAL_RANK`` as a child that
   inherits the pty, say its pid, wait for it and say how it ended
-  and what of the job is left here;
+  and what of the job is left here; meanwhile (``watch_s``, the node's first rank) say other
+  users' processes on the job's GPUs here whenever they change (``foreign``);
 - ``end``: the job is over: stop what the rank left below this agent, leave the lease (dropped
   once nothing of the job lives), name the survivors, exit the way the rank did;
 - ``abort``: release the claim and exit; nothing was started.
@@ -50,12 +52,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 
+from orchestrate.backends.ssh.facts import ClaimAnswer
+from orchestrate.backends.ssh.hostcheck import preflight
 from orchestrate.backends.ssh.wire import (
     Abort,
     Claim,
@@ -63,6 +67,7 @@ from orchestrate.backends.ssh.wire import (
     Ended,
     Exited,
     Files,
+    ForeignUse,
     Listen,
     Pid,
     Preflight,
@@ -86,13 +91,10 @@ from orchestrate.hostside.containment import (
     reap_orphans,
     stop_processes,
 )
-from orchestrate.hostside.fairshare import use as fair_use
-from orchestrate.hostside.gpuuse import outside_use, usage
+from orchestrate.hostside.gpuuse import told, usage
 from orchestrate.hostside.host import (
     TAG,
-    interface_towards,
     job_pids,
-    port_free,
     proc_start,
     reap,
     suppress,
@@ -101,12 +103,10 @@ from orchestrate.hostside.leaserecord import Ticket
 from orchestrate.hostside.leases import (
     BookError,
     LeaseBook,
-    describe,
-    held,
     machine_gpus,
     new_lease,
 )
-from orchestrate.hostside.masterreach import ProbeListener, listen, reach, resolve
+from orchestrate.hostside.masterreach import ProbeListener, listen, reach
 from orchestrate.hostside.safeplace import UnsafePlace, refusal, runnable, write_tree
 from orchestrate.hostside.watchdog import stop_job
 
@@ -115,8 +115,7 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 MARK = "\x1eorchestrate:"
-TORCH_TIMEOUT_S = 240.0
-TORCH_VERSION = "orchestrate-torch-version "
+SAYING = threading.Lock()  # the rank's watcher speaks while the main thread waits
 
 
 def say(kind: str, payload: Any) -> None:
@@ -125,9 +124,10 @@ def say(kind: str, payload: Any) -> None:
     if isinstance(payload, Record):
         payload = payload.to_json()
     data = (MARK + kind + " " + json.dumps(payload) + "\n").encode()
-    while data:
-        written = os.write(1, data)
-        data = data[written:]
+    with SAYING:
+        while data:
+            written = os.write(1, data)
+            data = data[written:]
 
 
 class Requests:
@@ -149,98 +149,6 @@ class Requests:
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
         return json.loads(line.decode())
-
-
-def _torch_probe(request: Preflight) -> tuple[subprocess.Popen[str] | None, str | None]:
-    """Start importing torch (and the command's orchestrate module) as the ranks will: the
-    node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
-    directory. The probe running, or why it could not start."""
-    if not request.torch:
-        return None, None
-    # The version on a line of its own (an import may print warnings first), flushed before a
-    # later import's traceback reaches the shared pipe.
-    probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
-    module = request.orchestrate
-    if module:  # the module the command runs
-        probe += "; import " + (module if re.match(r"^[\w.]+$", module)
-                                else "orchestrate.train")
-    python = request.python or sys.executable
-    env = dict(os.environ)
-    if request.pythonpath is not None:
-        env["PYTHONPATH"] = request.pythonpath
-    workdir = request.workdir
-    try:
-        return subprocess.Popen(
-            [python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, universal_newlines=True, env=env,
-            cwd=workdir if os.path.isdir(workdir) else None,
-        ), None
-    except OSError as exc:
-        return None, f"cannot run {python}: {exc.strerror or exc}"
-
-
-def preflight(request: Preflight) -> dict[str, Any]:
-    """Every check of this host; facts, the controller judges them against the plan."""
-    torch, failed = _torch_probe(request)
-    report: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "python": sys.executable + " " + sys.version.split()[0],
-        "cpus": os.cpu_count(),
-        "workdir": {"ok": os.path.isdir(request.workdir), "path": request.workdir},
-    }
-    if request.interface_to:
-        report["interface"] = interface_towards(request.interface_to)
-    if request.master_addr:
-        report["master"] = resolve(request.master_addr)
-    found = usage() if request.gpus else None
-    if found is not None:
-        report["gpus"] = present(found)
-    try:
-        book = LeaseBook(request.lease_dir)
-        with book.locked():
-            report["leases"] = held(book.live(except_job=request.job_id))
-            report["leases"]["queue"] = [describe(t) for t in
-                                         book.ahead(request.want or {}, request.job_id)]
-            report["leases"]["use"] = fair_use(book).get(os.geteuid(), 0.0)  # gang order
-            report["leases"]["problems"] = book.problems
-    except (BookError, OSError) as exc:
-        report["leases"] = {"error": str(exc), "hint": getattr(exc, "hint", ""), "gpus": [],
-                            "slots": 0, "ports": [], "jobs": [],
-                            "busy": bool(getattr(exc, "busy", False))}
-    if found is not None:
-        report["gpu_use"] = outside_use(found, set(report["leases"].get("gpus") or []))
-    candidates = request.ports
-    if candidates:
-        report["ports"] = {"free": [p for p in candidates if port_free(p)],
-                           "tried": len(candidates)}
-    if failed is not None:
-        report["torch"] = {"ok": False, "version": None, "detail": failed}
-    if torch is not None:
-        try:
-            out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)
-            lines = out.strip().splitlines()
-            version = next((line[len(TORCH_VERSION):] for line in lines
-                            if line.startswith(TORCH_VERSION)), None)
-            ok = torch.returncode == 0 and version is not None
-            said = [line for line in lines if line.strip() and
-                    not line.startswith(TORCH_VERSION)]
-            report["torch"] = {"ok": ok, "version": version,
-                               "detail": version if ok
-                               else (said[-1] if said else f"exit {torch.returncode}")}
-        except subprocess.TimeoutExpired:
-            torch.kill()
-            report["torch"] = {"ok": False,
-                               "detail": f"import took over {TORCH_TIMEOUT_S:.0f}s"}
-    return report
-
-
-def present(found: dict[str, Any]) -> dict[str, Any]:
-    """Which GPUs nvidia-smi lists (the plan's must be there): ``{"ok": True, "present":
-    [[index, nvidia-smi's name, memory MiB], ...]}``, or ``{"ok": False, "detail": why}``."""
-    if not found.get("ok"):
-        return {"ok": False, "missing": bool(found.get("missing")), "detail": found["detail"]}
-    return {"ok": True, "present": [[g["index"], g["name"], g["memory_total_mib"] or 0.0]
-                                    for g in found["gpus"]]}
 
 
 class Serving:
@@ -273,7 +181,7 @@ class Serving:
     def book(self) -> LeaseBook:
         return LeaseBook(self.lease_dir)
 
-    def claim(self, request: Claim) -> dict[str, Any]:
+    def claim(self, request: Claim) -> ClaimAnswer:
         self.job_id = request.job_id
         self.lease_dir = request.lease_dir
         group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
@@ -282,11 +190,12 @@ class Serving:
         asked = request.ticket
         ticket = None if asked is None else \
             Ticket.from_dict(asked).with_holder(os.getpid(), proc_start(os.getpid()))
-        answer = self.book().claim(lease, slot_capacity=request.slot_capacity, ticket=ticket)
-        self.claimed = self.joined = bool(answer.get("ok"))
+        answer = ClaimAnswer.from_json(self.book().claim(
+            lease, slot_capacity=request.slot_capacity, ticket=ticket))
+        self.claimed = self.joined = answer.ok
         return answer
 
-    def queue(self, request: Queue) -> dict[str, Any]:
+    def queue(self, request: Queue) -> StepAnswer:
         """Keep this waiting job's place in the host's queue (its ticket, held by this agent);
         drop a claim it made meanwhile."""
         self.job_id = request.job_id
@@ -298,7 +207,7 @@ class Serving:
             if self.claimed:
                 book.forget_lease(self.job_id)
                 self.claimed = self.joined = False
-        return {"ok": True}
+        return StepAnswer(ok=True)
 
     def unclaim(self) -> None:
         """Nothing started: drop the claim (and the ticket)."""
@@ -374,6 +283,10 @@ class Serving:
         child = subprocess.Popen(["bash", script, *argument], cwd=os.path.dirname(script),
                                  env=env)
         say("pid", Pid(child.pid))
+        done = threading.Event()
+        if request.watch_s and lease is not None and lease.gpus:
+            threading.Thread(target=self.watch, args=(request.watch_s, done),
+                             daemon=True).start()
         while True:
             try:
                 _, status = os.waitpid(child.pid, 0)
@@ -387,6 +300,7 @@ class Serving:
             code = 128 + signum
         else:
             code = os.WEXITSTATUS(status)
+        done.set()
         # What of the job is left here (tagged, or below this agent): none, and the
         # controller need not come back to sweep this host.
         reap_orphans()
@@ -395,6 +309,21 @@ class Serving:
             say("exit", Exited(code=None if signum is not None else code, signal=signum,
                                left=left))
         return code
+
+
+    def watch(self, every_s: float, done: threading.Event) -> None:
+        """While the rank runs: other users' processes on the GPUs the job leases here, said
+        whenever they change (the controller logs each, lists them for ``status`` and names
+        them in the job's ending); nothing is stopped."""
+        seen: dict[str, str] = {}
+        while not done.wait(every_s):
+            with suppress(Exception):  # a failing nvidia-smi or book: look again later
+                lease = self.book().own(self.job_id)
+                now = {} if lease is None else \
+                    {str(pid): line for pid, line in told(usage(), lease).items()}
+                if now != seen and not done.is_set():
+                    say("foreign", ForeignUse(now))
+                    seen = now
 
 
 def checked(script: str) -> str:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import orchestrate.backends.ssh.agent
+import orchestrate.backends.ssh.facts
+import orchestrate.backends.ssh.hostcheck
 import orchestrate.backends.ssh.wire
 import orchestrate.core.exits
 import orchestrate.core.layout
@@ -45,7 +47,7 @@ import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
-from orchestrate.backends.ssh.wire import End, Ended, Exited, Pid, Record
+from orchestrate.backends.ssh.wire import End, Ended, Exited, ForeignUse, Pid, Record
 from orchestrate.core.exits import EXIT_LOST
 from orchestrate.core.plan.outcome import Exit
 from orchestrate.hostside.outputlog import LINE_MAX
@@ -66,7 +68,8 @@ AGENT = Manifest("agent", (
     orchestrate.hostside.fairshare, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
     orchestrate.hostside.safeplace, orchestrate.hostside.masterreach, orchestrate.core.exits,
     orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
-    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.agent))
+    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.facts,
+    orchestrate.backends.ssh.hostcheck, orchestrate.backends.ssh.agent))
 
 
 def agent_source() -> str:
@@ -108,6 +111,8 @@ class AgentChannel:
         self.exit: Exit | None = None
         self.left: int | None = None  # processes of the job still on the host when it ended
         self.ended = threading.Event()
+        #: Told what the agent sees of other users on the job's GPUs (pid -> line), if set.
+        self.on_foreign: Callable[[dict[int, str]], None] | None = None
         self.channel: SshChannel = link.session()
         self.channel.get_pty(term="dumb", width=250, height=50)
         self.channel.exec_command(agent_command(python, "serve"))
@@ -179,6 +184,12 @@ class AgentChannel:
             exited = Exited.from_json(data)
             self.left = exited.left
             self.exit = Exit(code=exited.code, signal=exited.signal)
+        elif kind == "foreign":
+            if self.on_foreign is not None:
+                with contextlib.suppress(Exception):  # a bad report never stops the reader
+                    uses = ForeignUse.from_json(data).uses
+                    self.on_foreign({int(pid): str(line) for pid, line in uses.items()})
+            return
         self._replies.put((kind, data))
 
     def _output(self, raw: bytes) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.sharing import FOREIGN_POLL_S
 from orchestrate.backends.ssh.channels import ChannelError, SSHRank
 from orchestrate.backends.ssh.connections import (
     ConnectError,
@@ -37,11 +38,20 @@ from orchestrate.backends.ssh.connections import (
     fan_out,
     targets_for,
 )
+from orchestrate.backends.ssh.facts import ClaimAnswer, HostFacts
 from orchestrate.backends.ssh.preflight import HostAnswer, Judgement, judge, request
 from orchestrate.backends.ssh.reach import reach_master
 from orchestrate.backends.ssh.reaping import HostStopper
 from orchestrate.backends.ssh.sessions import READY_TIMEOUT_S, HostPool
-from orchestrate.backends.ssh.wire import Claim, Files, Preflight, Queue, Start, StepAnswer
+from orchestrate.backends.ssh.wire import (
+    Claim,
+    Files,
+    Preflight,
+    Queue,
+    Start,
+    StepAnswer,
+    WireError,
+)
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import OWN_REACH_CHECK, node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
@@ -128,7 +138,8 @@ class Launcher:
         for node in plan.nodes:
             session = logged_in.get(node.name)
             known = self.facts.get(node.name)
-            torch_ok = bool(known and known.facts and (known.facts.get("torch") or {}).get("ok"))
+            torch = known.facts.torch if known is not None and known.facts is not None else None
+            torch_ok = torch is not None and torch.ok
             wanted = request(plan, node, node.name in self.discover, torch_ok,
                              lease_dir=targets[node.name].lease_dir, want=self._want(node))
             if session is None or session.asked is None or known is None \
@@ -166,13 +177,18 @@ class Launcher:
         asked_at = time.monotonic()
         show("preflight", target.name)
         try:
-            facts = session.channels[0].request(wanted, "preflight", PREFLIGHT_TIMEOUT_S)
+            facts = HostFacts.from_json(
+                session.channels[0].request(wanted, "preflight", PREFLIGHT_TIMEOUT_S))
         except ChannelError as exc:
             return HostAnswer(target, failed="python", detail=f"preflight did not answer: {exc}")
+        except WireError as exc:
+            return HostAnswer(target, failed="python", detail=f"preflight answer: {exc}")
+        for line in facts.leases.problems:  # files of the host's book it ignored or could not use
+            self.log(f"{target.label}: lease book: {line}")
         for step, took in (*session.timings.items(), ("answer_s", time.monotonic() - asked_at)):
             self.timings[step] = max(self.timings.get(step, 0.0), round(took, 3))
         session.asked = wanted
-        session.hostname = str(facts.get("hostname") or target.name)
+        session.hostname = facts.hostname or target.name
         return HostAnswer(target, facts=facts)
 
     def _want(self, node: NodePlan) -> dict[str, Any]:
@@ -191,8 +207,7 @@ class Launcher:
         assert self.tickets is not None
         ticket = dict(self.tickets(node))
         if len(self.prepared.plan.nodes) > 1:
-            uses = [float(((a.facts or {}).get("leases") or {}).get("use") or 0.0)
-                    for a in self.facts.values()]
+            uses = [a.facts.leases.use for a in self.facts.values() if a.facts is not None]
             ticket["usage"], ticket["usage_at"] = max(uses, default=0.0), time.time()
         return ticket
 
@@ -289,15 +304,16 @@ class Launcher:
         targets = self.targets(plan)
         nodes = [n for n in plan.nodes if n.name in sessions]
 
-        def put(target: Target) -> dict[str, Any]:
+        def put(target: Target) -> StepAnswer:
             node = next(n for n in nodes if n.name == target.name)
             channel = sessions[node.name].channels[0]
-            return channel.request(Queue(job_id=plan.job_id, lease_dir=target.lease_dir,
-                                         ticket=self._ticket(node)), "queue", STEP_TIMEOUT_S)
+            return StepAnswer.from_json(channel.request(
+                Queue(job_id=plan.job_id, lease_dir=target.lease_dir, ticket=self._ticket(node)),
+                "queue", STEP_TIMEOUT_S))
 
         fan_out([targets[n.name] for n in nodes], put, self.fanout)
 
-    def _gang(self, targets: dict[str, Target], claim: Callable[[Target], dict[str, Any]]
+    def _gang(self, targets: dict[str, Target], claim: Callable[[Target], ClaimAnswer]
               ) -> dict[str, Any]:
         """A waiting multi-host job claims one host after another in one global order (by
         host name), stopping at the first refusal: two such jobs never each hold half of
@@ -305,31 +321,31 @@ class Launcher:
         what it holds)."""
         def name(node: str) -> tuple[str, str]:
             facts = self.facts[node].facts if node in self.facts else None
-            return (str((facts or {}).get("hostname") or node), node)
+            return (facts.hostname if facts is not None else node, node)
 
         answers: dict[str, Any] = {}
         for node in sorted(targets, key=name):
             answers.update(fan_out([targets[node]], claim, self.fanout))
             answer = answers[node]
-            if answer.error is not None or not (answer.value or {}).get("ok"):
+            if answer.error is not None or answer.value is None or not answer.value.ok:
                 break
         return answers
 
     def _claim(self, plan: Plan) -> bool:
         """Claim every node's GPUs and port; False (with facts updated) on a conflict."""
-        def claim(target: Target) -> dict[str, Any]:
+        def claim(target: Target) -> ClaimAnswer:
             node = next(n for n in plan.nodes if n.name == target.name)
             channel = self.pool.sessions()[node.name].channels[0]
             spec = self.prepared.inventory.node(node.name)
             cpu = not node.gpu_indices
-            return channel.request(Claim(
+            return ClaimAnswer.from_json(channel.request(Claim(
                 job_id=plan.job_id, node=node.name, lease_dir=target.lease_dir,
                 ticket=self._ticket(node) if self.tickets is not None else None,
                 gpus=list(node.gpu_indices),
                 slots=node.nproc if cpu else 0,
                 slot_capacity=spec.capacity if cpu and spec is not None else None,
                 port=plan.master_port if node.node_rank == 0 else None,
-            ), "claim", STEP_TIMEOUT_S)
+            ), "claim", STEP_TIMEOUT_S))
 
         targets = self.targets(plan)
         show("claiming GPUs and the port", hosts(list(targets)))
@@ -342,19 +358,14 @@ class Launcher:
             if answer.error is not None:
                 failures.failures.append((targets[name], "leases", f"claim failed: {answer.error}"))
                 continue
-            reply = answer.value or {}
-            if reply.get("ok"):
+            reply = answer.value
+            for line in reply.problems if reply is not None else ():
+                self.log(f"{targets[name].label}: lease book: {line}")
+            if reply is None or reply.ok:
                 continue
             conflict = True
-            self.refused[name] = [str(q) for q in reply.get("queue") or []]
-            facts = self.facts[name].facts or {}
-            leases = facts.setdefault("leases", {})
-            leases["gpus"] = reply.get("busy_gpus", [])
-            leases["slots"] = reply.get("busy_slots", 0)
-            leases["ports"] = reply.get("busy_ports", [])
-            if reply.get("port_taken"):
-                ports = facts.setdefault("ports", {})
-                ports["free"] = [p for p in ports.get("free", []) if p != plan.master_port]
+            self.refused[name] = list(reply.queue)
+            self.facts[name] = _taken(self.facts[name], reply, plan.master_port)
         if failures.failures:
             verdict = judge(plan, self.facts, self.discover)
             verdict.failures.extend(failures.failures)
@@ -415,7 +426,9 @@ class Launcher:
                     channel=session.channels[local_rank or 0],
                     start_request=Start(job_id=plan.job_id, script=script,
                                         local_rank=local_rank, grace_s=grace_s,
-                                        env={ATTEMPT_VAR: str(attempt)}),
+                                        env={ATTEMPT_VAR: str(attempt)},
+                                        watch_s=FOREIGN_POLL_S if node.gpu_indices
+                                        and rank == node.first_rank else None),
                     stop_host=_stopper_for(stopper, node.name),
                 ))
         return handles
@@ -456,9 +469,23 @@ def _merge(sharing: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def _keep_torch(answer: HostAnswer, known: HostAnswer | None) -> None:
     """A host asked again without ``import torch`` (it worked before) keeps what it said
     then: its version is compared with the other hosts'."""
-    torch = (known.facts or {}).get("torch") if known is not None else None
-    if answer.facts is not None and "torch" not in answer.facts and torch is not None:
-        answer.facts["torch"] = torch
+    torch = known.facts.torch if known is not None and known.facts is not None else None
+    if answer.facts is not None and answer.facts.torch is None and torch is not None:
+        answer.facts = replace(answer.facts, torch=torch)
+
+
+def _taken(host: HostAnswer, reply: ClaimAnswer, port: int) -> HostAnswer:
+    """The host's facts with what a refused claim says the others hold now (for the
+    re-plan)."""
+    facts = host.facts
+    if facts is None:
+        return host
+    ports = facts.ports
+    if reply.port_taken and ports is not None:
+        ports = replace(ports, free=[p for p in ports.free if p != port])
+    leases = replace(facts.leases, gpus=reply.busy_gpus, slots=reply.busy_slots,
+                     ports=reply.busy_ports)
+    return replace(host, facts=replace(facts, leases=leases, ports=ports))
 
 
 def _differs(asked: Preflight, wanted: Preflight) -> bool:

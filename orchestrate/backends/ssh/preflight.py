@@ -25,6 +25,7 @@ from typing import Any
 from orchestrate.backends.hosttable import HostRow, HostTable
 from orchestrate.backends.sharing import occupancy
 from orchestrate.backends.ssh.connections import Target
+from orchestrate.backends.ssh.facts import HostFacts, LeaseFacts
 from orchestrate.backends.ssh.wire import Preflight
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
@@ -59,7 +60,7 @@ class HostAnswer:
     """One host's preflight: the agent's answer, or the step that failed before it."""
 
     target: Target
-    facts: dict[str, Any] | None = None
+    facts: HostFacts | None = None
     failed: str | None = None  # "ssh", "host key", "login" or "python"
     detail: str = ""
 
@@ -165,9 +166,10 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
             continue
         facts = host.facts
         _judge_runtime(facts, cells, fail)
-        leases = facts.get("leases", {})
+        leases = facts.leases
         _judge_leases(node, leases, cells, fail, verdict)
-        verdict.sharing[node.name] = occupancy(node.name, leases, facts.get("gpu_use") or {})
+        verdict.sharing[node.name] = occupancy(
+            node.name, leases.to_json(), {k: v.to_json() for k, v in facts.gpu_use.items()})
         _judge_gpus(node, facts, cells, fail)
         _judge_master(plan, facts, cells, fail)
         if node.name in wanted_interface:
@@ -188,9 +190,10 @@ def _judge_torch_versions(plan: Plan, hosts: Mapping[str, HostAnswer], verdict: 
     on a tie, the master node's)."""
     versions: dict[str, str] = {}
     for node in plan.nodes:
-        torch = (hosts[node.name].facts or {}).get("torch") or {}
-        if torch.get("ok"):
-            versions[node.name] = str(torch.get("version") or torch.get("detail"))
+        facts = hosts[node.name].facts
+        torch = facts.torch if facts is not None else None
+        if torch is not None and torch.ok:
+            versions[node.name] = str(torch.version or torch.detail)
     if len(set(versions.values())) < 2:
         return
     counts = Counter(versions.values())
@@ -205,88 +208,84 @@ def _judge_torch_versions(plan: Plan, hosts: Mapping[str, HostAnswer], verdict: 
             verdict.failures.append((hosts[name].target, "torch", detail))
 
 
-def _judge_runtime(facts: dict[str, Any], cells: dict[str, str], fail: Fail) -> None:
+def _judge_runtime(facts: HostFacts, cells: dict[str, str], fail: Fail) -> None:
     """The login worked; the node's python, torch (when asked) and the working directory."""
     cells["ssh"] = "ok"
-    cells["python"] = "ok " + str(facts.get("python", "")).rsplit(" ", 1)[-1]
-    torch = facts.get("torch")
+    cells["python"] = "ok " + facts.python.rsplit(" ", 1)[-1]
+    torch = facts.torch
     if torch is not None:
-        if torch.get("ok"):
-            cells["torch"] = "ok " + str(torch.get("detail", ""))
+        if torch.ok:
+            cells["torch"] = "ok " + str(torch.detail or "")
         else:
             # torch imported (its version came) but the command's orchestrate module did not
-            what = "torch" if torch.get("version") is None else "orchestrate"
-            fail("torch", f"import {what} failed: {torch.get('detail')}")
-    workdir = facts["workdir"]
-    if workdir.get("ok"):
+            what = "torch" if torch.version is None else "orchestrate"
+            fail("torch", f"import {what} failed: {torch.detail}")
+    if facts.workdir.ok:
         cells["workdir"] = "ok"
     else:
-        fail("workdir", f"{workdir.get('path')} does not exist")
+        fail("workdir", f"{facts.workdir.path} does not exist")
 
 
-def _judge_leases(node: NodePlan, leases: dict[str, Any], cells: dict[str, str], fail: Fail,
+def _judge_leases(node: NodePlan, leases: LeaseFacts, cells: dict[str, str], fail: Fail,
                   verdict: Judgement) -> None:
     """What other jobs hold on the host: GPUs and CPU slots the re-plan must avoid."""
-    if leases.get("error"):
-        fail("leases", f"lease book unusable: {leases['error']}"
-             + (f" ({leases['hint']})" if leases.get("hint") else ""))
+    if leases.error:
+        fail("leases", f"lease book unusable: {leases.error}"
+             + (f" ({leases.hint})" if leases.hint else ""))
     else:
-        queued = len(leases.get("queue") or [])
-        cells["leases"] = f"{len(leases.get('jobs', []))} other job(s)" + (
+        queued = len(leases.queue)
+        cells["leases"] = f"{len(leases.jobs)} other job(s)" + (
             f", {queued} waiting before it" if queued else "")
-    ahead = [w for w in leases.get("queue") or [] if not w.startswith("policy ")]
-    waits = [*(leases.get("unknown") or []),
-             *(w for w in leases.get("queue") or [] if w.startswith("policy ")),
+    ahead = [w for w in leases.queue if not w.startswith("policy ")]
+    waits = [*leases.unknown, *(w for w in leases.queue if w.startswith("policy ")),
              *([f"place {len(ahead) + 1} in the queue, behind " + "; ".join(ahead[:5])]
                if ahead else [])]
     if waits:
         verdict.waits[node.name] = waits
-    held = frozenset(int(g) for g in leases.get("gpus", []))
+    held = frozenset(leases.gpus)
     if held:
         verdict.busy_gpus[node.name] = held
         if held & set(node.gpu_indices):
             verdict.replan = True
-    held_slots = int(leases.get("slots") or 0)
-    if held_slots and not node.gpu_indices:
-        verdict.busy_slots[node.name] = held_slots
+    if leases.slots and not node.gpu_indices:
+        verdict.busy_slots[node.name] = leases.slots
 
 
-def _judge_interface(plan: Plan, node: NodePlan, facts: dict[str, Any], cells: dict[str, str],
+def _judge_interface(plan: Plan, node: NodePlan, facts: HostFacts, cells: dict[str, str],
                      fail: Fail, verdict: Judgement) -> None:
     """The interface the host found towards MASTER_ADDR (the inventory names none)."""
-    found = facts.get("interface") or {}
-    if found.get("ok"):
-        verdict.interfaces[node.name] = str(found["name"])
-        cells["interface"] = str(found["name"])
-        if node.env.get("GLOO_SOCKET_IFNAME") != found["name"]:
+    found = facts.interface
+    if found is not None and found.ok and found.name:
+        verdict.interfaces[node.name] = found.name
+        cells["interface"] = found.name
+        if node.env.get("GLOO_SOCKET_IFNAME") != found.name:
             verdict.replan = True
     else:
         fail("interface", f"no interface towards {plan.master_addr}: "
-                          f"{found.get('detail', 'not answered')}")
+                          f"{found.detail if found is not None else 'not answered'}")
 
 
-def _judge_master(plan: Plan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
+def _judge_master(plan: Plan, facts: HostFacts, cells: dict[str, str], fail: Fail
                   ) -> None:
-    """MASTER_ADDR resolves on the host (an older agent does not say: nothing to judge)."""
-    master = facts.get("master")
+    """MASTER_ADDR resolves on the host (not asked: nothing to judge)."""
+    master = facts.master
     if master is None:
         return
-    if master.get("ok"):
+    if master.ok:
         cells["master"] = "resolves"
     else:
-        fail("master", str(master.get("detail") or f"MASTER_ADDR {plan.master_addr} "
-                                                   "does not resolve"))
+        fail("master", master.detail or f"MASTER_ADDR {plan.master_addr} does not resolve")
 
 
-def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fail: Fail
+def _judge_gpus(node: NodePlan, facts: HostFacts, cells: dict[str, str], fail: Fail
                 ) -> None:
     if not node.gpu_indices:
         return
-    gpus = facts.get("gpus") or {}
-    if not gpus.get("ok"):
-        fail("gpus", str(gpus.get("detail", "not answered")))
+    gpus = facts.gpus
+    if gpus is None or not gpus.ok:
+        fail("gpus", str(gpus.detail if gpus is not None else "not answered"))
         return
-    present = {int(gpu[0]) for gpu in gpus.get("present", [])}
+    present = {int(gpu[0]) for gpu in gpus.present}
     missing = sorted(set(node.gpu_indices) - present)
     if missing:
         fail("gpus", f"GPU(s) {missing} not present (nvidia-smi shows {sorted(present)})")
@@ -297,14 +296,14 @@ def _judge_gpus(node: NodePlan, facts: dict[str, Any], cells: dict[str, str], fa
 def _judge_port(
     plan: Plan,
     node: NodePlan,
-    facts: dict[str, Any],
-    leases: dict[str, Any],
+    facts: HostFacts,
+    leases: LeaseFacts,
     cells: dict[str, str],
     fail: Fail,
     verdict: Judgement,
 ) -> None:
-    held = frozenset(int(p) for p in leases.get("ports", []))
-    free = {int(p) for p in (facts.get("ports") or {}).get("free", [])}
+    held = frozenset(leases.ports)
+    free = set(facts.ports.free) if facts.ports is not None else set()
     port = plan.master_port
     if port in free and port not in held:
         cells["port"] = f"ok {port}"

@@ -30,6 +30,9 @@ from orchestrate.core.errors import EXIT_BUSY, Problem, UserError
 from orchestrate.core.layout import SSH_HOSTS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from orchestrate.backends.sharing import ForeignWatch
     from orchestrate.backends.ssh.channels import SSHRank
     from orchestrate.backends.ssh.launcher import Launcher
     from orchestrate.backends.ssh.sessions import HostPool
@@ -152,7 +155,10 @@ class SSHSupervisor(Supervisor):
         stopper = HostStopper(launcher.links, launcher.targets(plan), self.job_id, STOP_GRACE_S,
                               note=note)
         handles = launcher.handles(plan, stopper, STOP_GRACE_S, attempt)
+        watch = self.foreign
+        watch.log = note  # the job's log too: the owner is told there
         for handle in handles:
+            handle.channel.on_foreign = _told(watch, handle.node)
             handle.prime()
 
         def cleanup() -> str | None:
@@ -165,10 +171,11 @@ class SSHSupervisor(Supervisor):
             pool.close(abort_all=False, keep_links=True)  # for a restart; end() logs out
             for node, names in stopper.survivors.items():
                 left.setdefault(node, []).extend(names)
-            return _survived(left)
+            said = [_survived(left), watch.ending()]
+            return "; ".join(words for words in said if words) or None
 
         evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
-                                  self.run_dir, attempt)
+                                  self.run_dir, attempt, note)
         return Launched(handles, cleanup, sink, evidence)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
@@ -218,6 +225,14 @@ def _finish_all(handles: list[SSHRank], grace_s: float) -> dict[str, list[str]]:
         if names:
             left.setdefault(node, []).extend(names)
     return left
+
+
+def _told(watch: ForeignWatch, node: str) -> Callable[[dict[int, str]], None]:
+    """What a node's agent says of other users on the job's GPUs, for ``watch``."""
+    def update(uses: dict[int, str]) -> None:
+        watch.update(node, uses)
+
+    return update
 
 
 def _survived(left: dict[str, list[str]]) -> str | None:

@@ -5,10 +5,11 @@ The controller builds a request record and sends ``to_json()`` as one line; the 
 back with :func:`read_request`, which refuses an unknown op, an unknown or missing field and a
 value of the wrong kind with :class:`WireError` (the agent answers it as an ``error`` reply
 naming the op and field, and the channel stays usable). A renamed key is then a loud error on
-the first run, not a silent ``None`` on a remote host. Replies the controller reads field by
-field (``ready``, ``pid``, ``exit``, ``ended``, ``files`` and the master reach check's) are
-records too; the preflight facts, the lease book's answers (``claim``, ``queue``) stay the
-dicts their owners define (:mod:`orchestrate.hostside.leases`).
+the first run, not a silent ``None`` on a remote host. Every reply is a record too (``ready``,
+``pid``, ``exit``, ``ended``, ``foreign``, ``files``, ``queue``, the master reach check's; the
+preflight facts and the ``claim`` answer in :mod:`.facts`), read back the same way; a field
+holding a record (``workdir: Workdir``, ``gpu_use: dict[str, OutsideUse]``) is read field by
+field, and what does not fit is named as ``outer: inner``.
 
 Standard library only, Python 3.8+: the agent carries this module
 (:data:`orchestrate.backends.ssh.channels.AGENT`), so both ends run the same text.
@@ -33,27 +34,49 @@ class WireError(ValueError):
 #: What a field's annotation (as written) admits, by its outer type's name.
 _KINDS = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
           "list": (list,), "dict": (dict,)}
+#: Every record by class name: a field annotated with one (``Workdir``, ``list[Workdir]``,
+#: ``dict[str, Workdir]``) is read with its own :meth:`Record.from_json`, field by field.
+RECORDS: dict[str, type[Record]] = {}
 
 
 def _admits(annotation: str, value: object) -> bool:
     """Whether ``value`` fits ``annotation`` (``str``, ``int | None``, ``list[int]``, ...):
-    the outer type only; ``bool`` is not taken for a number."""
+    the outer type only (a record's fields are checked when it is read); ``bool`` is not
+    taken for a number."""
     for part in annotation.split(" | "):
         name = part.split("[", 1)[0].strip()
         if name == "None" and value is None:
             return True
         if name == "Any":
             return True
-        kinds = _KINDS.get(name, ())
+        kinds = (dict,) if name in RECORDS else _KINDS.get(name, ())
         if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
             return True
     return False
+
+
+def _nested(annotation: str, value: Any) -> Any:
+    """``value`` with the records its annotation names read as records (else unchanged)."""
+    for part in annotation.split(" | "):
+        outer, _, inner = part.strip().partition("[")
+        held = RECORDS.get(inner.rstrip("]").split(",")[-1].strip())
+        if outer in RECORDS and isinstance(value, dict):
+            return RECORDS[outer].from_json(value)
+        if held is not None and outer == "list" and isinstance(value, list):
+            return [held.from_json(v) for v in value]
+        if held is not None and outer == "dict" and isinstance(value, dict):
+            return {k: held.from_json(v) for k, v in value.items()}
+    return value
 
 
 class Record:
     """A message: its fields are the JSON object's keys; :attr:`OP` names it on the wire."""
 
     OP = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        RECORDS[cls.__name__] = cls
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (``op`` first for a request)."""
@@ -63,7 +86,8 @@ class Record:
 
     @classmethod
     def from_json(cls: type[R], data: dict[str, Any]) -> R:
-        """The record, or :class:`WireError` naming the field that does not fit."""
+        """The record, or :class:`WireError` naming the field that does not fit (a field of a
+        record inside it as ``outer: inner``)."""
         what = cls.OP or cls.__name__
         if not isinstance(data, dict):
             raise WireError(f"{what}: not a JSON object")
@@ -71,6 +95,7 @@ class Record:
         unknown = sorted(set(data) - set(fields) - {"op"})
         if unknown:
             raise WireError(f"{what}: unknown field(s) {', '.join(unknown)}")
+        values = {}
         for name, spec in fields.items():
             if name not in data:
                 if (spec.default is dataclasses.MISSING
@@ -80,7 +105,11 @@ class Record:
             if not _admits(str(spec.type), data[name]):
                 raise WireError(f"{what}: {name} must be {spec.type} "
                                 f"(got {type(data[name]).__name__})")
-        return cls(**{k: v for k, v in data.items() if k != "op"})
+            try:
+                values[name] = _nested(str(spec.type), data[name])
+            except WireError as exc:
+                raise WireError(f"{what}: {name}: {exc}") from None
+        return cls(**values)
 
 
 # ------------------------------------------------------------------------------ requests
@@ -149,6 +178,7 @@ class Start(Record):
     grace_s: float = 5.0
     env: dict[str, str] = field(default_factory=dict)
     lease_dir: str | None = None  # None: the claim's
+    watch_s: float | None = None  # look for other users on the job's GPUs this often
 
 
 @dataclass(frozen=True)
@@ -237,6 +267,14 @@ class Ended(Record):
     """What outlived the job's end on the host, named."""
 
     survivors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ForeignUse(Record):
+    """Other users' processes on the job's GPUs here now, said when it changes while the rank
+    runs: pid -> "GPU 3 of your job is also used by pid 4242 (ben, python train.py, 12.0 GB)"."""
+
+    uses: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

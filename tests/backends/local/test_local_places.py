@@ -174,3 +174,33 @@ def test_the_agent_refuses_an_unsafe_folder_and_a_script_planted_after_the_write
     assert f"{lab.project} (owner root:{lab.group}, mode 2775)" in str(reply["detail"])
     assert not marker.exists()
     assert os.stat(lab.project / "ann-was-here" / ann.name / "job1").st_uid == ann.uid
+
+
+@pytest.mark.timeout(120)
+def test_a_program_run_later_by_its_path_is_checked_again_right_before(lab: Lab) -> None:
+    """Issue #32, class 1, for what runs after the launch: an SSH host runs the run
+    directory's ``evidence.py`` for the stall watch (the command the controller sends, which
+    re-checks the whole path first). Before any swap it runs ann's program; once ben has
+    renamed her ``runs/`` in the project folder (its sticky bit dropped) and planted his own
+    ``evidence.py`` there, the check refuses, naming the folder, and his program never runs."""
+    from orchestrate.backends.ssh.evidence import evidence_command
+
+    ann, ben = lab.ann, lab.ben
+    run_dir = lab.project / "runs" / ann.name / "job2"
+    lab.project.chmod(0o3775)
+    files = {"evidence.py": "print('mine')\n", "sidecar/sitecustomize.py": "\n"}
+    [_, (_, reply)] = _agent(ann, {"op": "files", "run_dir": str(run_dir), "files": files})
+    assert reply["ok"] is True, reply
+    command = evidence_command(ann.python, str(run_dir), "heartbeats")
+    ran = ann.sh(["bash", "-c", command])
+    assert ran.returncode == 0 and ran.stdout == "mine\n", ran.stderr
+    lab.project.chmod(0o2775)
+    ben.sh(["mv", str(lab.project / "runs"), str(lab.project / "ann-was-here")], check=True)
+    marker = lab.project / "planted-ran"
+    ben.sh(["sh", "-c", f"mkdir -p {run_dir}/sidecar && echo 'open(\"{marker}\", \"w\")' > "
+            f"{run_dir}/evidence.py"], check=True)
+    refused = ann.sh(["bash", "-c", command])
+    assert refused.returncode == 2 and not marker.exists(), refused
+    said = " ".join(refused.stderr.split())
+    assert f"refused to run {run_dir}/evidence.py: unsafe place: " in said, said
+    assert f"{lab.project} (owner root:{lab.group}, mode 2775)" in said

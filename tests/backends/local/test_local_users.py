@@ -46,11 +46,13 @@ def users() -> Iterator[list[User]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _job(user: User, name: str, gpus: int, model: str, seconds: int = 600) -> str:
+def _job(user: User, name: str, gpus: int, model: str, seconds: int = 600,
+         until: str | None = None) -> str:
     path = user.home / f"{name}.yaml"
     path.write_text(f"name: {name}\nresources: {{nodes: 1, gpus_per_node: {gpus}, "
                     f"gpu_model: {model}}}\ndistributed: {{master_port: auto}}\n"
-                    f"command: [bash, -c, 'echo $CUDA_VISIBLE_DEVICES; sleep {seconds}']\n")
+                    "command: [bash, -c, 'echo $CUDA_VISIBLE_DEVICES; "
+                    f"{until or f'sleep {seconds}'}']\n")
     path.chmod(0o644)
     return str(path)
 
@@ -130,10 +132,13 @@ def test_another_users_process_on_a_jobs_gpu_is_named_to_the_jobs_owner(
         users: list[User]) -> None:
     """Issue #32, class 4: ben runs a process on the GPU ann's job leases. It is not listed as
     the job's; ann is told, in `status` and in the job's log, which process, whose, and how
-    much memory it takes."""
+    much memory it takes, and the job's COMPLETED ending says its GPU was shared."""
     ann, ben = users
     job = f"f-{ann.name}"
-    ann.run("submit", _job(ann, "f", 1, "A100-80GB"), "--detach", "--job-id", job, check=True)
+    done = ann.home / "done"
+    ann.run("submit", _job(ann, "f", 1, "A100-80GB",
+                           until=f"until test -e {done}; do sleep 0.2; done"),
+            "--detach", "--job-id", job, check=True)
     status = ann.until(job, "RUNNING")
     [gpu] = _placed(status)[0]
     sleeper = ben.sh(["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"], check=True)
@@ -150,7 +155,9 @@ def test_another_users_process_on_a_jobs_gpu_is_named_to_the_jobs_owner(
     [on_gpu] = [h for g in listed["gpus"] if g["index"] == int(gpu) for h in g["holders"]
                 if h["pid"] == pid]
     assert on_gpu["foreign"] and on_gpu["job_id"] is None  # not listed as ann's job's
-    ann.run("cancel", job, check=True)
+    done.touch()  # the job ends COMPLETED, saying that its GPU was shared
+    ended = ann.until(job, "COMPLETED")
+    assert told.replace(" is also used ", " was also used ") in str(ended["reason"]), ended
     ben.sh(["kill", str(pid)])
     _nothing_left(users)
 

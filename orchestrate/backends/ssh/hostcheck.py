@@ -1,0 +1,128 @@
+"""The SSH agent's preflight: every check of its host in one go, as the ranks will see it.
+
+One ``preflight`` request answers everything the controller judges a plan by
+(:mod:`orchestrate.backends.ssh.preflight`): the node's python, ``import torch`` (and the
+command's orchestrate module) run as the ranks will run it, the working directory, the
+interface towards MASTER_ADDR and whether it resolves, the GPUs and which of them processes
+outside orchestrate use, what other jobs hold in the host's lease book and who waits before
+this job, and which master ports can be bound. It only *finds*; the answer is one
+:class:`~orchestrate.backends.ssh.facts.HostFacts`, checked field by field as it is made.
+Standard library only, Python 3.8+: part of the agent program
+(:data:`orchestrate.backends.ssh.channels.AGENT`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+from orchestrate.backends.ssh.facts import HostFacts
+from orchestrate.backends.ssh.wire import Preflight
+from orchestrate.hostside.fairshare import use as fair_use
+from orchestrate.hostside.gpuuse import outside_use, usage
+from orchestrate.hostside.host import interface_towards, port_free
+from orchestrate.hostside.leases import BookError, LeaseBook, describe, held
+from orchestrate.hostside.masterreach import resolve
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+TORCH_TIMEOUT_S = 240.0
+TORCH_VERSION = "orchestrate-torch-version "
+
+
+def _torch_probe(request: Preflight) -> tuple[subprocess.Popen[str] | None, str | None]:
+    """Start importing torch (and the command's orchestrate module) as the ranks will: the
+    node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
+    directory. The probe running, or why it could not start."""
+    if not request.torch:
+        return None, None
+    # The version on a line of its own (an import may print warnings first), flushed before a
+    # later import's traceback reaches the shared pipe.
+    probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
+    module = request.orchestrate
+    if module:  # the module the command runs
+        probe += "; import " + (module if re.match(r"^[\w.]+$", module)
+                                else "orchestrate.train")
+    python = request.python or sys.executable
+    env = dict(os.environ)
+    if request.pythonpath is not None:
+        env["PYTHONPATH"] = request.pythonpath
+    workdir = request.workdir
+    try:
+        return subprocess.Popen(
+            [python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, universal_newlines=True, env=env,
+            cwd=workdir if os.path.isdir(workdir) else None,
+        ), None
+    except OSError as exc:
+        return None, f"cannot run {python}: {exc.strerror or exc}"
+
+
+def preflight(request: Preflight) -> HostFacts:
+    """Every check of this host; facts, the controller judges them against the plan."""
+    torch, failed = _torch_probe(request)
+    facts: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": sys.executable + " " + sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "workdir": {"ok": os.path.isdir(request.workdir), "path": request.workdir},
+    }
+    if request.interface_to:
+        facts["interface"] = interface_towards(request.interface_to)
+    if request.master_addr:
+        facts["master"] = resolve(request.master_addr)
+    found = usage() if request.gpus else None
+    if found is not None:
+        facts["gpus"] = present(found)
+    try:
+        book = LeaseBook(request.lease_dir)
+        with book.locked():
+            leases = held(book.live(except_job=request.job_id))
+            leases["queue"] = [describe(t) for t in book.ahead(request.want or {},
+                                                                request.job_id)]
+            leases["use"] = fair_use(book).get(os.geteuid(), 0.0)  # gang order
+            leases["problems"] = book.problems
+    except (BookError, OSError) as exc:
+        leases = {"error": str(exc), "hint": getattr(exc, "hint", ""),
+                  "busy": bool(getattr(exc, "busy", False))}
+    facts["leases"] = leases
+    if found is not None:
+        facts["gpu_use"] = outside_use(found, set(leases.get("gpus") or []))
+    if request.ports:
+        facts["ports"] = {"free": [p for p in request.ports if port_free(p)],
+                          "tried": len(request.ports)}
+    if failed is not None:
+        facts["torch"] = {"ok": False, "detail": failed}
+    if torch is not None:
+        facts["torch"] = _imported(torch)
+    return HostFacts.from_json(facts)
+
+
+def _imported(torch: subprocess.Popen[str]) -> dict[str, Any]:
+    """What the torch probe found: its version, or what it said last."""
+    try:
+        out, _ = torch.communicate(timeout=TORCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        torch.kill()
+        return {"ok": False, "detail": f"import took over {TORCH_TIMEOUT_S:.0f}s"}
+    lines = out.strip().splitlines()
+    version = next((line[len(TORCH_VERSION):] for line in lines
+                    if line.startswith(TORCH_VERSION)), None)
+    ok = torch.returncode == 0 and version is not None
+    said = [line for line in lines if line.strip() and not line.startswith(TORCH_VERSION)]
+    return {"ok": ok, "version": version,
+            "detail": version if ok else (said[-1] if said else f"exit {torch.returncode}")}
+
+
+def present(found: dict[str, Any]) -> dict[str, Any]:
+    """Which GPUs nvidia-smi lists (the plan's must be there): ``{"ok": True, "present":
+    [[index, nvidia-smi's name, memory MiB], ...]}``, or ``{"ok": False, "detail": why}``."""
+    if not found.get("ok"):
+        return {"ok": False, "missing": bool(found.get("missing")), "detail": found["detail"]}
+    return {"ok": True, "present": [[g["index"], g["name"], g["memory_total_mib"] or 0.0]
+                                    for g in found["gpus"]]}
