@@ -38,6 +38,8 @@ from orchestrate.backends.sharing import (
     blocked,
     book_error,
     foreign_gpu_use,
+    health_on,
+    host_health,
     lease_dir,
     occupancy,
     ticket,
@@ -53,7 +55,7 @@ from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
-from orchestrate.hostside import containment, gpuuse, host, leases
+from orchestrate.hostside import containment, gpuhealth, gpuuse, host, leases
 from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
 
@@ -168,15 +170,29 @@ class LocalSupervisor(Supervisor):
             raise UserError.single(str(found["detail"]), source=source, field="inventory",
                                    hint="orchestrate reads nvidia-smi to see which GPUs are "
                                    "in use; fix the driver, or run where it works")
+        sick = self._health(found)
         try:
             book = leases.LeaseBook(self.lease_root)
             with book.locked():
-                prepared = self._place(book, found)
+                prepared = self._place(book, found, sick)
         except leases.BookError as exc:
             raise book_error(exc, source) from None
         return prepared
 
-    def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None) -> Prepared:
+    def _health(self, found: dict[str, Any] | None) -> dict[int, str]:
+        """This machine's GPUs that fail their health check (index -> why); what only warns,
+        and what could not be checked, goes to the supervisor's log."""
+        if found is None or not found.get("ok") or not health_on():
+            return {}
+        spec = self.submitted.inventory.node(self.submitted.plan.nodes[0].name)
+        expected = tuple(g.index for g in spec.gpus) if spec is not None else ()
+        verdict = host_health(gpuhealth.gather(), expected)
+        for line in [*verdict.notes, *verdict.warnings(), *verdict.sick().values()]:
+            self.log(f"GPU health: {line}")
+        return verdict.sick()
+
+    def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None,
+               sick: dict[int, str]) -> Prepared:
         """Inside the lock: plan around the book, or queue (a waiting job) and refuse."""
         submitted = self.submitted
         source = str(submitted.path)
@@ -192,7 +208,7 @@ class LocalSupervisor(Supervisor):
                               source)
             if refusal is not None:
                 raise refusal
-            prepared = _fit(submitted, held, outside)
+            prepared = _fit(submitted, held, outside, sick)
             _check_gpus_exist(prepared, found)
             _check_runtime(prepared)
         except UserError as exc:
@@ -318,9 +334,9 @@ def _has_gpus(prepared: Prepared) -> bool:
 
 
 def _fit(prepared: Prepared, held: dict[str, Any],
-         outside: Mapping[str, Mapping[str, Any]]) -> Prepared:
-    """The plan again around what other jobs hold here (GPUs, slots, ports) and the GPUs in use
-    outside orchestrate, if it must."""
+         outside: Mapping[str, Mapping[str, Any]], sick: Mapping[int, str]) -> Prepared:
+    """The plan again around what other jobs hold here (GPUs, slots, ports), the GPUs in use
+    outside orchestrate and those that failed their health check, if it must."""
     from orchestrate.run.prepare import plan_job
 
     plan = prepared.plan
@@ -341,7 +357,7 @@ def _fit(prepared: Prepared, held: dict[str, Any],
             raise UserError.single(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}",
                                    field="distributed.master_port", busy=True)
         port = found
-    fields = occupancy(node.name, held, outside)
+    fields = occupancy(node.name, held, outside, sick)
     if not port_busy and not fields:
         return prepared
     occupied = Occupancy(master_port=port if port != plan.master_port else None, **fields)
