@@ -34,6 +34,7 @@ import orchestrate.core.plan.outcome
 import orchestrate.core.plan.restart
 import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
+import orchestrate.hostside.gpuhealth
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
@@ -61,7 +62,8 @@ _MARK = MARK.encode()
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.gpuhealth, orchestrate.hostside.bookdir,
+    orchestrate.hostside.leaserecord,
     orchestrate.hostside.leases, orchestrate.hostside.watchdog, orchestrate.hostside.safeplace,
     orchestrate.hostside.masterreach, orchestrate.core.exits, orchestrate.core.layout,
     orchestrate.core.plan.outcome, orchestrate.core.plan.restart,

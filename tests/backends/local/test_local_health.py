@@ -48,3 +48,9 @@ def test_a_job_is_planned_around_a_sick_gpu_and_one_needing_it_is_refused(sick: 
     assert ("GPU 5 (RTX A6000, 00000000:A1:00.0): 2 uncorrectable ECC errors since boot and a "
             "row remap pending: reboot the server (or reset the GPU) to remap; until then "
             "orchestrate will not place ranks on it") in said
+    listed = json.loads(sick.run("gpus", "--json", check=True).stdout)
+    health = {g["index"]: g["health"] for g in listed["gpus"]}
+    assert health == {i: "fail" if i == 5 else "pass" for i in range(8)}
+    assert listed["gpus"][5]["health_line"].startswith("GPU 5 (RTX A6000, 00000000:A1:00.0)")
+    table = " ".join(sick.run("gpus", check=True).stdout.split())
+    assert "fail: GPU 5 (RTX A6000, 00000000:A1:00.0): 2 uncorrectable" in table
