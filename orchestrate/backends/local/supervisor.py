@@ -155,9 +155,10 @@ class LocalSupervisor(Supervisor):
     def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared | None:
         """Lease the GPUs, slots and port, re-planned around what other jobs hold and GPUs in
         use outside orchestrate, under the book's lock, behind older waiting jobs; this
-        supervisor and its watchdog hold the lease. A restart runs on the same leases."""
+        supervisor and its watchdog hold the lease. A restart runs on the same leases, unless
+        one of its GPUs failed the health check since (:meth:`_recheck`)."""
         if attempt != self.first:
-            return None
+            return self._recheck()
         submitted = self.submitted
         source = str(submitted.path)
         node = submitted.plan.nodes[0]
@@ -190,6 +191,37 @@ class LocalSupervisor(Supervisor):
         for line in [*verdict.notes, *verdict.warnings(), *verdict.sick().values()]:
             self.log(f"GPU health: {line}")
         return verdict.sick()
+
+    def _recheck(self) -> Prepared | None:
+        """Before a restart: the job's GPUs checked again; one that went bad since the last
+        attempt is left out, the job re-planned on other free GPUs (its lease moved with it)
+        and the log says so; a job that no longer fits is refused (it ends, saying why)."""
+        current = (self.prepared or self.submitted).plan.nodes[0]
+        if not current.gpu_indices or not health_on():
+            return None
+        found = gpuuse.usage()
+        sick = self._health(found)
+        bad = sorted(set(current.gpu_indices) & set(sick))
+        if not bad:
+            return None
+        self.log(f"restart: GPU(s) {', '.join(map(str, bad))} failed the health check since "
+                 "the last attempt: planning the restart without them")
+        source = str(self.submitted.path)
+        try:
+            book = leases.LeaseBook(self.lease_root)
+            with book.locked():
+                held = leases.held(book.live(except_job=self.job_id))
+                outside = gpuuse.outside_use(found, set(held["gpus"])) if found.get("ok") else {}
+                prepared = _fit(self.submitted, held, outside, sick)
+                chosen = prepared.plan.nodes[0]
+                book.record(leases.new_lease(
+                    self.job_id, chosen.name, list(chosen.gpu_indices), 0,
+                    prepared.plan.master_port, [os.getpid(), self._watchdog_pid()],
+                    self.group.path if self.group else None))
+        except leases.BookError as exc:
+            raise book_error(exc, source) from None
+        self.log(f"restart: on GPU(s) {chosen.cuda_visible_devices} now")
+        return prepared
 
     def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None,
                sick: dict[int, str]) -> Prepared:

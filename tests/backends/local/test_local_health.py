@@ -1,7 +1,8 @@
 """The GPU health check before a local launch (issue #35): the mixed lab server (2x A100 + 6x
 RTX A6000) with GPU 5 waiting for a row remap, replayed by the stand-in nvidia-smi and kernel log
 (tests/hostside/gpuhealth/remap-pending). A job is planned around the sick GPU and its plan says
-so; a job that needs every A6000 is refused for good (exit 2) naming it."""
+so; a job that needs every A6000 is refused for good (exit 2) naming it; a GPU that goes bad
+between attempts is left out of the restart."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.fakesmi import replay_health
+from tests.support.fakesmi import HEALTH_CASES, replay_health
 from tests.support.localcli import Cli
 
 pytestmark = pytest.mark.process
@@ -54,3 +55,27 @@ def test_a_job_is_planned_around_a_sick_gpu_and_one_needing_it_is_refused(sick: 
     assert listed["gpus"][5]["health_line"].startswith("GPU 5 (RTX A6000, 00000000:A1:00.0)")
     table = " ".join(sick.run("gpus", check=True).stdout.split())
     assert "fail: GPU 5 (RTX A6000, 00000000:A1:00.0): 2 uncorrectable" in table
+
+
+@pytest.mark.timeout(120)
+def test_a_gpu_that_goes_bad_between_attempts_is_left_out_of_the_restart(cli: Cli) -> None:
+    """The first attempt runs on GPUs 2-5; it turns GPU 5 sick (the stand-in now replays
+    remap-pending) and fails; the restart checks again and runs on 2, 3, 4 and 6."""
+    bin_dir = replay_health(cli.work / "bin", "healthy")
+    cli.env["PATH"] = f"{bin_dir}:{cli.env['PATH']}"
+    sick = HEALTH_CASES / "remap-pending" / "query.csv"
+    marker = cli.work / "went-bad"
+    job = cli.write("bad.yaml", f"""
+        name: bad
+        resources: {{nodes: 1, gpus_per_node: 4, gpu_model: RTX-A6000}}
+        restart: {{max: 1, on: [failure], backoff_s: [0]}}
+        launcher: per_node
+        command: [bash, -c, 'echo "gpus=$CUDA_VISIBLE_DEVICES"; test -e {marker} && exit 0;
+                  touch {marker}; cp {sick} {bin_dir}/nvsmi/query.csv; exit 1']
+        """)
+    done = cli.run("submit", str(job), "--job-id", cli.id("bad"), "--follow")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpus=2,3,4,5" in done.stdout and "gpus=2,3,4,6" in done.stdout
+    log = (Path(cli.status(cli.id("bad"))["run_dir"]) / "supervisor.log").read_text()
+    assert "restart: GPU(s) 5 failed the health check since the last attempt" in log
+    assert "GPU health: GPU 5 (RTX A6000, 00000000:A1:00.0): 2 uncorrectable" in log
