@@ -74,8 +74,14 @@ class Settings:
 
     @property
     def tiers(self) -> tuple[str, ...]:
-        """The tiers run: ``tier`` and those before it."""
-        return findings.tiers_up_to(self.tier)
+        """The tiers run: ``tier`` and those before it (without ``health`` under
+        ``ORCHESTRATE_GPU_HEALTH=off``, unless it is the tier asked for)."""
+        from orchestrate.backends.sharing import health_on
+
+        tiers = findings.tiers_up_to(self.tier)
+        if self.tier != "health" and not health_on():
+            tiers = tuple(t for t in tiers if t != "health")
+        return tiers
 
 
 def checkup_argv(plan: Plan, settings: Settings, with_deadline: bool = True) -> list[str]:
