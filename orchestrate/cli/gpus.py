@@ -26,9 +26,11 @@ from orchestrate.core.errors import UserError
               help="the SSH nodes of this inventory instead of this machine")
 def gpus(as_json: bool, inventory_file: Path | None) -> None:
     """Every GPU of this machine (or of an inventory's SSH nodes) with its model, memory
-    used/total, utilization, health (pass, warn or fail: the GPU health check, with the sentence
-    for each GPU that is not healthy) and holders: orchestrate jobs (user, job id, since) and
-    processes outside orchestrate (pid, user, name, memory).
+    used/total, utilization, health (pass, warn or fail) and holders: orchestrate jobs (user, job
+    id, since) and processes outside orchestrate (pid, user, name, memory).
+
+    Health is the GPU health check a submit makes (docs/doctor.md, "GPU health"); each GPU that
+    is not healthy gets its sentence below the table.
 
     The model is named as a job's gpu_model names it (what inventory probe writes), with
     nvidia-smi's own name beside it."""

@@ -57,3 +57,10 @@ def test_gpus_per_node_all_takes_the_healthy_ones_and_says_which_it_left() -> No
              inventory(gpu_node("ambers", 8, A6000)), occupancy=SICK)
     assert p.nodes[0].gpu_indices == (0, 1, 2, 3, 4, 6, 7)
     assert any("left out GPU 5" in n for n in p.notes)
+
+
+def test_a_sick_gpu_of_another_model_is_not_said_to_be_left_out() -> None:
+    p = plan(job(resources={"gpu_model": "A100-80GB", "gpus_per_node": 2}), AMBERS,
+             occupancy=SICK)
+    assert p.nodes[0].gpu_indices == (0, 1)
+    assert not any("left out" in n for n in p.notes)

@@ -300,10 +300,15 @@ def _fit(
 
 
 def _around_sick(picked: list[Choice], busy: Busy) -> tuple[str, ...]:
-    """What the plan says about the GPUs it left out because they failed the health check."""
-    return tuple(f"{c.node.name}: left out {busy.sick[c.node.name][index]}"
-                 for c in picked if c.gpus
-                 for index in sorted(busy.sick.get(c.node.name, {})))
+    """What the plan says about the GPUs it left out because they failed the health check
+    (those of the models it chose: another model was never a candidate)."""
+    notes = []
+    for choice in picked:
+        sick = busy.sick.get(choice.node.name, {})
+        models = {g.model for g in choice.gpus}
+        notes += [f"{choice.node.name}: left out {sick[g.index]}" for g in choice.node.gpus
+                  if g.index in sick and g.model in models]
+    return tuple(notes)
 
 
 def _sized(job: JobSpec, gpus: list[Gpu], memory: MemoryEstimate | None
