@@ -53,8 +53,9 @@ OLD_REASONS = "clocks_throttle_reasons."
 HEALTH_TIMEOUT_S = float(os.environ.get("ORCHESTRATE_NVIDIA_SMI_TIMEOUT_S") or 10.0)
 LOG_TIMEOUT_S = 5.0
 _UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
-#: ``NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has fallen off the bus.``
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+)")
+#: What marks a kernel log line as an Xid: ``NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has
+#: fallen off the bus.`` (read by :mod:`orchestrate.core.gpuhealth`).
+XID_MARK = "NVRM: Xid ("
 #: At most this many Xid lines come back (the newest): a flapping GPU logs thousands.
 XID_LINES = 200
 
@@ -117,7 +118,7 @@ def xid_lines(timeout_s: float = LOG_TIMEOUT_S) -> dict[str, Any]:
                                             "-o", "short-monotonic"])):
         code, out, err = run(argv, timeout_s)
         if code == 0:
-            found = [line.strip() for line in out.splitlines() if XID.search(line)]
+            found = [line.strip() for line in out.splitlines() if XID_MARK in line]
             return {"readable": True, "source": source, "xid": found[-XID_LINES:],
                     "detail": None}
         why = "not installed" if code is None else message(code, out, err)
@@ -128,4 +129,4 @@ def xid_lines(timeout_s: float = LOG_TIMEOUT_S) -> dict[str, Any]:
             "detail": "the kernel log is not readable here (" + "; ".join(tried) + ")"}
 
 
-__all__ = ["HEALTH_FIELDS", "XID", "ask", "gather", "xid_lines"]
+__all__ = ["HEALTH_FIELDS", "XID_MARK", "ask", "gather", "xid_lines"]

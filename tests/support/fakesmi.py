@@ -83,7 +83,7 @@ def health_facts(case: str, kernel: str | None = "") -> dict[str, Any]:
     """What :func:`orchestrate.hostside.gpuhealth.gather` returns on a host replaying ``case``
     (see :func:`replay_health`), read from its files without running anything: for unit tests
     of the verdicts. The fields are those the gatherer asks."""
-    from orchestrate.hostside.gpuhealth import HEALTH_FIELDS, XID
+    from orchestrate.hostside.gpuhealth import HEALTH_FIELDS, XID_MARK
     from orchestrate.hostside.smi import rows
 
     found = rows((HEALTH_CASES / case / "query.csv").read_text())
@@ -93,7 +93,7 @@ def health_facts(case: str, kernel: str | None = "") -> dict[str, Any]:
     log = ({"readable": False, "source": None, "xid": [], "detail": "the kernel log is not "
             "readable here (dmesg: " + DMESG_DENIED.strip() + ")"} if text is None else
            {"readable": True, "source": "dmesg", "detail": None,
-            "xid": [line.strip() for line in text.splitlines() if XID.search(line)]})
+            "xid": [line.strip() for line in text.splitlines() if XID_MARK in line]})
     return {"status": "ok", "error": None, "fields": list(HEALTH_FIELDS), "dropped": [],
             "gpus": [{f: row.get(f, "[N/A]") for f in HEALTH_FIELDS} for row in found],
             "kernel_log": log}
