@@ -1,11 +1,15 @@
-"""The static and connect tiers: what each node's leader (its local rank 0) checks before any
-process group exists.
+"""The static, health and connect tiers: what each node's leader (its local rank 0) checks
+before any process group exists.
 
 static
     :func:`orchestrate.hostside.hostfacts.gather` on the node, in the rank's own launch context (so
     ``ulimit -l``, /dev/shm and the python are what the job's ranks get), with MASTER_ADDR as the
     peer whose route matters; torch's versions read from its files (no import: a broken torch
     is a fact, not a crash); and the clock offset against node 0 from the roll call.
+health
+    :func:`orchestrate.hostside.gpuhealth.gather` on the node, in a thread beside the static
+    facts: the GPUs' health fields and the kernel log's Xid lines (judged by
+    :mod:`orchestrate.doctor.health_tier`).
 connect
     the roll call on MASTER_ADDR:MASTER_PORT (:mod:`orchestrate.doctor.checkup.rollcall`), then
     every node connects to every other node's listener on a kernel-chosen ephemeral port (the range
