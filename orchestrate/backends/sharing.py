@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.core.errors import UserError
+from orchestrate.core.gpuhealth import HostHealth, judge
 from orchestrate.core.plan.placement import wanted_gpus
 from orchestrate.core.plan.strategy import model_facts, placement_need
 from orchestrate.core.spec.backendtraits import traits
@@ -87,11 +88,15 @@ def ticket(prepared: Prepared, node: NodePlan, submitted_at: float, holder: int,
                   holders=[(holder, start)] if holder else [], since=time.time())
 
 
-def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[str, Any]]
-              ) -> dict[str, Any]:
-    """``Occupancy`` fields for one node from the book's ``held`` and the GPUs in use outside
-    orchestrate (:func:`orchestrate.hostside.gpuuse.outside_use`); empty ones left out."""
+def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[str, Any]],
+              sick: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """``Occupancy`` fields for one node from the book's ``held``, the GPUs in use outside
+    orchestrate (:func:`orchestrate.hostside.gpuuse.outside_use`) and the GPUs that failed
+    their health check (:meth:`orchestrate.core.gpuhealth.HostHealth.sick`); empty ones left
+    out."""
     fields: dict[str, Any] = {}
+    if sick:
+        fields["sick"] = {node: {int(k): str(v) for k, v in sick.items()}}
     gpus = frozenset(int(g) for g in held.get("gpus") or [])
     if gpus:
         fields["busy_gpus"] = {node: gpus}
@@ -105,6 +110,22 @@ def occupancy(node: str, held: Mapping[str, Any], outside: Mapping[str, Mapping[
         fields["free_gb"] = {node: {int(k): float(v["free_gb"] or 0.0)
                                     for k, v in outside.items()}}
     return fields
+
+
+#: ``ORCHESTRATE_GPU_HEALTH=off`` skips the GPU health check before a launch (for a
+#: comparison, as bench/gpu_health.py makes; the doctor's health tier still runs it).
+HEALTH_VAR = "ORCHESTRATE_GPU_HEALTH"
+
+
+def health_on() -> bool:
+    """Whether launches check their GPUs' health first (on unless turned off)."""
+    return os.environ.get(HEALTH_VAR, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def host_health(facts: Mapping[str, Any] | None, expected: tuple[int, ...]) -> HostHealth:
+    """The verdict on one host's GPUs from what :func:`orchestrate.hostside.gpuhealth.gather`
+    found there (None: not checked)."""
+    return judge(facts or {"status": "missing"}, expected)
 
 
 def blocked(held: Mapping[str, Any], queue: list[str], source: str) -> UserError | None:

@@ -26,13 +26,16 @@ from orchestrate.core.errors import UserError
               help="the SSH nodes of this inventory instead of this machine")
 def gpus(as_json: bool, inventory_file: Path | None) -> None:
     """Every GPU of this machine (or of an inventory's SSH nodes) with its model, memory
-    used/total, utilization and holders: orchestrate jobs (user, job id, since) and processes
-    outside orchestrate (pid, user, name, memory).
+    used/total, utilization, health (pass, warn or fail) and holders: orchestrate jobs (user, job
+    id, since) and processes outside orchestrate (pid, user, name, memory).
+
+    Health is the GPU health check a submit makes (docs/doctor.md, "GPU health"); each GPU that
+    is not healthy gets its sentence below the table.
 
     The model is named as a job's gpu_model names it (what inventory probe writes), with
     nvidia-smi's own name beside it."""
     hosts = [this_machine()] if inventory_file is None else over_ssh(inventory_file)
-    hosts = [with_models(answer) for answer in hosts]
+    hosts = [with_health(with_models(answer)) for answer in hosts]
     if as_json:
         click.echo(json.dumps(hosts[0] if inventory_file is None else hosts, indent=2))
         return
@@ -54,11 +57,36 @@ def with_models(answer: dict[str, Any]) -> dict[str, Any]:
                                for gpu in answer["gpus"]]}
 
 
+def with_health(answer: dict[str, Any]) -> dict[str, Any]:
+    """One host's answer with each GPU's ``health`` (pass, warn or fail) and ``health_line``
+    (the sentence: :mod:`orchestrate.core.gpuhealth`), from the health facts gathered beside
+    it (``gpu_health``, dropped from the answer); what could not be checked joins
+    ``problems``."""
+    from orchestrate.core.gpuhealth import judge
+
+    facts = answer.pop("gpu_health", None)
+    if facts is None:
+        return answer
+    verdict = judge(facts)
+    by_index = {g.index: g for g in verdict.gpus}
+    gpus = []
+    for gpu in answer["gpus"]:
+        found = by_index.get(int(gpu["index"]))
+        gpus.append({**gpu, "health": found.status if found else "?",
+                     "health_line": found.line if found and found.findings else None})
+    return {**answer, "gpus": gpus,
+            "problems": [*(answer.get("problems") or []), *verdict.notes]}
+
+
 def this_machine() -> dict[str, Any]:
-    """This machine's GPUs and holders (what the SSH agent answers on a host)."""
+    """This machine's GPUs, holders and health (what the SSH agent answers on a host)."""
+    from orchestrate.hostside.gpuhealth import gather
     from orchestrate.hostside.leases import machine_gpus
 
-    return machine_gpus(None)
+    answer = machine_gpus(None)
+    if answer["gpus"]:
+        answer["gpu_health"] = gather()
+    return answer
 
 
 def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:
@@ -121,14 +149,16 @@ def show(answer: dict[str, Any]) -> None:
 
     out = console()
     table = Table(title=f"GPUs of {answer['host']}")
-    for column in ("gpu", "model", "nvidia-smi name", "memory used/total", "util", "held by"):
+    for column in ("gpu", "model", "nvidia-smi name", "memory used/total", "util", "health",
+                   "held by"):
         table.add_column(column)
     for gpu in answer["gpus"]:
         used = "?" if gpu["memory_used_gb"] is None else f"{gpu['memory_used_gb']:.1f}"
         util = "?" if gpu["utilization_pct"] is None else f"{gpu['utilization_pct']:.0f}%"
         holders = "\n".join(_holder(h) for h in gpu["holders"]) or "free"
         table.add_row(str(gpu["index"]), str(gpu["model"]), str(gpu["name"]),
-                      f"{used} / {gpu['memory_total_gb']:.1f} GB", util, holders)
+                      f"{used} / {gpu['memory_total_gb']:.1f} GB", util,
+                      str(gpu.get("health") or "?"), holders)
     if answer["gpus"]:
         out.print(table)
     else:
@@ -139,5 +169,9 @@ def show(answer: dict[str, Any]) -> None:
                   markup=False, soft_wrap=True)
     for line in answer.get("queue") or []:
         out.print(f"{answer['host']}: waiting: {line}", markup=False, soft_wrap=True)
+    for gpu in answer["gpus"]:
+        if gpu.get("health_line"):
+            out.print(f"{answer['host']}: {gpu['health']}: {gpu['health_line']}", markup=False,
+                      soft_wrap=True)
     for problem in answer.get("problems") or []:
         out.print(f"{answer['host']}: {problem}", markup=False, soft_wrap=True)

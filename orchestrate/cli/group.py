@@ -57,8 +57,9 @@ COMMANDS: Mapping[str, Lazy] = {
                    "dict."),
     "gpus": Lazy("orchestrate.cli.gpus", "gpus",
                  "Every GPU of this machine (or of an inventory's SSH nodes) with its model, "
-                 "memory used/total, utilization and holders: orchestrate jobs (user, job id, "
-                 "since) and processes outside orchestrate (pid, user, name, memory)."),
+                 "memory used/total, utilization, health (pass, warn or fail) and holders: "
+                 "orchestrate jobs (user, job id, since) and processes outside orchestrate "
+                 "(pid, user, name, memory)."),
     "inventory": Lazy("orchestrate.cli.inventory", "inventory",
                       "Inspect inventory files, write them from the machines, check them for "
                       "drift."),

@@ -35,6 +35,7 @@ from orchestrate.doctor.grading import (
     judge_checkup,
     judge_connect,
 )
+from orchestrate.doctor.health_tier import judge_health
 from orchestrate.doctor.static_tier import NodeFacts, from_host, judge_static
 
 
@@ -127,6 +128,8 @@ def assess(
     nodes = {str(p.get("node")): p for p in by_kind(payloads, "node")}
     if "static" in tiers:
         checks.extend(_static(shape, nodes, end))
+    if "health" in tiers:
+        checks.extend(judge_health(shape, nodes))
     if "connect" in tiers:
         checks.extend(_connect(shape, nodes, end))
     bandwidth: dict[str, Any] = {}

@@ -39,6 +39,7 @@ from orchestrate.core.layout import DOCTOR_FILE, OWN_REACH_CHECK, rank_log
 from orchestrate.core.spec.backendtraits import traits
 from orchestrate.doctor import findings, grading
 from orchestrate.doctor.checkup import transcript
+from orchestrate.doctor.checkup.options import NODE_TIERS
 from orchestrate.run.progress import hosts, show
 
 if TYPE_CHECKING:
@@ -73,8 +74,14 @@ class Settings:
 
     @property
     def tiers(self) -> tuple[str, ...]:
-        """The tiers run: ``tier`` and those before it."""
-        return findings.tiers_up_to(self.tier)
+        """The tiers run: ``tier`` and those before it (without ``health`` under
+        ``ORCHESTRATE_GPU_HEALTH=off``, unless it is the tier asked for)."""
+        from orchestrate.backends.sharing import health_on
+
+        tiers = findings.tiers_up_to(self.tier)
+        if self.tier != "health" and not health_on():
+            tiers = tuple(t for t in tiers if t != "health")
+        return tiers
 
 
 def checkup_argv(plan: Plan, settings: Settings, with_deadline: bool = True) -> list[str]:
@@ -249,7 +256,7 @@ def tier_phase(tiers: Sequence[str], nodes: Sequence[str], done: Sequence[str]
                ) -> tuple[str, str | None]:
     """What the checkup does now, for the progress line: the node tiers (static, connect) on
     the nodes that have not reported them (``done``), then the rank tiers (smoke, bandwidth)."""
-    node_tiers = [t for t in tiers if t in ("static", "connect")]
+    node_tiers = [t for t in tiers if t in NODE_TIERS]
     rank_tiers = [t for t in tiers if t not in node_tiers]
     left = [n for n in nodes if n not in done]
     if node_tiers and left:
@@ -260,7 +267,9 @@ def tier_phase(tiers: Sequence[str], nodes: Sequence[str], done: Sequence[str]
 
 
 def _tiers(names: Sequence[str]) -> str:
-    return " and ".join(names) + (" tiers" if len(names) > 1 else " tier")
+    if len(names) == 1:
+        return f"{names[0]} tier"
+    return ", ".join(names[:-1]) + f" and {names[-1]} tiers"
 
 
 def _show_tier(run_dir: Path, plan: Plan, tiers: Sequence[str]) -> None:

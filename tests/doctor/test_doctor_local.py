@@ -39,7 +39,7 @@ def test_every_tier_passes_on_a_healthy_two_rank_job(cli: Cli) -> None:
     assert doc["verdict"] == "pass"
     assert [c["tier"] for c in doc["checks"]] == sorted(
         (c["tier"] for c in doc["checks"]),
-        key=("static", "connect", "smoke", "bandwidth").index)
+        key=("static", "health", "connect", "smoke", "bandwidth").index)
     names = {(c["tier"], c["name"]) for c in doc["checks"]}
     assert {("static", "version: torch"), ("static", "/dev/shm"), ("connect", "master port"),
             ("smoke", "process group"), ("bandwidth", "all_reduce")} <= names
@@ -48,8 +48,8 @@ def test_every_tier_passes_on_a_healthy_two_rank_job(cli: Cli) -> None:
     sizes = [r["size_bytes"] for r in doc["bandwidth"]["allreduce"]]
     assert sizes == [32 << 10, 1 << 20]
     meta = doc["doctor"]
-    assert meta["backend"] == "local" and meta["tiers"] == ["static", "connect", "smoke",
-                                                            "bandwidth"]
+    assert meta["backend"] == "local" and meta["tiers"] == ["static", "health", "connect",
+                                                            "smoke", "bandwidth"]
     run_dir = Path(meta["run_dir"])
     assert json.loads((run_dir / "doctor.json").read_text()) == doc
     assert 'id="busbw"' in (run_dir / "doctor.html").read_text()
@@ -102,6 +102,6 @@ def test_submit_preflight_submits_a_healthy_job_with_the_doctors_figures(
     assert cli.status(cli.id("pre"))["state"] == "COMPLETED"
     run_dir = cli.work / "runs" / cli.id("pre")
     doc = json.loads((run_dir / "doctor.json").read_text())
-    assert doc["doctor"]["tiers"] == ["static", "connect", "smoke"]
+    assert doc["doctor"]["tiers"] == ["static", "health", "connect", "smoke"]
     assert cli.run("report", cli.id("pre")).returncode == 0
     assert 'id="doctor"' in (run_dir / "report.html").read_text()

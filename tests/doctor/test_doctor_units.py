@@ -239,7 +239,7 @@ def test_the_doctor_job_is_the_job_with_the_checkup_as_its_program(
     # ...running the checkup once, within a time limit every backend enforces.
     command = list(plan.nodes[0].command)
     assert command[1:3] == ["-m", "orchestrate.doctor.checkup"]
-    assert command[command.index("--tier") + 1] == "static,connect,smoke"
+    assert command[command.index("--tier") + 1] == "static,health,connect,smoke"
     assert command[command.index("--nodes") + 1] == "2"
     assert ("--node-names" in command) == (backend != "slurm")
     if backend != "slurm":
@@ -255,7 +255,7 @@ def test_the_doctor_job_is_the_job_with_the_checkup_as_its_program(
 
 def test_tiers_include_the_ones_before() -> None:
     assert findings.tiers_up_to("static") == ("static",)
-    assert findings.tiers_up_to("smoke") == ("static", "connect", "smoke")
+    assert findings.tiers_up_to("smoke") == ("static", "health", "connect", "smoke")
     assert findings.tiers_up_to("all") == findings.tiers_up_to("bandwidth")
     assert len(doctor.doctor_job_id("x" * 64)) <= 64
 

@@ -3,7 +3,9 @@ compute processes it lists are the test's (tests/probe/fake_nvidia_smi.py replay
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 PROBE_TESTS = Path(__file__).resolve().parents[1] / "probe"
 
@@ -40,3 +42,58 @@ def set_compute_apps(folder: Path, apps: list[tuple[int, str, int, int]]) -> Non
     path = folder / "nvsmi" / "apps.csv"
     path.write_text("pid, process_name, gpu_uuid, gpu_bus_id, used_gpu_memory [MiB]\n" + rows)
     path.chmod(0o644)
+
+
+HEALTH_CASES = Path(__file__).resolve().parents[1] / "hostside" / "gpuhealth"
+DMESG_DENIED = "dmesg: read kernel buffer failed: Operation not permitted\n"
+JOURNAL_DENIED = ("No journal files were opened due to insufficient permissions.\n")
+
+
+def replay_health(folder: Path, case: str, kernel: str | None = "") -> Path:
+    """The stand-in ``nvidia-smi`` of :func:`fake_nvidia_smi` replaying the GPUs of a health
+    case (tests/hostside/gpuhealth/CASE/query.csv, see SOURCE.md there), and stand-in ``dmesg``
+    and ``journalctl`` printing the case's ``kernel.txt`` (``kernel`` None: both refused, as for
+    a plain user under ``kernel.dmesg_restrict``; a string: that instead of the case's)."""
+    fake_nvidia_smi(folder, [])
+    (folder / "nvsmi" / "query.csv").write_text((HEALTH_CASES / case / "query.csv").read_text())
+    text = kernel
+    if text == "" and (HEALTH_CASES / case / "kernel.txt").exists():
+        text = (HEALTH_CASES / case / "kernel.txt").read_text()
+    fake_kernel_log(folder, text)
+    return folder
+
+
+def fake_kernel_log(folder: Path, text: str | None) -> None:
+    """Stand-in ``dmesg`` and ``journalctl`` in ``folder``: printing ``text`` (``dmesg``; the
+    journal would say the same), or, with None, refusing as they do for a plain user."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / "kernel.log"
+    log.write_text(text or "")
+    for name, denied in (("dmesg", DMESG_DENIED), ("journalctl", JOURNAL_DENIED)):
+        script = folder / name
+        if text is None:
+            script.write_text(f"#!/bin/sh\necho {shlex.quote(denied.strip())} >&2\nexit 1\n")
+        else:
+            script.write_text(f"#!/bin/sh\ncat {str(log)!r}\n")
+        script.chmod(0o755)
+    log.chmod(0o644)
+
+
+def health_facts(case: str, kernel: str | None = "") -> dict[str, Any]:
+    """What :func:`orchestrate.hostside.gpuhealth.gather` returns on a host replaying ``case``
+    (see :func:`replay_health`), read from its files without running anything: for unit tests
+    of the verdicts. The fields are those the gatherer asks."""
+    from orchestrate.hostside.gpuhealth import HEALTH_FIELDS, XID_MARK
+    from orchestrate.hostside.smi import rows
+
+    found = rows((HEALTH_CASES / case / "query.csv").read_text())
+    text = kernel
+    if text == "" and (HEALTH_CASES / case / "kernel.txt").exists():
+        text = (HEALTH_CASES / case / "kernel.txt").read_text()
+    log = ({"readable": False, "source": None, "xid": [], "detail": "the kernel log is not "
+            "readable here (dmesg: " + DMESG_DENIED.strip() + ")"} if text is None else
+           {"readable": True, "source": "dmesg", "detail": None,
+            "xid": [line.strip() for line in text.splitlines() if XID_MARK in line]})
+    return {"status": "ok", "error": None, "fields": list(HEALTH_FIELDS), "dropped": [],
+            "gpus": [{f: row.get(f, "[N/A]") for f in HEALTH_FIELDS} for row in found],
+            "kernel_log": log}

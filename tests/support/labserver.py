@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.fakesmi import fake_nvidia_smi
+from tests.support.fakesmi import fake_nvidia_smi, replay_health
 from tests.support.sshcli import SshCli
 
 #: The lab server's GPUs for :func:`fake_nvidia_smi`: (index, name, memory.total MiB).
@@ -32,6 +32,16 @@ def gpu_python(cli: SshCli) -> str:
     bin_dir = fake_nvidia_smi(cli.work / "fakebin", [
         *[(i, "NVIDIA A100-SXM4-80GB", 81920) for i in (0, 1)],
         *[(i, "NVIDIA RTX A6000", 49140) for i in range(2, 8)]])
+    wrapper = bin_dir / "python"
+    wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def sick_gpu_python(cli: SshCli, case: str) -> str:
+    """As :func:`gpu_python`, with the GPUs of a recorded health case (tests/hostside/gpuhealth)
+    and its kernel log on the wrapper's PATH."""
+    bin_dir = replay_health(cli.work / "sickbin", case)
     wrapper = bin_dir / "python"
     wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)

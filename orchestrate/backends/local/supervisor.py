@@ -37,6 +37,8 @@ from orchestrate.backends.sharing import (
     blocked,
     book_error,
     foreign_gpu_use,
+    health_on,
+    host_health,
     lease_dir,
     occupancy,
     ticket,
@@ -52,7 +54,7 @@ from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
-from orchestrate.hostside import containment, gpuuse, host, leases
+from orchestrate.hostside import containment, gpuhealth, gpuuse, host, leases
 from orchestrate.hostside.fairshare import rules
 from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
@@ -153,9 +155,10 @@ class LocalSupervisor(Supervisor):
     def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared | None:
         """Lease the GPUs, slots and port, re-planned around what other jobs hold and GPUs in
         use outside orchestrate, under the book's lock, behind older waiting jobs; this
-        supervisor and its watchdog hold the lease. A restart runs on the same leases."""
+        supervisor and its watchdog hold the lease. A restart runs on the same leases, unless
+        one of its GPUs failed the health check since (:meth:`_recheck`)."""
         if attempt != self.first:
-            return None
+            return self._recheck()
         submitted = self.submitted
         source = str(submitted.path)
         node = submitted.plan.nodes[0]
@@ -168,15 +171,60 @@ class LocalSupervisor(Supervisor):
             raise UserError.single(str(found["detail"]), source=source, field="inventory",
                                    hint="orchestrate reads nvidia-smi to see which GPUs are "
                                    "in use; fix the driver, or run where it works")
+        sick = self._health(found)
         try:
             book = leases.LeaseBook(self.lease_root)
             with book.locked():
-                prepared = self._place(book, found)
+                prepared = self._place(book, found, sick)
         except leases.BookError as exc:
             raise book_error(exc, source) from None
         return prepared
 
-    def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None) -> Prepared:
+    def _health(self, found: dict[str, Any] | None) -> dict[int, str]:
+        """This machine's GPUs that fail their health check (index -> why); what only warns,
+        and what could not be checked, goes to the supervisor's log."""
+        if found is None or not found.get("ok") or not health_on():
+            return {}
+        spec = self.submitted.inventory.node(self.submitted.plan.nodes[0].name)
+        expected = tuple(g.index for g in spec.gpus) if spec is not None else ()
+        verdict = host_health(gpuhealth.gather(), expected)
+        for line in [*verdict.notes, *verdict.warnings(), *verdict.sick().values()]:
+            self.log(f"GPU health: {line}")
+        return verdict.sick()
+
+    def _recheck(self) -> Prepared | None:
+        """Before a restart: the job's GPUs checked again; one that went bad since the last
+        attempt is left out, the job re-planned on other free GPUs (its lease moved with it)
+        and the log says so; a job that no longer fits is refused (it ends, saying why)."""
+        current = (self.prepared or self.submitted).plan.nodes[0]
+        if not current.gpu_indices or not health_on():
+            return None
+        found = gpuuse.usage()
+        sick = self._health(found)
+        bad = sorted(set(current.gpu_indices) & set(sick))
+        if not bad:
+            return None
+        self.log(f"restart: GPU(s) {', '.join(map(str, bad))} failed the health check since "
+                 "the last attempt: planning the restart without them")
+        source = str(self.submitted.path)
+        try:
+            book = leases.LeaseBook(self.lease_root)
+            with book.locked():
+                held = leases.held(book.live(except_job=self.job_id))
+                outside = gpuuse.outside_use(found, set(held["gpus"])) if found.get("ok") else {}
+                prepared = _fit(self.submitted, held, outside, sick)
+                chosen = prepared.plan.nodes[0]
+                book.record(leases.new_lease(
+                    self.job_id, chosen.name, list(chosen.gpu_indices), 0,
+                    prepared.plan.master_port, [os.getpid(), self._watchdog_pid()],
+                    self.group.path if self.group else None))
+        except leases.BookError as exc:
+            raise book_error(exc, source) from None
+        self.log(f"restart: on GPU(s) {chosen.cuda_visible_devices} now")
+        return prepared
+
+    def _place(self, book: leases.LeaseBook, found: dict[str, Any] | None,
+               sick: dict[int, str]) -> Prepared:
         """Inside the lock: plan around the book, or queue (a waiting job) and refuse."""
         submitted = self.submitted
         source = str(submitted.path)
@@ -192,7 +240,7 @@ class LocalSupervisor(Supervisor):
             refusal = blocked(held, ahead + rules(book, want, len(node.gpu_indices)), source)
             if refusal is not None:
                 raise refusal
-            prepared = _fit(submitted, held, outside)
+            prepared = _fit(submitted, held, outside, sick)
             _check_gpus_exist(prepared, found)
             _check_runtime(prepared)
         except UserError as exc:
@@ -310,9 +358,9 @@ def _has_gpus(prepared: Prepared) -> bool:
 
 
 def _fit(prepared: Prepared, held: dict[str, Any],
-         outside: Mapping[str, Mapping[str, Any]]) -> Prepared:
-    """The plan again around what other jobs hold here (GPUs, slots, ports) and the GPUs in use
-    outside orchestrate, if it must."""
+         outside: Mapping[str, Mapping[str, Any]], sick: Mapping[int, str]) -> Prepared:
+    """The plan again around what other jobs hold here (GPUs, slots, ports), the GPUs in use
+    outside orchestrate and those that failed their health check, if it must."""
     from orchestrate.run.prepare import plan_job
 
     plan = prepared.plan
@@ -333,7 +381,7 @@ def _fit(prepared: Prepared, held: dict[str, Any],
             raise UserError.single(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}",
                                    field="distributed.master_port", busy=True)
         port = found
-    fields = occupancy(node.name, held, outside)
+    fields = occupancy(node.name, held, outside, sick)
     if not port_busy and not fields:
         return prepared
     occupied = Occupancy(master_port=port if port != plan.master_port else None, **fields)

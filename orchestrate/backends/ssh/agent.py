@@ -91,6 +91,7 @@ from orchestrate.hostside.containment import (
     reap_orphans,
     stop_processes,
 )
+from orchestrate.hostside.gpuhealth import gather as gather_health
 from orchestrate.hostside.gpuuse import told, usage
 from orchestrate.hostside.host import (
     TAG,
@@ -405,8 +406,10 @@ def main(argv: list[str], out: IO[str]) -> int:
         out.write(MARK + "reap " + json.dumps(result) + "\n")
         return 0
     if argv[:1] == ["gpus"] and len(argv) in (1, 2):
-        out.write(MARK + "gpus " + json.dumps(machine_gpus(argv[1] if len(argv) == 2 else None))
-                  + "\n")
+        answer = machine_gpus(argv[1] if len(argv) == 2 else None)
+        if answer["gpus"]:
+            answer["gpu_health"] = gather_health()
+        out.write(MARK + "gpus " + json.dumps(answer) + "\n")
         return 0
     if argv[:1] == ["progress"] and len(argv) == 3:
         marker = progress_marker(argv[1], argv[2] or None)

@@ -37,6 +37,7 @@ import orchestrate.core.plan.restart
 import orchestrate.hostside.bookdir
 import orchestrate.hostside.containment
 import orchestrate.hostside.fairshare
+import orchestrate.hostside.gpuhealth
 import orchestrate.hostside.gpuuse
 import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
@@ -64,11 +65,11 @@ _MARK = MARK.encode()
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
-    orchestrate.hostside.fairshare, orchestrate.hostside.leases, orchestrate.hostside.watchdog,
-    orchestrate.hostside.safeplace, orchestrate.hostside.masterreach, orchestrate.core.exits,
-    orchestrate.core.layout, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
-    orchestrate.backends.ssh.wire, orchestrate.backends.ssh.facts,
+    orchestrate.hostside.gpuuse, orchestrate.hostside.gpuhealth, orchestrate.hostside.bookdir,
+    orchestrate.hostside.leaserecord, orchestrate.hostside.fairshare, orchestrate.hostside.leases,
+    orchestrate.hostside.watchdog, orchestrate.hostside.safeplace, orchestrate.hostside.masterreach,
+    orchestrate.core.exits, orchestrate.core.layout, orchestrate.core.plan.outcome,
+    orchestrate.core.plan.restart, orchestrate.backends.ssh.wire, orchestrate.backends.ssh.facts,
     orchestrate.backends.ssh.hostcheck, orchestrate.backends.ssh.agent))
 
 

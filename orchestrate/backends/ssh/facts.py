@@ -118,6 +118,8 @@ class HostFacts(Record):
     gpus: GpuList | None = None
     leases: LeaseFacts = field(default_factory=LeaseFacts)
     gpu_use: dict[str, OutsideUse] = field(default_factory=dict)  # by GPU index
+    #: :func:`orchestrate.hostside.gpuhealth.gather`'s answer (judged by the controller)
+    gpu_health: dict[str, Any] | None = None
     ports: PortFacts | None = None
     torch: TorchFact | None = None
 

@@ -22,6 +22,7 @@ import sys
 from orchestrate.backends.ssh.facts import HostFacts
 from orchestrate.backends.ssh.wire import Preflight
 from orchestrate.hostside.fairshare import use as fair_use
+from orchestrate.hostside.gpuhealth import gather as gather_health
 from orchestrate.hostside.gpuuse import outside_use, usage
 from orchestrate.hostside.host import interface_towards, port_free
 from orchestrate.hostside.leases import BookError, LeaseBook, describe, held
@@ -79,6 +80,8 @@ def preflight(request: Preflight) -> HostFacts:
     found = usage() if request.gpus else None
     if found is not None:
         facts["gpus"] = present(found)
+        if request.health and found.get("ok"):
+            facts["gpu_health"] = gather_health()
     try:
         book = LeaseBook(request.lease_dir)
         with book.locked():

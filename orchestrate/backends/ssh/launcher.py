@@ -225,6 +225,9 @@ class Launcher:
             self._cancel_point()
             plan = prepared.plan
             verdict = self.check(plan)
+            for node, lines in verdict.health.items():
+                for line in lines:
+                    self.log(f"GPU health on {node}: {line}")
             self._drop_unused(plan)
             if not verdict.ok:
                 raise PreflightFailed(verdict, self.targets(plan))

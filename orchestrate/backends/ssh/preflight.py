@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate.backends.hosttable import HostRow, HostTable
-from orchestrate.backends.sharing import occupancy
+from orchestrate.backends.sharing import health_on, host_health, occupancy
 from orchestrate.backends.ssh.connections import Target
 from orchestrate.backends.ssh.facts import HostFacts, LeaseFacts
 from orchestrate.backends.ssh.wire import Preflight
@@ -76,6 +76,8 @@ class Judgement:
     #: Occupancy's other fields, by node: GPUs in use outside orchestrate (why, free GB), who
     #: holds the leased GPUs and slots.
     sharing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What the GPU health check said per host: sick GPUs, warnings, what it could not check.
+    health: dict[str, list[str]] = field(default_factory=dict)
     #: Busy for a reason no re-plan avoids: older waiting jobs, unreadable leases, by host.
     waits: dict[str, list[str]] = field(default_factory=dict)
     port: int | None = None  # a free port to re-plan with, when the planned one is busy
@@ -135,6 +137,7 @@ def request(plan: Plan, node: NodePlan, discover: bool, torch_known_ok: bool,
         interface_to=plan.master_addr if discover else None,
         master_addr=plan.master_addr,
         gpus=bool(node.gpu_indices),
+        health=bool(node.gpu_indices) and health_on(),
         ports=candidate_ports(plan) if node.node_rank == 0 else [],
         lease_dir=lease_dir,
         want=want,
@@ -168,8 +171,10 @@ def judge(plan: Plan, hosts: Mapping[str, HostAnswer], discover: Iterable[str]) 
         _judge_runtime(facts, cells, fail)
         leases = facts.leases
         _judge_leases(node, leases, cells, fail, verdict)
+        sick = _judge_health(node, facts, verdict)
         verdict.sharing[node.name] = occupancy(
-            node.name, leases.to_json(), {k: v.to_json() for k, v in facts.gpu_use.items()})
+            node.name, leases.to_json(), {k: v.to_json() for k, v in facts.gpu_use.items()},
+            sick)
         _judge_gpus(node, facts, cells, fail)
         _judge_master(plan, facts, cells, fail)
         if node.name in wanted_interface:
@@ -275,6 +280,18 @@ def _judge_master(plan: Plan, facts: HostFacts, cells: dict[str, str], fail: Fai
         cells["master"] = "resolves"
     else:
         fail("master", master.detail or f"MASTER_ADDR {plan.master_addr} does not resolve")
+
+
+def _judge_health(node: NodePlan, facts: HostFacts, verdict: Judgement) -> dict[int, str]:
+    """The host's sick GPUs (index -> why), from its health facts; every line said is kept
+    for the supervisor's log."""
+    if not facts.gpu_health:
+        return {}
+    health = host_health(facts.gpu_health, ())
+    lines = [*health.notes, *health.warnings(), *health.sick().values()]
+    if lines:
+        verdict.health[node.name] = lines
+    return health.sick()
 
 
 def _judge_gpus(node: NodePlan, facts: HostFacts, cells: dict[str, str], fail: Fail

@@ -128,6 +128,7 @@ class Preflight(Record):
     interface_to: str | None = None  # find the interface towards this address
     master_addr: str | None = None  # must resolve here
     gpus: bool = False  # list the GPUs (nvidia-smi)
+    health: bool = False  # the GPUs' health fields and the kernel log's Xid lines
     ports: list[int] = field(default_factory=list)  # master port candidates to bind-test
     lease_dir: str | None = None
     want: dict[str, Any] | None = None  # what the job asks of the host's queue

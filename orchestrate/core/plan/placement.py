@@ -59,6 +59,9 @@ class Busy:
     holders: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     #: Who holds the CPU slots other jobs lease, per node.
     slot_holders: Mapping[str, str] = field(default_factory=dict)
+    #: GPUs that failed their health check, per node: index -> the sentence that says why
+    #: (:mod:`orchestrate.core.gpuhealth`). Never placed on, whatever the job asks.
+    sick: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 
     @property
     def anything(self) -> bool:
@@ -139,7 +142,8 @@ def place(
             notes: tuple[str, ...] = ()
             if len(models) > 1 and model is not None and model != ANY_GPU:
                 notes = (f"picked GPU model {model}; set resources.gpu_model to choose another",)
-            return Placement(tuple(picked), notes + _placement_notes(picked))
+            return Placement(tuple(picked), notes + _placement_notes(picked)
+                             + _around_sick(picked, busy))
         reasons[model or "cpu"] = why
     refusal = _refusal(job, nodes, memory, reasons, source)
     if busy.anything and _fits_when_free(job, inventory, memory, busy, source):
@@ -190,7 +194,7 @@ def _fits_when_free(job: JobSpec, inventory: Inventory, memory: MemoryEstimate |
     """Whether the job would be placed if no other job held anything: then a refusal means
     "not now" (exit 75), not "never" (exit 2). Asked only after a refusal."""
     try:
-        place(job, inventory, memory, Busy(excluded=busy.excluded), source)
+        place(job, inventory, memory, Busy(excluded=busy.excluded, sick=busy.sick), source)
     except UserError:
         return False
     return True
@@ -282,6 +286,9 @@ def _fit(
     gpus, why = _sized(job, gpus, memory)
     if not gpus:
         return None, why
+    sick = busy.sick.get(node.name, {})
+    ill = [g for g in gpus if g.index in sick]
+    gpus = [g for g in gpus if g.index not in sick]
     taken = busy.gpus.get(node.name, frozenset())
     in_use = busy.in_use.get(node.name, {})
     free_gb = busy.free_gb.get(node.name, {})
@@ -296,12 +303,27 @@ def _fit(
     want = len(free) if res.gpus_per_node == "all" else res.gpus_per_node
     if want == 0 or len(free) < want:
         extra = f" ({len(held)} held by other jobs)" if held else ""
+        if ill:
+            extra += f" ({len(ill)} failed the health check)"
         reason = f"{len(free)} usable GPU(s){extra}, {want or 1} requested"
-        return None, reason + _whom(node.name, held, used, shared, busy, res.share_gpus)
+        return None, (reason + _whom(node.name, held, used, shared, busy, res.share_gpus)
+                      + "".join(f"; {sick[g.index]}" for g in ill))
     if traits(job.backend).scheduler_allocates:  # the scheduler picks a node's GPUs itself
         return Choice(node, tuple(free[:want]), want), ""
     picked = choose(node, free, want, res.placement)
     return Choice(node, picked.gpus, want, picked.why), ""
+
+
+def _around_sick(picked: list[Choice], busy: Busy) -> tuple[str, ...]:
+    """What the plan says about the GPUs it left out because they failed the health check
+    (those of the models it chose: another model was never a candidate)."""
+    notes = []
+    for choice in picked:
+        sick = busy.sick.get(choice.node.name, {})
+        models = {g.model for g in choice.gpus}
+        notes += [f"{choice.node.name}: left out {sick[g.index]}" for g in choice.node.gpus
+                  if g.index in sick and g.model in models]
+    return tuple(notes)
 
 
 def _sized(job: JobSpec, gpus: list[Gpu], memory: MemoryEstimate | None

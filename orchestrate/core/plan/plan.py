@@ -110,11 +110,13 @@ class Occupancy:
     free_gb: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     holders: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     slot_holders: Mapping[str, str] = field(default_factory=dict)
+    #: GPUs that failed their health check, per node: index -> why (never placed on).
+    sick: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
 
     def busy(self) -> Busy:
         """What placement must avoid."""
         return Busy(self.busy_gpus, self.busy_slots, self.excluded, self.in_use, self.free_gb,
-                    self.holders, self.slot_holders)
+                    self.holders, self.slot_holders, self.sick)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
-"""The static and connect tiers: what each node's leader (its local rank 0) checks before any
-process group exists.
+"""The static, health and connect tiers: what each node's leader (its local rank 0) checks
+before any process group exists.
 
 static
     :func:`orchestrate.hostside.hostfacts.gather` on the node, in the rank's own launch context (so
     ``ulimit -l``, /dev/shm and the python are what the job's ranks get), with MASTER_ADDR as the
     peer whose route matters; torch's versions read from its files (no import: a broken torch
     is a fact, not a crash); and the clock offset against node 0 from the roll call.
+health
+    :func:`orchestrate.hostside.gpuhealth.gather` on the node, in a thread beside the static
+    facts: the GPUs' health fields and the kernel log's Xid lines (judged by
+    :mod:`orchestrate.doctor.health_tier`).
 connect
     the roll call on MASTER_ADDR:MASTER_PORT (:mod:`orchestrate.doctor.checkup.rollcall`), then
     every node connects to every other node's listener on a kernel-chosen ephemeral port (the range
@@ -30,7 +34,7 @@ from typing import Any
 
 from orchestrate.doctor.checkup import rollcall, transcript
 from orchestrate.doctor.checkup.reachability import Listener, connect_all
-from orchestrate.hostside import hostfacts
+from orchestrate.hostside import gpuhealth, hostfacts
 
 #: After its own connections, how long a leader keeps listening for the other nodes' (they
 #: got the directory at about the same time; each of their tries is bounded by 3 s).
@@ -104,12 +108,15 @@ def run(
     began = time.monotonic()
     report: dict[str, Any] = {
         "kind": "node", "node": node, "group_rank": group_rank, "rank": rank,
-        "host": socket.gethostname(), "tiers": [t for t in tiers if t in ("static", "connect")],
+        "host": socket.gethostname(),
+        "tiers": [t for t in tiers if t in ("static", "health", "connect")],
         "master_addr": master_addr, "master_port": master_port,
         "interface": environ.get("GLOO_SOCKET_IFNAME") or None,
     }
     gatherer, facts = _start("checkup-facts", lambda: hostfacts.gather(
         peers=[master_addr], torch=True)) if "static" in tiers else (None, {})
+    checker, health = _start("checkup-health", gpuhealth.gather) if "health" in tiers \
+        else (None, {})
     stop_pairs = threading.Event()
     pair, serving, served = _listen_for_pairs(nodes, window_s, stop_pairs) \
         if "connect" in tiers else (None, None, {})
@@ -135,6 +142,10 @@ def run(
         report["facts"] = dict(facts) if not gatherer.is_alive() else None
         if gatherer.is_alive():
             report["facts_error"] = f"gathering facts took over {FACTS_BOUND_S:.0f} s"
+    if checker is not None:
+        checker.join(max(0.1, began + FACTS_BOUND_S - time.monotonic()))
+        report["gpu_health"] = dict(health) if not checker.is_alive() else {
+            "status": "failed", "error": f"the GPU health check took over {FACTS_BOUND_S:.0f} s"}
     report["seconds"] = round(time.monotonic() - began, 3)
     report["pid"] = os.getpid()
     transcript.emit(report)

@@ -21,9 +21,9 @@ from typing import Any
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.train.env import DistEnv
 
-TIERS = ("static", "connect", "smoke", "bandwidth")
+TIERS = ("static", "health", "connect", "smoke", "bandwidth")
 #: Run by node leaders before any process group; the others by every rank.
-NODE_TIERS = ("static", "connect")
+NODE_TIERS = ("static", "health", "connect")
 RANK_TIERS = ("smoke", "bandwidth")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

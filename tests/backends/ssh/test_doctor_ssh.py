@@ -248,4 +248,4 @@ def test_submit_preflight_refuses_a_failing_smoke_and_submits_a_healthy_job(
     assert status["state"] == "COMPLETED", status
     copied = json.loads((ssh_cli.work / "runs" / "pre-2" / "doctor.json").read_text())
     assert copied["verdict"] == "pass"
-    assert copied["doctor"]["tiers"] == ["static", "connect", "smoke"]
+    assert copied["doctor"]["tiers"] == ["static", "health", "connect", "smoke"]

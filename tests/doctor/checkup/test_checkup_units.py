@@ -68,7 +68,7 @@ def test_options() -> None:
     assert opts.sizes == (32 << 10, 1 << 20)
     assert opts.names == ("gpu01", "gpu02")
     assert parse_options(["--tier", "all"], {}).tiers == (
-        "static", "connect", "smoke", "bandwidth")
+        "static", "health", "connect", "smoke", "bandwidth")
     assert parse_options(["--node-names", "a,b"], {"ORCHESTRATE_NODE_NAMES": "x"}).names == (
         "a", "b")
     with pytest.raises(UserError) as err:
