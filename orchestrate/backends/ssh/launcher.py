@@ -155,7 +155,7 @@ class Launcher:
             )
             for name, answer in answers.items():
                 if answer.value is not None:
-                    _keep_torch(answer.value, self.facts.get(name))
+                    answer.value.keep_torch(self.facts.get(name))
                     self.facts[name] = answer.value
                 else:
                     self.facts[name] = HostAnswer(targets[name], failed="ssh",
@@ -368,7 +368,7 @@ class Launcher:
                 continue
             conflict = True
             self.refused[name] = list(reply.queue)
-            self.facts[name] = _taken(self.facts[name], reply, plan.master_port)
+            self.facts[name] = self.facts[name].taken(reply, plan.master_port)
         if failures.failures:
             verdict = judge(plan, self.facts, self.discover)
             verdict.failures.extend(failures.failures)
@@ -467,28 +467,6 @@ def _merge(sharing: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         for key, by_node in fields.items():
             merged.setdefault(key, {}).update(by_node)
     return dict(merged)
-
-
-def _keep_torch(answer: HostAnswer, known: HostAnswer | None) -> None:
-    """A host asked again without ``import torch`` (it worked before) keeps what it said
-    then: its version is compared with the other hosts'."""
-    torch = known.facts.torch if known is not None and known.facts is not None else None
-    if answer.facts is not None and answer.facts.torch is None and torch is not None:
-        answer.facts = replace(answer.facts, torch=torch)
-
-
-def _taken(host: HostAnswer, reply: ClaimAnswer, port: int) -> HostAnswer:
-    """The host's facts with what a refused claim says the others hold now (for the
-    re-plan)."""
-    facts = host.facts
-    if facts is None:
-        return host
-    ports = facts.ports
-    if reply.port_taken and ports is not None:
-        ports = replace(ports, free=[p for p in ports.free if p != port])
-    leases = replace(facts.leases, gpus=reply.busy_gpus, slots=reply.busy_slots,
-                     ports=reply.busy_ports)
-    return replace(host, facts=replace(facts, leases=leases, ports=ports))
 
 
 def _differs(asked: Preflight, wanted: Preflight) -> bool:

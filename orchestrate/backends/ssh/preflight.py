@@ -19,13 +19,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrate.backends.hosttable import HostRow, HostTable
 from orchestrate.backends.sharing import health_on, host_health, occupancy
 from orchestrate.backends.ssh.connections import Target
-from orchestrate.backends.ssh.facts import HostFacts, LeaseFacts
+from orchestrate.backends.ssh.facts import ClaimAnswer, HostFacts, LeaseFacts
 from orchestrate.backends.ssh.wire import Preflight
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import NodePlan, Plan
@@ -63,6 +63,26 @@ class HostAnswer:
     facts: HostFacts | None = None
     failed: str | None = None  # "ssh", "host key", "login" or "python"
     detail: str = ""
+
+    def keep_torch(self, known: HostAnswer | None) -> None:
+        """Asked again without ``import torch`` (it worked before), keep what the host said
+        then: its version is compared with the other hosts'."""
+        torch = known.facts.torch if known is not None and known.facts is not None else None
+        if self.facts is not None and self.facts.torch is None and torch is not None:
+            self.facts = replace(self.facts, torch=torch)
+
+    def taken(self, reply: ClaimAnswer, port: int) -> HostAnswer:
+        """These facts with what a refused claim says the others hold now (for the
+        re-plan)."""
+        facts = self.facts
+        if facts is None:
+            return self
+        ports = facts.ports
+        if reply.port_taken and ports is not None:
+            ports = replace(ports, free=[p for p in ports.free if p != port])
+        leases = replace(facts.leases, gpus=reply.busy_gpus, slots=reply.busy_slots,
+                         ports=reply.busy_ports)
+        return replace(self, facts=replace(facts, leases=leases, ports=ports))
 
 
 @dataclass
