@@ -93,6 +93,12 @@ class SlurmLayout:
         return len(self.ranks)
 
 
+def requeued_by_slurm(plan: Plan) -> bool:
+    """Whether the job is submitted ``--requeue``: Slurm requeues a job whose node failed by
+    itself when allowed to, and the restart policy says whether it is."""
+    return "node_lost" in plan.restart.on and plan.restart.max > 0
+
+
 def slurm_layout(plan: Plan) -> SlurmLayout:
     """The layout of ``plan`` as one Slurm job.
 
@@ -102,8 +108,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
     nodes = plan.nodes
     pinned = slurm.nodelist is not None
     counts = [n.nproc for n in nodes]
-    # Slurm requeues a job whose node failed by itself when allowed to: the restart policy says.
-    requeue = "node_lost" in plan.restart.on and plan.restart.max > 0
+    requeue = requeued_by_slurm(plan)
     options = _sbatch_options(plan, requeue)
     node_slots = tuple(
         NodeSlot(
