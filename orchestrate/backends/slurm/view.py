@@ -89,7 +89,7 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
     if state == "COMPLETED":
         return JobView(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
     if state == "FAILED":
-        text = _failed_reason(failure, end, job, last, info.get("ExitCode", "?"))
+        text = _failed_reason(failure, end, job, last, info.get("ExitCode", ""))
         return JobView(state, text + again, failure, restarts)
     # Cancelled, out of time, a node lost: the ranks were stopped, none of them failed.
     if state == "CANCELLED":
@@ -131,7 +131,7 @@ def _down_nodes(last: BatchRun | None, info: dict[str, str], client: SlurmClient
 
 
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
-                   job: JobRecord, last: BatchRun | None, exit_code: str) -> str:
+                   job: JobRecord, last: BatchRun | None, exit_code: str = "") -> str:
     decided = _decided(Path(job.run_dir), last)
     if decided.startswith(("stalled: ", "wrong world: ")):
         # The stall watch (or the world check) stopped the step: the ranks' ends are its
@@ -151,8 +151,9 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
                 "(see the slurm-*.out file in the run directory)")
     # The batch script itself died before its step (a failing command of its own, bash
     # missing on the batch host): Slurm's ExitCode is the script's status, e.g. 3:0.
-    return (f"the batch script failed with Slurm ExitCode={exit_code} before starting the ranks "
-            f"(see the slurm-*.out file in the run directory, and orchestrate logs {job.id})")
+    code = f" with Slurm ExitCode={exit_code}" if exit_code else ""
+    return (f"the batch script failed{code} before starting the ranks (see the slurm-*.out "
+            f"file in the run directory, and orchestrate logs {job.id})")
 
 
 def _decided(run_dir: Path, last: BatchRun | None) -> str:

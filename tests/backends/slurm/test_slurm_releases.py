@@ -34,6 +34,10 @@ from orchestrate.backends.slurm.version import (
     parse_version,
     requeue_options,
 )
+from orchestrate.backends.slurm.view import view_of
+from orchestrate.core.plan.plan import make_plan
+from orchestrate.run.store import JobRecord, RankRecord
+from tests.support import plans
 
 pytestmark = pytest.mark.unit
 
@@ -207,3 +211,20 @@ def test_the_rank_shells_exit_record_survives_a_flood_of_trapped_signals(tmp_pat
     assert sent > 100
     words = (tmp_path / "rank-0").read_text().split()
     assert words[0] == "75" and len(words[1]) == 16 and words[1].isdigit()
+
+
+def test_a_batch_script_that_died_before_its_step_is_failed_with_slurms_exit_code(
+        tmp_path: Path) -> None:
+    """Slurm says FAILED 3:0 and the run directory holds no run at all (the batch script died
+    before its first line that records one): the reason gives Slurm's ExitCode."""
+    spec = plans.job(backend="slurm", command=["python", "x.py"])
+    plan = make_plan(spec, plans.inventory({"name": "n1", "slots": 2}), job_id="f-1",
+                     run_dir=str(tmp_path), workdir=str(tmp_path))
+    job = JobRecord(id="f-1", name="j", backend="slurm", state="RUNNING", run_dir=str(tmp_path),
+                    plan=plan, submitted_at=1.0, external_id="77",
+                    ranks=[RankRecord(rank=r, node="n1") for r in range(2)])
+    record = {"JobId": "77", "JobState": "FAILED", "Reason": "NonZeroExitCode",
+              "ExitCode": "3:0", "Restarts": "0"}
+    view = view_of(job, record, [], SlurmClient())
+    assert view.state == "FAILED"
+    assert "batch script failed with Slurm ExitCode=3:0 before starting the ranks" in view.reason
