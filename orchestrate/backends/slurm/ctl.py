@@ -168,8 +168,8 @@ def job_gpus(record: dict[str, str]) -> int:
     """The GPUs a ``scontrol show job`` record has (allocated) or asks for (pending): from
     ``AllocTRES`` (23.02+) or ``TRES`` (up to 22.05), never from ``TresPerNode``/squeue's
     ``%b``, which say ``N/A`` for a job that asked with ``--gpus`` or ``--gpus-per-task``."""
-    for key in ("AllocTRES", "TRES", "ReqTRES"):
-        if record.get(key):
+    for key in ("AllocTRES", "TRES", "ReqTRES"):  # a pending job's AllocTRES is (null)
+        if record.get(key) not in (None, "", "(null)"):
             return tres_gpus(record[key])
     return 0
 

@@ -80,17 +80,38 @@ def test_show_node_of_every_release_keeps_state_gres_and_alloc_tres(
         assert record["Comment"] == "rack 4 State=DOWN"
 
 
-def test_captured_held_job_with_keys_in_name_and_comment_stays_pending() -> None:
-    """Recorded on the 22.05.8 test cluster: ``sbatch --hold -J 'evil JobState=COMPLETED x'
-    --comment='c JobState=COMPLETED Reason=None ExitCode=0:0'``."""
-    for name in ("held-22.05.8-captured.txt", "held-22.05.8-captured-oneliner.txt"):
-        (job,) = parse_show_job((RELEASES_DIR / name).read_text())
+@pytest.mark.parametrize("release", ["22.05.8", "24.11.5"])
+def test_captured_held_job_with_keys_in_name_and_comment_stays_pending(release: str) -> None:
+    """Recorded on real clusters (22.05.8: tests/clusters/slurm.sh; 24.11.5: slurm-root.sh
+    smoke): ``sbatch --hold -J 'evil JobState=COMPLETED x' --comment='c JobState=COMPLETED
+    Reason=None ExitCode=0:0'``."""
+    folder = RELEASES_DIR / f"captured-{release}"
+    for name in ("job-held.txt", "job-held-oneliner.txt"):
+        (job,) = parse_show_job((folder / name).read_text())
         assert (job["JobState"], job["Reason"], job["ExitCode"]) == ("PENDING", "JobHeldUser",
                                                                      "0:0")
         assert job["JobName"] == "evil JobState=COMPLETED x"
-        assert job["TRES"] == "cpu=1,mem=4000M,node=1,billing=1" and job_gpus(job) == 0
-    (job,) = parse_show_job((RELEASES_DIR / "held-22.05.8-captured.txt").read_text())
+        assert job_gpus(job) == 0 and job_state_name(job) == "PENDING"
+    (job,) = parse_show_job((folder / "job-held.txt").read_text())
     assert job["Comment"] == "c JobState=COMPLETED Reason=None ExitCode=0:0"
+
+
+@pytest.mark.parametrize("form", ["", "-oneliner"])
+def test_captured_24_11_jobs_and_node(form: str) -> None:
+    folder = RELEASES_DIR / "captured-24.11.5"
+    assert parse_version((folder / "version.txt").read_text()) == SlurmVersion(24, 11, 5)
+    (ok,) = parse_show_job((folder / f"job-ok{form}.txt").read_text())
+    (failing,) = parse_show_job((folder / f"job-failing{form}.txt").read_text())
+    assert (ok["JobState"], ok["ExitCode"], ok["BatchHost"]) == ("COMPLETED", "0:0", "n1")
+    assert (failing["JobState"], failing["Reason"], failing["ExitCode"]) == (
+        "FAILED", "NonZeroExitCode", "3:0")
+    assert ok["AllocTRES"] == "cpu=1,node=1,billing=1" and "TRES" not in ok
+    (record,) = parse_show_node((folder / f"node{form}.txt").read_text())
+    node = SlurmNode.from_record(record)
+    assert (node.name, node.state, node.cpus, node.gres) == ("n1", "IDLE", 2, "")
+    assert record["Version"] == "24.11.5" and record["AllocTRES"] == ""
+    lines = (folder / "squeue.txt").read_text().splitlines()
+    assert lines[-1] == "3|PENDING|JobHeldUser|evil JobState=COMPLETED x"
 
 
 def test_a_value_holding_a_record_start_does_not_make_a_second_record() -> None:
