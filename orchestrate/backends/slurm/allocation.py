@@ -188,7 +188,10 @@ def _size_options(plan: Plan) -> list[Option]:
         # Slurm allocates the same number of CPUs on every node of a job; the step then starts
         # exactly each node's count (the smaller nodes keep a few allocated CPUs idle).
         options += [("--ntasks", str(plan.world_size)), ("--ntasks-per-node", str(max(counts)))]
-    options += _gpu_options(plan)
+    gpu_options = _gpu_options(plan)
+    if plan.uniform and any(name == "--gpus-per-task" for name, _ in gpu_options):
+        options.append(("--ntasks", str(plan.world_size)))  # 23.11 refuses it without
+    options += gpu_options
     if slurm.cpus_per_task:
         options.append(("--cpus-per-task", str(slurm.cpus_per_task)))
     if slurm.mem:
