@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends.slurm.backend import SlurmBackend
 from orchestrate.backends.slurm.ctl import (
     SlurmClient,
     job_gpus,
@@ -249,3 +250,24 @@ def test_a_batch_script_that_died_before_its_step_is_failed_with_slurms_exit_cod
     view = view_of(job, record, [], SlurmClient())
     assert view.state == "FAILED"
     assert "batch script failed with Slurm ExitCode=3:0 before starting the ranks" in view.reason
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("release", "on", "options"), [
+    ("25.11.1", ["requeue", "node_lost"], ("--requeue=expedite",)),
+    ("25.11.1", ["requeue"], ()),  # submitted --no-requeue: stays so
+    ("24.11.5", ["requeue", "node_lost"], ()),  # sbatch 24.11 would refuse "=expedite"
+])
+def test_submit_asks_for_an_expedited_requeue_only_where_the_release_has_it(
+        tmp_path: Path, release: str, on: list[str], options: tuple[str, ...]) -> None:
+    (tmp_path / "sbatch").write_text(f"#!/bin/sh\necho 'slurm {release}'\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_CONF": str(tmp_path / "s.conf")}
+    spec = plans.job(backend="slurm", command=["python", "x.py"], restart={"max": 2, "on": on})
+    plan = make_plan(spec, plans.inventory({"name": "n1", "slots": 2}), job_id="e-1",
+                     run_dir=str(tmp_path), workdir=str(tmp_path))
+    forget_versions()
+    try:
+        assert SlurmBackend(SlurmClient(env)).release_options(plan) == options
+    finally:
+        forget_versions()
