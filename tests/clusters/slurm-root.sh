@@ -47,8 +47,20 @@ do_root() {
   echo "root built in $((SECONDS - start)) s (${debs} MB of packages): $ROOT ($(do_version))"
 }
 
-in_root() { chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-  SLURM_CONF="$INNER/slurm.conf" "$@"; }
+# chroot and env exec the program: a daemon started `in_root ... &` from a function would be a
+# subshell's child, and its PID ($!) the subshell's; `exec` keeps the daemon's PID in $!.
+in_root() { exec_in_root "$@"; }
+exec_in_root() {
+  (exec chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    SLURM_CONF="$INNER/slurm.conf" "$@")
+}
+daemon_in_root() { # name, then the command: runs in the background, its PID in DAEMONS
+  local name=$1
+  shift
+  chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$INNER/slurm.conf" \
+    "$@" >"$ROOT$INNER/log/$name.out" 2>&1 &
+  DAEMONS+=($!)
+}
 
 do_version() { in_root sbatch --version 2>/dev/null || echo "no Slurm in $ROOT"; }
 
@@ -97,7 +109,7 @@ wait_until() { # seconds, then a command
 }
 
 smoke_inside() { # runs in a private mount namespace: the mounts go with it
-  local out=$1 host pids=() rc=0
+  local out=$1 host rc=0
   host=$(hostname -s)
   mount -t proc proc "$ROOT/proc"
   mount --rbind /dev "$ROOT/dev"
@@ -111,24 +123,39 @@ smoke_inside() { # runs in a private mount namespace: the mounts go with it
   chmod 400 "$ROOT$INNER/munge/munge.key"
   chmod 755 "$ROOT$INNER" "$ROOT$INNER/munge"
   write_conf "$host"
-  in_root munged -F --force --key-file="$INNER/munge/munge.key" \
+  DAEMONS=()
+  daemon_in_root munged munged -F --force --key-file="$INNER/munge/munge.key" \
     --socket="$INNER/munge/munge.socket" --pid-file="$INNER/munge/munged.pid" \
-    --seed-file="$INNER/munge/munged.seed" >"$ROOT$INNER/log/munged.out" 2>&1 &
-  pids+=($!)
-  wait_until 20 test -S "$ROOT$INNER/munge/munge.socket" || die "munged did not start"
-  in_root slurmctld -D >"$ROOT$INNER/log/slurmctld.out" 2>&1 &
-  pids+=($!)
-  wait_until 30 in_root scontrol ping || { tail "$ROOT$INNER/log/"*; die "no slurmctld"; }
-  in_root slurmd -D -N n1 >"$ROOT$INNER/log/slurmd.out" 2>&1 &
-  pids+=($!)
-  wait_until 30 bash -c "chroot '$ROOT' env SLURM_CONF=$INNER/slurm.conf sinfo -h -N -t idle |
-    grep -q n1" || { tail "$ROOT$INNER/log/"*; rc=1; }
-  if ((rc == 0)); then smoke_jobs "$out" || rc=$?; fi
-  kill -TERM "${pids[@]}" 2>/dev/null || true
-  sleep 2
-  kill -KILL "${pids[@]}" 2>/dev/null || true
-  wait 2>/dev/null || true
+    --seed-file="$INNER/munge/munged.seed"
+  if wait_until 20 test -S "$ROOT$INNER/munge/munge.socket"; then
+    daemon_in_root slurmctld slurmctld -D
+    if wait_until 30 in_root scontrol ping; then
+      daemon_in_root slurmd slurmd -D -N n1
+      wait_until 30 bash -c "chroot '$ROOT' env SLURM_CONF=$INNER/slurm.conf \
+        sinfo -h -N -t idle | grep -q n1" || rc=1
+    else rc=1; fi
+  else rc=1; fi
+  if ((rc == 0)); then smoke_jobs "$out" || rc=$?; else tail -n 20 "$ROOT$INNER/log/"* >&2; fi
+  stop_daemons
   return "$rc"
+}
+
+stop_daemons() { # SIGTERM, then SIGKILL after 3 s; plus every process left with the root as
+  # its root directory (slurmscriptd, slurmstepd, job tasks), found by /proc/PID/root
+  local left=() p r
+  kill -TERM "${DAEMONS[@]}" 2>/dev/null || true
+  for ((i = 0; i < 30; i++)); do
+    left=()
+    for p in /proc/[0-9]*; do
+      r=$(readlink "$p/root" 2>/dev/null) || continue
+      [[ $r == "$ROOT" ]] && left+=("${p#/proc/}")
+    done
+    ((${#left[@]} == 0)) && break
+    ((i == 10)) && kill -TERM "${left[@]}" 2>/dev/null
+    ((i == 29)) && kill -KILL "${left[@]}" 2>/dev/null
+    sleep 0.1
+  done
+  wait 2>/dev/null || true
 }
 
 smoke_jobs() {
