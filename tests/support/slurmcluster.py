@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends.slurm.ctl import parse_show_job
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "clusters" / "slurm.sh"
 STATE_DIR = Path(os.environ.get("ORCHESTRATE_SLURM_DIR", "/tmp/orchestrate-slurm"))
@@ -87,13 +89,9 @@ class SlurmCluster:
 
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict; works after the job ended (MinJobAge=3600)."""
-        line = self.run("scontrol", "show", "job", "--oneliner", job_id).stdout.strip()
-        fields: dict[str, str] = {}
-        for word in line.split():
-            key, sep, value = word.partition("=")
-            if sep:
-                fields[key] = value
-        return fields
+        text = self.run("scontrol", "show", "job", job_id).stdout
+        records = parse_show_job(text)  # a job name or comment may hold " JobState=..."
+        return next((r for r in records if r.get("JobId") == job_id), {})
 
     def wait(
         self, job_id: str, until: frozenset[str] = FINISHED, timeout: float = 60

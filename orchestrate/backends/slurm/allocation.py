@@ -93,10 +93,14 @@ class SlurmLayout:
         return len(self.ranks)
 
 
-def slurm_layout(plan: Plan, expedite: bool = False) -> SlurmLayout:
-    """The layout of ``plan`` as one Slurm job. ``expedite``: the cluster's Slurm has
-    ``--requeue=expedite`` (25.11: a job requeued after a node failure restarts at once, first
-    in the queue, its other nodes held for it); the caller knows the version.
+def requeued_by_slurm(plan: Plan) -> bool:
+    """Whether the job is submitted ``--requeue``: Slurm requeues a job whose node failed by
+    itself when allowed to, and the restart policy says whether it is."""
+    return "node_lost" in plan.restart.on and plan.restart.max > 0
+
+
+def slurm_layout(plan: Plan) -> SlurmLayout:
+    """The layout of ``plan`` as one Slurm job.
 
     Raises :class:`UserError` for a plan that one Slurm job cannot run as planned.
     """
@@ -104,9 +108,8 @@ def slurm_layout(plan: Plan, expedite: bool = False) -> SlurmLayout:
     nodes = plan.nodes
     pinned = slurm.nodelist is not None
     counts = [n.nproc for n in nodes]
-    # Slurm requeues a job whose node failed by itself when allowed to: the restart policy says.
-    requeue = "node_lost" in plan.restart.on and plan.restart.max > 0
-    options = _sbatch_options(plan, requeue, expedite)
+    requeue = requeued_by_slurm(plan)
+    options = _sbatch_options(plan, requeue)
     node_slots = tuple(
         NodeSlot(
             index=i,
@@ -145,7 +148,7 @@ def slurm_layout(plan: Plan, expedite: bool = False) -> SlurmLayout:
     )
 
 
-def _sbatch_options(plan: Plan, requeue: bool, expedite: bool = False) -> list[Option]:
+def _sbatch_options(plan: Plan, requeue: bool) -> list[Option]:
     """The job's ``#SBATCH`` lines: its size, where and how long it runs, its signal and
     requeue, then the job's own ``slurm.extra_args``; every one checked printable."""
     slurm = plan.slurm
@@ -167,7 +170,7 @@ def _sbatch_options(plan: Plan, requeue: bool, expedite: bool = False) -> list[O
     # shell; the ranks checkpoint and exit 75, and the batch script requeues the job.
     options.append(("--signal", f"{slurm.signal}@{slurm.signal_seconds_before}"))
     if requeue:
-        options.append(("--requeue", "expedite") if expedite else ("--requeue", None))
+        options.append(("--requeue", None))
     else:
         options.append(("--no-requeue", None))
     options.append(("--open-mode", "append"))
@@ -188,7 +191,10 @@ def _size_options(plan: Plan) -> list[Option]:
         # Slurm allocates the same number of CPUs on every node of a job; the step then starts
         # exactly each node's count (the smaller nodes keep a few allocated CPUs idle).
         options += [("--ntasks", str(plan.world_size)), ("--ntasks-per-node", str(max(counts)))]
-    options += _gpu_options(plan)
+    gpu_options = _gpu_options(plan)
+    if plan.uniform and any(name == "--gpus-per-task" for name, _ in gpu_options):
+        options.append(("--ntasks", str(plan.world_size)))  # 23.11 refuses it without
+    options += gpu_options
     if slurm.cpus_per_task:
         options.append(("--cpus-per-task", str(slurm.cpus_per_task)))
     if slurm.mem:

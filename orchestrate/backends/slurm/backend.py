@@ -27,6 +27,7 @@ from orchestrate.backends.base import (
     unsafe_error,
     write_run_dir,
 )
+from orchestrate.backends.slurm.allocation import requeued_by_slurm
 from orchestrate.backends.slurm.ctl import (
     FINAL_STATES,
     SlurmClient,
@@ -35,6 +36,7 @@ from orchestrate.backends.slurm.ctl import (
     parse_job_id,
 )
 from orchestrate.backends.slurm.record import read_runs
+from orchestrate.backends.slurm.version import cluster_version, requeue_options
 from orchestrate.backends.slurm.view import (
     SUBMITTING,
     forgotten_view,
@@ -95,7 +97,8 @@ class SlurmBackend:
         checked_script(prepared, run_dir, SBATCH_SCRIPT)
         submitted_at = time.time()
         try:
-            done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable", cwd=run_dir,
+            done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable",
+                                      *self.release_options(prepared.plan), cwd=run_dir,
                                       unset=prepared.plan.secret_env)
         except SlurmTimeout as exc:
             # The controller may queue it anyway once it answers again: record the job, so
@@ -136,6 +139,7 @@ class SlurmBackend:
         store.update(job.id, plan=prepared.plan)
         try:
             done = self.client.sbatch(Path(SBATCH_SCRIPT), "--parsable",
+                                      *self.release_options(prepared.plan),
                                       f"--export=ALL,ORCHESTRATE_ATTEMPT_BASE={base}",
                                       cwd=run_dir, unset=prepared.plan.secret_env)
         except SlurmTimeout as exc:
@@ -154,6 +158,11 @@ class SlurmBackend:
         external = parse_job_id(done.stdout)
         store.update(job.id, external_id=external, reason=f"Slurm job {external}")
         return store.get(job.id) or job
+
+    def release_options(self, plan: Plan) -> tuple[str, ...]:
+        """sbatch options this cluster's Slurm release has and the job wants: on >= 25.11
+        ``--requeue=expedite`` for a job Slurm may requeue (docs/slurm.md, "Slurm releases")."""
+        return requeue_options(cluster_version(self.client), requeued_by_slurm(plan))
 
     def check(self, prepared: Prepared) -> None:
         """Validate the script with ``sbatch --test-only`` when a cluster answers.

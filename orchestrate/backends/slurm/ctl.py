@@ -25,6 +25,14 @@ FINAL_STATES: frozenset[JobState] = frozenset(
     {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
      "PREEMPTED", "REVOKED", "TIMEOUT"}
 )
+#: Slurm states that are flags of a job about to be queued again (20.11-25.11): REQUEUED while a
+#: requeue is under way, REQUEUED_CRON (20.11), REQUEUE_FED, EXPEDITING (25.11, an expedited
+#: requeue) and the held ones (REQUEUE_HOLD, SPECIAL_EXIT, RESV_DEL_HOLD): each is PENDING to
+#: orchestrate, with Slurm's reason kept.
+QUEUED_AGAIN_STATES = frozenset(
+    {"REQUEUED", "REQUEUED_CRON", "REQUEUE_FED", "EXPEDITING", "REQUEUE_HOLD", "SPECIAL_EXIT",
+     "RESV_DEL_HOLD"}
+)
 #: How long one client command may take before we stop waiting for it.
 COMMAND_TIMEOUT_S = 10.0
 PING_TIMEOUT_S = 3.0
@@ -62,35 +70,108 @@ class Completed:
 
 
 def parse_show_job(text: str) -> list[dict[str, str]]:
-    """``scontrol show job [--oneliner]`` output as one dict per job record.
+    """``scontrol show job`` output (multi-line, or ``--oneliner``) as one dict per job record.
 
     A heterogeneous job prints one record per component; a record starts at ``JobId=``. Values
-    may contain spaces (``Reason=...``, ``Command=/a b/c``): a value runs until the next
-    `` Key=``.
+    may contain spaces (``Command=/a b/c``): a value runs until the next `` Key=``, except the
+    free-text ones a user writes (``JobName``, ``Comment``, ``Command``, ``WorkDir``, ``StdOut``
+    ...), which Slurm prints last on their line (20.11 to 25.11): there the value is the rest of
+    the line. The first occurrence of a key wins, so a value containing `` JobState=COMPLETED``
+    never replaces the job's state. Prefer the multi-line form: in ``--oneliner`` only JobName is
+    bounded (by the ``UserId=`` after it) and a later free-text value can still shadow a key
+    printed after it.
     """
-    return _records(text, "JobId")
+    return _records(text, "JobId", JOB_TEXT_KEYS)
 
 
 def parse_show_node(text: str) -> list[dict[str, str]]:
     """``scontrol show node [--oneliner]`` output as one dict per node record (``NodeName``,
     ``NodeAddr``, ``CPUTot``, ``RealMemory``, ``Gres``, ``State``, ``Partitions``, ``Reason``...;
-    values with spaces, such as ``OS=Linux 6.1.0 #1 SMP`` or a ``Reason``, are kept whole)."""
-    return _records(text, "NodeName")
+    values with spaces, such as ``OS=Linux 6.1.0 #1 SMP`` or a ``Reason``, are kept whole; the
+    first occurrence of a key wins, as for jobs)."""
+    return _records(text, "NodeName", NODE_TEXT_KEYS)
 
 
-def _records(text: str, first: str) -> list[dict[str, str]]:
+#: ``scontrol show job`` keys whose values are free text, each printed last on its line.
+JOB_TEXT_KEYS = frozenset({
+    "JobName", "Command", "SubmitLine", "WorkDir", "AdminComment", "SystemComment", "Comment",
+    "Extra", "StdErr", "StdIn", "StdOut",
+})
+#: ``scontrol show node`` keys whose values are free text, each printed last on its line.
+NODE_TEXT_KEYS = frozenset({"OS", "Reason", "Comment", "Extra"})
+#: In ``--oneliner`` output, what ends a JobName: the next line's first key.
+_AFTER_NAME = re.compile(r" (?:SLUID|HetJobIdSet|UserId)=")
+
+
+def _records(text: str, first: str, free_text: frozenset[str]) -> list[dict[str, str]]:
     records: list[dict[str, str]] = []
-    for block in re.split(rf"(?=(?:^|\s){first}=)", text.strip()):
-        block = " ".join(block.split())
-        if not block.startswith(f"{first}="):
+    for block in re.split(rf"(?m)(?=^{first}=)", text.strip()):
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        if not lines or not lines[0].startswith(f"{first}="):
             continue
-        matches = list(_KEY.finditer(block))
         record: dict[str, str] = {}
-        for i, match in enumerate(matches):
-            end = matches[i + 1].start() if i + 1 < len(matches) else len(block)
-            record[match.group(1)] = block[match.end():end].strip()
+        if len(lines) == 1:  # --oneliner: no line ends to bound free text, but JobName's
+            name, rest = _split_oneliner_name(lines[0])
+            _add_line(record, name, free_text)
+            _add_line(record, rest, frozenset())
+        else:
+            for line in lines:
+                _add_line(record, line, free_text)
         records.append(record)
     return records
+
+
+def _split_oneliner_name(line: str) -> tuple[str, str]:
+    """A one-line record as the part up to its JobName's end and the rest (JobName may hold
+    `` Key=``; what follows it on the multi-line form's next line ends it)."""
+    at = line.find(" JobName=")
+    after = _AFTER_NAME.search(line, at + 1) if at >= 0 else None
+    if after is None:
+        return "", line
+    return line[:after.start()], line[after.start() + 1:]
+
+
+def _add_line(record: dict[str, str], line: str, free_text: frozenset[str]) -> None:
+    matches = list(_KEY.finditer(line))
+    for i, match in enumerate(matches):
+        key = match.group(1)
+        last = key in free_text or i + 1 == len(matches)
+        end = len(line) if last else matches[i + 1].start()
+        record.setdefault(key, " ".join(line[match.end():end].split()))
+        if last:
+            return
+
+
+def job_state_name(record: dict[str, str]) -> str:
+    """The base state of a ``scontrol show job`` record: Slurm's own name, with the flag states
+    of a job queued again (:data:`QUEUED_AGAIN_STATES`) as PENDING; ``UNKNOWN`` when missing."""
+    named = record.get("JobState", "UNKNOWN").split("+")[0]
+    return "PENDING" if named in QUEUED_AGAIN_STATES else named
+
+
+def tres_gpus(tres: str) -> int:
+    """The GPU count of a TRES list (``cpu=16,mem=400G,gres/gpu=8,gres/gpu:a100=8`` -> 8): the
+    untyped ``gres/gpu`` total, else the sum of the typed ones; 0 without GPUs."""
+    untyped, typed = None, 0
+    for item in tres.split(","):
+        name, _, count = item.partition("=")
+        if not count.isdigit():
+            continue
+        if name == "gres/gpu":
+            untyped = int(count)
+        elif name.startswith("gres/gpu:"):
+            typed += int(count)
+    return typed if untyped is None else untyped
+
+
+def job_gpus(record: dict[str, str]) -> int:
+    """The GPUs a ``scontrol show job`` record has (allocated) or asks for (pending): from
+    ``AllocTRES`` (23.02+) or ``TRES`` (up to 22.05), never from ``TresPerNode``/squeue's
+    ``%b``, which say ``N/A`` for a job that asked with ``--gpus`` or ``--gpus-per-task``."""
+    for key in ("AllocTRES", "TRES", "ReqTRES"):  # a pending job's AllocTRES is (null)
+        if record.get(key) not in (None, "", "(null)"):
+            return tres_gpus(record[key])
+    return 0
 
 
 def parse_job_id(text: str) -> str:
@@ -192,7 +273,7 @@ class SlurmClient:
     def show_job(self, job_id: str) -> dict[str, str] | None:
         """The job's record (the first component of a heterogeneous job); None when the
         controller no longer knows the job (purged after MinJobAge, or never existed)."""
-        done = self.run("scontrol", "show", "job", "--oneliner", job_id)
+        done = self.run("scontrol", "show", "job", job_id)  # multi-line: exact free text
         if done.returncode != 0:
             if _INVALID_JOB in done.stderr or _INVALID_JOB in done.stdout:
                 return None

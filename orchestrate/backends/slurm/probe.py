@@ -2,7 +2,7 @@
 
 ``inventory probe --slurm`` and ``inventory check`` (for an inventory's Slurm nodes) use it.
 
-- What Slurm knows comes from ``scontrol show node --oneliner`` (:func:`cluster_nodes`): name,
+- What Slurm knows comes from ``scontrol show node`` (:func:`cluster_nodes`): name,
   address, CPUs, memory, GRES, state, partitions. The key=value form is read rather than
   ``--json``: it is the same on every Slurm release, while the JSON's layout follows the
   release's data_parser version (and needs Slurm built with JSON support).
@@ -135,7 +135,7 @@ def blocker(node: SlurmNode) -> str | None:
 
 def cluster_nodes(client: SlurmClient) -> list[SlurmNode]:
     """Every node the controller knows; raises :class:`SlurmError` when it cannot be asked."""
-    done = client.run("scontrol", "show", "node", "--oneliner")
+    done = client.run("scontrol", "show", "node")  # multi-line: a Reason is whole
     if done.returncode != 0:
         raise SlurmError(done.describe())
     return [SlurmNode.from_record(r) for r in parse_show_node(done.stdout) if "NodeName" in r]

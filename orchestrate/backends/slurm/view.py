@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.backends.slurm.ctl import FINAL_STATES, SlurmClient
+from orchestrate.backends.slurm.ctl import FINAL_STATES, SlurmClient, job_state_name
 from orchestrate.backends.slurm.record import (
     BatchRun,
     attempts_of,
@@ -64,7 +64,9 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
             client: SlurmClient) -> JobView:
     """The job's state from ``scontrol show job`` and the run directory."""
     named = info.get("JobState", "UNKNOWN")
-    state = job_state(named)  # one this version does not know is UNKNOWN; the reason names it
+    # A requeue's flag states are PENDING; one this version does not know is UNKNOWN (the
+    # reason names it).
+    state = job_state(job_state_name(info))
     slurm_reason = info.get("Reason", "None")
     restarts = _int(info.get("Restarts"))
     requeue = info.get("Requeue") == "1"
@@ -91,7 +93,8 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
     if state == "COMPLETED":
         return JobView(state, f"all {len(job.ranks)} rank(s) exited 0{again}", None, restarts)
     if state == "FAILED":
-        return JobView(state, _failed_reason(failure, end, job, last) + again, failure, restarts)
+        text = _failed_reason(failure, end, job, last, info.get("ExitCode", ""))
+        return JobView(state, text + again, failure, restarts)
     # Cancelled, out of time, a node lost: the ranks were stopped, none of them failed.
     if state == "CANCELLED":
         return JobView(state, "cancelled" + again, None, restarts)
@@ -132,7 +135,7 @@ def _down_nodes(last: BatchRun | None, info: dict[str, str], client: SlurmClient
 
 
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
-                   job: JobRecord, last: BatchRun | None) -> str:
+                   job: JobRecord, last: BatchRun | None, exit_code: str = "") -> str:
     decided = _decided(Path(job.run_dir), last)
     if decided.startswith(("stalled: ", "wrong world: ")):
         # The stall watch (or the world check) stopped the step: the ranks' ends are its
@@ -150,7 +153,11 @@ def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
     if end is not None and end.get("outcome") == "FAILED":
         return (f"srun failed with exit code {end.get('srun_exit')} before any rank reported "
                 "(see the slurm-*.out file in the run directory)")
-    return "the batch script failed before starting the ranks (see orchestrate logs JOB)"
+    # The batch script itself died before its step (a failing command of its own, bash
+    # missing on the batch host): Slurm's ExitCode is the script's status, e.g. 3:0.
+    code = f" with Slurm ExitCode={exit_code}" if exit_code else ""
+    return (f"the batch script failed{code} before starting the ranks (see the slurm-*.out "
+            f"file in the run directory, and orchestrate logs {job.id})")
 
 
 def _decided(run_dir: Path, last: BatchRun | None) -> str:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends.slurm.ctl import SlurmClient, job_state_name
+from orchestrate.backends.slurm.version import cluster_version, forget_versions
 from tests.support.clusters import BRING_UP
-from tests.support.slurmcluster import SlurmCluster
+from tests.support.slurmcluster import FINISHED, SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -242,3 +244,29 @@ def test_finished_jobs_stay_visible_without_accounting(
     jobcomp = (slurm_cluster.state_dir / "log" / "jobcomp.txt").read_text()
     assert f"JobId={ok} " in jobcomp
     assert f"JobId={failing} " in jobcomp
+
+
+def test_keys_in_a_job_name_and_comment_do_not_change_its_state(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A held job named and commented with `` JobState=COMPLETED``: the backend's client reads
+    PENDING (JobHeldUser), then COMPLETED once released and run; its name stays whole. The
+    cluster's release is found with one ``sbatch --version``."""
+    name = "evil JobState=COMPLETED Reason=None x"
+    job_id = slurm_cluster.sbatch(
+        write_batch(tmp_path / "evil.sbatch", "true", f"--output={tmp_path}/evil.out"),
+        "--hold", f"--job-name={name}", "--comment=c JobState=COMPLETED ExitCode=0:0")
+    client = SlurmClient(slurm_cluster.env)
+    held = client.show_job(job_id)
+    assert held is not None
+    assert (held["JobState"], held["Reason"], held["JobName"]) == ("PENDING", "JobHeldUser", name)
+    assert held["Comment"] == "c JobState=COMPLETED ExitCode=0:0"
+    slurm_cluster.run("scontrol", "release", job_id)
+    deadline = time.monotonic() + 30
+    while (info := client.show_job(job_id)) and job_state_name(info) not in FINISHED:
+        assert time.monotonic() < deadline, info
+        time.sleep(0.2)
+    assert info is not None and (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0")
+    forget_versions()
+    version = cluster_version(client)
+    assert version is not None and str(version) in slurm_cluster.run("sinfo", "-V").stdout
