@@ -248,10 +248,19 @@ def _monitor(tmp_path: Path) -> Path:
 def _start_merger(tmp_path: Path, hosts: list[str]) -> subprocess.Popen[bytes]:
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "hosts").write_text("".join(h + "\n" for h in hosts))
-    return subprocess.Popen([sys.executable, "-S", str(_monitor(tmp_path)), "merge",
-                             str(tmp_path / "output.idx"),
-                             str(tmp_path / "logs"), str(tmp_path / "hosts"),
-                             str(tmp_path / "offsets.json")])
+    ready = tmp_path / "merger-ready"
+    ready.unlink(missing_ok=True)
+    merger = subprocess.Popen([sys.executable, "-S", str(_monitor(tmp_path)), "merge",
+                               str(tmp_path / "output.idx"),
+                               str(tmp_path / "logs"), str(tmp_path / "hosts"),
+                               str(tmp_path / "offsets.json"), str(ready)])
+    # As job.sbatch does: its SIGTERM handler is in place once it says so (on a busy machine
+    # a stop sent before that ended it by the signal, before it indexed anything).
+    deadline = time.monotonic() + 60
+    while not ready.exists() and merger.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready.exists(), "the merger never said it was ready"
+    return merger
 
 
 def _stop(merger: subprocess.Popen[bytes]) -> None:
