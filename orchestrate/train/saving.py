@@ -164,7 +164,10 @@ class Checkpointer:
             return
         problems = [(rank, part.room) for rank, part in enumerate(ranks) if part.room]
         self.asynchronous = not problems
-        if problems:
+        if not problems:
+            self.metrics.say("checkpoint_async: checkpoints are copied to host memory and "
+                             "written in the background (one at a time)")
+        else:
             rank, why = problems[0]
             self.metrics.say(f"checkpoint_async: saving synchronously instead: rank {rank}: "
                              f"{why}")
