@@ -7,6 +7,10 @@ rank 0 alone writes one file (:func:`orchestrate.train.checkpoint.save`); under 
 writes its shards into one folder and rank 0 adds the rest (:mod:`orchestrate.train.distcp`).
 The layout of what is kept is in docs/train.md ("Checkpoints").
 
+With ``checkpoint_async`` a periodic checkpoint is copied to host memory in the step and
+written by the rank's background :class:`~orchestrate.train.asyncsave.Writer` (one in flight);
+a checkpoint with a barrier (a stop, the end) waits for it and is written synchronously.
+
 The trainer and this module meet at two values: the trainer hands a :class:`TrainState` (what a
 checkpoint reads of it, its running sums folded in) to its :class:`Checkpointer`, which owns
 where checkpoints go and which one was taken last. The state is asked for only once a
@@ -116,8 +120,8 @@ class Checkpointer:
                 if control is not None:
                     dist.barrier(group=control)
             return
-        self._one_in_flight(where[2])
         sidecar.phase("checkpoint", where[2])
+        self._one_in_flight(where[2])
         state = take()
         ranks = self._gather(state)
         bad = [rank for rank, part in enumerate(ranks) if not part.finite]

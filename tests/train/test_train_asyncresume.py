@@ -4,8 +4,8 @@ What a user relies on: a rank killed while a checkpoint is still being written i
 resumes from the last complete one and ends bit-identical to a run that was never interrupted;
 a stop signal that arrives while a write is in flight waits for it, so every checkpoint the run
 announced is on disk, whole, before the ranks exit 75. The model is digits' MLP made wide (about
-50 MB a checkpoint with AdamW's moments) and checkpointed every step, so a write is in flight
-most of the time.
+13 MB a checkpoint with AdamW's moments) and checkpointed every step, so a write is in flight
+much of the time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.process, pytest.mark.torch]
 
 WIDE: dict[str, Any] = {
     "model": "digits:build_model",
-    "model_args": {"hidden": 2048},
+    "model_args": {"hidden": 1024},
     "dataset": "digits:build_dataset",
     "epochs": 1,
     "max_steps": 8,
