@@ -127,3 +127,21 @@ def test_a_stop_during_a_background_save_waits_for_it(
     for path in directory.iterdir():
         if path.name.startswith("step-") and path.suffix == ".pt":
             assert torch.load(path, weights_only=True)["step"] == _step_of(path.name)
+
+
+@pytest.mark.timeout(240)
+def test_wandb_offline_logs_every_attempt_of_a_job_as_one_run(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Skipped where wandb is not installed (the test install does not pull it in)."""
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "tracked"
+    config = {"model": "digits:build_model", "dataset": "digits:build_dataset",
+              "epochs": 1, "max_steps": 3, "log_every_steps": 1, "wandb": True}
+    for attempt in (1, 2):
+        launcher.run(config | {"max_steps": 3 * attempt}, run_dir, timeout=150,
+                     env={"WANDB_MODE": "offline", "WANDB_SILENT": "true",
+                          "ORCHESTRATE_JOB_ID": "digits-20261205-ab12",
+                          "ORCHESTRATE_ATTEMPT": str(attempt)})
+    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith("-digits-20261205-ab12") for name in runs), runs
