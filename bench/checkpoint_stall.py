@@ -2,7 +2,7 @@
 
 Two gloo ranks on the CPU (one intra-op thread each) train digits' MLP made wide (``--hidden``
 6400: 41 M parameters, 0.49 GB of weights and AdamW moments per rank under DDP) for
-``--steps`` optimizer steps, in three variants run interleaved (none, sync, async, none...):
+``--steps`` optimizer steps, in three variants run interleaved (the order turning each repeat):
 
 - ``none``: no checkpoint before the end;
 - ``sync``: a checkpoint every ``--every`` steps, written while every rank waits;
@@ -124,7 +124,9 @@ def main() -> int:
     spans: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="checkpoint_stall-") as tmp:
         for repeat in range(args.repeats):
-            for variant in VARIANTS:
+            # The order turns each repeat (none sync async, sync async none, ...): a machine
+            # whose load drifts during a repeat favours no variant.
+            for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
                 took = run_once(variant, args, Path(tmp))
                 spans[variant].append(took)
                 print(f"  run {repeat + 1} {variant:<5} {took:.2f} s", flush=True)
@@ -139,7 +141,8 @@ def main() -> int:
     print(f"load average after: {os.getloadavg()}")
     if args.json is not None:
         result: dict[str, Any] = {"spans_s": spans, "medians_s": medians, "lost_s": lost,
-                                  "ratio": ratio, "args": vars(args) | {"json": str(args.json)}}
+                                  "ratio": ratio, "args": {k: v if isinstance(v, int | str) else str(v)
+                                           for k, v in vars(args).items()}}
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 
