@@ -140,9 +140,9 @@ def main() -> int:
           f"async / sync = {ratio:.2f} (target <= 0.35)")
     print(f"load average after: {os.getloadavg()}")
     if args.json is not None:
+        given = {k: v if isinstance(v, int | str) else str(v) for k, v in vars(args).items()}
         result: dict[str, Any] = {"spans_s": spans, "medians_s": medians, "lost_s": lost,
-                                  "ratio": ratio, "args": {k: v if isinstance(v, int | str) else str(v)
-                                           for k, v in vars(args).items()}}
+                                  "ratio": ratio, "args": given}
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 
