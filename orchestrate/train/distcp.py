@@ -11,10 +11,11 @@ ones::
                            RNG states, the config (no model, no optimizer)
 
 It is written atomically like a file: every rank writes into ``.step-00000240.tmp-<pid of rank
-0>/`` (``torch.distributed.checkpoint.save``, files fsynced), rank 0 adds ``trainer.pt`` once
-every rank's shards are written (the save's last step gathers them), then renames the folder and
-points ``latest`` at it. A rank killed at any moment leaves the previous checkpoint and a
-temporary that the next start deletes.
+0>/`` (``torch.distributed.checkpoint.save``, files fsynced; or its ``async_save``, which
+copies the shards to host memory and writes them from a thread: ``checkpoint_async``), rank 0
+adds ``trainer.pt`` once every rank's shards are written (the save's last step gathers them),
+then renames the folder and points ``latest`` at it. A rank killed at any moment leaves the
+previous checkpoint and a temporary that the next start deletes.
 
 Loading reshards: the index says where each piece of each tensor is, and every rank reads the
 pieces of its own shards, so a checkpoint written on 2 ranks resumes on 3 (checked to 0.0 in
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,9 @@ from orchestrate.train import checkpoint
 from orchestrate.train.failure import TrainFailure, first_line
 
 
-def _states(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def states(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shards of the weights and the optimizer state, as DCP reads and writes
+    them."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -55,13 +59,41 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, side: Mapping[str, 
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    final = directory / checkpoint.name_for(step, sharded=True)
-    temporary = directory / f".{final.name}.tmp-{tag}"
-    directory.mkdir(parents=True, exist_ok=True)
-    dcp_save(_states(model, optimizer), storage_writer=FileSystemWriter(temporary),
+    temporary = temporary_for(directory, step, tag)
+    dcp_save(states(model, optimizer), storage_writer=FileSystemWriter(temporary),
              process_group=group)
-    if rank != 0:
-        return None
+    return finish(side, directory=directory, step=step, keep=keep, temporary=temporary) \
+        if rank == 0 else None
+
+
+def save_async(model: nn.Module, optimizer: torch.optim.Optimizer, *, directory: Path,
+               step: int, tag: int, group: dist.ProcessGroup | None) -> Future[Any]:
+    """Start the sharded write of ``step`` with ``torch.distributed.checkpoint.async_save``
+    (a collective): the shards are copied to host memory before it returns, the files are
+    written by its thread. ``group`` must be a gloo group of its own: the writing thread's
+    collectives would otherwise interleave with the training thread's. Rank 0 calls
+    :func:`finish` once the future is done (every rank's shards are then written)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import async_save
+
+    temporary = temporary_for(directory, step, tag)
+    started = async_save(states(model, optimizer), storage_writer=FileSystemWriter(temporary),
+                         process_group=group)
+    assert isinstance(started, Future)
+    return started
+
+
+def temporary_for(directory: Path, step: int, tag: int) -> Path:
+    """The folder a checkpoint of ``step`` is written into before it is complete."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f".{checkpoint.name_for(step, sharded=True)}.tmp-{tag}"
+
+
+def finish(side: Mapping[str, Any], *, directory: Path, step: int, keep: int,
+           temporary: Path) -> Path:
+    """Rank 0, once every rank's shards are in ``temporary``: add the trainer's state, rename
+    the folder to its final name, point ``latest`` at it, prune."""
+    final = directory / checkpoint.name_for(step, sharded=True)
     try:
         checkpoint.write_atomic(temporary / checkpoint.SIDE,
                                 lambda h: torch.save(dict(side), h), sync_dir=False)
@@ -87,11 +119,11 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path,
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     side = checkpoint.sharded_side(path)
-    states = _states(model, optimizer)
+    loaded = states(model, optimizer)
     try:
-        dcp_load(states, checkpoint_id=str(path), process_group=group)
-        set_model_state_dict(model, states["model"])
-        set_optimizer_state_dict(model, optimizer, states["optim"])
+        dcp_load(loaded, checkpoint_id=str(path), process_group=group)
+        set_model_state_dict(model, loaded["model"])
+        set_optimizer_state_dict(model, optimizer, loaded["optim"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise TrainFailure(
             f"checkpoint {path} does not fit the model or the optimizer "

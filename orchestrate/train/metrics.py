@@ -5,20 +5,23 @@ line (its kinds and fields are described there), appended and flushed as it happ
 launcher takes its "first step" time from the first (``start``) record.
 
 TensorBoard and Weights & Biases get the same numbers when the job asks for them *and* they are
-installed; a missing one is a note on stdout, never a failure.
+installed (one run per job across its attempts: :mod:`orchestrate.train.tracking`); a missing
+one is a note on stdout, never a failure.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrate.core.layout import METRICS
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
+from orchestrate.train.tracking import open_tensorboard, open_wandb, tracking_for
 
 
 def format_epoch(record: MetricRecord, epochs: int) -> str:
@@ -46,30 +49,44 @@ class MetricsLog:
         self.enabled = enabled
         self.path = run_dir / METRICS
         self._epochs = spec.epochs
+        self._spec = spec
         self._tensorboard: Any = None
         self._wandb: Any = None
-        if not enabled:
+        # A checkpoint written in the background is announced from its writer's thread.
+        self._lock = threading.Lock()
+
+    def open_trackers(self, environ: Mapping[str, str], resumed_from: int | None) -> None:
+        """Open TensorBoard and W&B when the job asks for them (rank 0, once set up: the job's
+        one run, resumed; :mod:`orchestrate.train.tracking`)."""
+        if not self.enabled or not (self._spec.tensorboard or self._spec.wandb):
             return
-        if spec.tensorboard:
-            self._tensorboard = _open_tensorboard(run_dir)
-        if spec.wandb:
-            self._wandb = _open_wandb(run_dir, spec)
+        run_dir = self.path.parent
+        track = tracking_for(run_dir, environ)
+        if self._spec.tensorboard:
+            self._tensorboard = open_tensorboard(track, run_dir, resumed_from)
+        if self._spec.wandb:
+            self._wandb = open_wandb(track, run_dir, self._spec)
 
     def say(self, text: str) -> None:
         """Print a line for people (rank 0 only), flushed at once so logs stay live."""
         if self.enabled:
-            print(text, flush=True)
+            with self._lock:
+                print(text, flush=True)
 
     def record(self, record: MetricRecord) -> None:
         """Append ``record`` to metrics.jsonl and forward its numbers."""
         if not self.enabled:
             return
+        with self._lock:
+            self._record(record)
+
+    def _record(self, record: MetricRecord) -> None:
         line = record.to_json()
         with open(self.path, "a", encoding="utf-8") as handle:
             # Strict JSON: a NaN or infinite number is written as null, never as bare NaN.
             handle.write(json.dumps(_finite(line), allow_nan=False) + "\n")
         if record.kind == "epoch":
-            self.say(format_epoch(record, self._epochs))
+            print(format_epoch(record, self._epochs), flush=True)
         numbers = {
             key: value
             for key, value in line.items()
@@ -104,28 +121,3 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-def _open_tensorboard(run_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("tensorboard: asked for but not installed (pip install tensorboard); skipped",
-              flush=True)
-        return None
-    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-
-
-def _open_wandb(run_dir: Path, spec: TrainSpec) -> Any:
-    try:
-        import wandb  # type: ignore[import-not-found]
-    except ImportError:
-        print("wandb: asked for but not installed (pip install wandb); skipped", flush=True)
-        return None
-    return wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "orchestrate"),
-        name=run_dir.name,
-        dir=str(run_dir),
-        config=spec.model_dump(mode="json"),
-        resume="allow",
-    )

@@ -7,6 +7,10 @@ rank 0 alone writes one file (:func:`orchestrate.train.checkpoint.save`); under 
 writes its shards into one folder and rank 0 adds the rest (:mod:`orchestrate.train.distcp`).
 The layout of what is kept is in docs/train.md ("Checkpoints").
 
+With ``checkpoint_async`` a periodic checkpoint is copied to host memory in the step and
+written by the rank's background :class:`~orchestrate.train.asyncsave.Writer` (one in flight);
+a checkpoint with a barrier (a stop, the end) waits for it and is written synchronously.
+
 The trainer and this module meet at two values: the trainer hands a :class:`TrainState` (what a
 checkpoint reads of it, its running sums folded in) to its :class:`Checkpointer`, which owns
 where checkpoints go and which one was taken last. The state is asked for only once a
@@ -18,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import checkpoint, distcp, rng
+from orchestrate.train import asyncsave, checkpoint, distcp, rng
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import NonFiniteLoss
 from orchestrate.train.metrics import MetricsLog
@@ -64,18 +68,21 @@ class TrainState:
 class RankPart:
     """One rank's part of a checkpoint, as every rank gathers it: what is kept of it (``ranks[R]``
     in the checkpoint, read back by :func:`orchestrate.train.build.restore`) and what is only
-    looked at (whether it is finite; its pid, rank 0's names the temporary folder)."""
+    looked at (whether it is finite; its pid, rank 0's names the temporary folder; whether a
+    background save's copy fits its host)."""
 
     generators: rng.RngState
     loss_sum: float
     samples: int
     finite: bool
     pid: int
+    room: str | None = None  # why a background save's host-memory copy would not fit here
 
     @classmethod
-    def of(cls, state: TrainState, cuda: bool) -> RankPart:
+    def of(cls, state: TrainState, cuda: bool, room: str | None = None) -> RankPart:
         """This rank's part (its generators' states now)."""
-        return cls(rng.capture(cuda), state.loss_sum, state.samples, state.finite, os.getpid())
+        return cls(rng.capture(cuda), state.loss_sum, state.samples, state.finite, os.getpid(),
+                   room)
 
     def kept(self) -> dict[str, Any]:
         """What the checkpoint keeps of it (plain values: it loads with ``weights_only``)."""
@@ -93,29 +100,41 @@ class Checkpointer:
     metrics: MetricsLog
     last_saved: Where | None = None  # the position of the last checkpoint (resumed from one)
     last: Path | None = None  # the newest checkpoint (rank 0 knows it)
+    #: checkpoint_async: None until the first save decides (host memory), then True or False
+    asynchronous: bool | None = False
+    group: dist.ProcessGroup | None = None  # the background writes' own gloo group (FSDP)
+    writer: asyncsave.Writer = field(default_factory=asyncsave.Writer)
 
     def save(self, where: Where, take: Callable[[], TrainState], *, barrier: bool) -> None:
         """Checkpoint the trainer at ``where``; ``take`` gives its state (called only when a
         checkpoint is written: not twice at one position).
 
-        With ``barrier`` no rank returns before the checkpoint is on disk: after a stop signal a
-        launcher may kill every rank as soon as one of them exits.
+        With ``barrier`` no rank returns before the checkpoint (and the one before it, written
+        in the background) is on disk: after a stop signal a launcher may kill every rank as
+        soon as one of them exits.
         """
         control = self.cluster.control
         if self.last_saved == where:  # e.g. a periodic checkpoint at the stop step
-            if barrier and control is not None:
-                dist.barrier(group=control)
+            if barrier:
+                self.drain()
+                if control is not None:
+                    dist.barrier(group=control)
             return
         sidecar.phase("checkpoint", where[2])
+        self._one_in_flight(where[2])
         state = take()
         ranks = self._gather(state)
         bad = [rank for rank, part in enumerate(ranks) if not part.finite]
         if bad:
             raise NonFiniteLoss(state.epoch + 1, state.step, bad, self.last)
+        self._decide(ranks)
         side = self._side_state(state, ranks) if self.cluster.rank == 0 else {}
-        path = self._write(state, side, tag=ranks[0].pid)
-        if path is not None:
-            self._announce(state, path)
+        if self.asynchronous and not barrier:
+            self._start(state, side, tag=ranks[0].pid)
+        else:
+            path = self._write(state, side, tag=ranks[0].pid)
+            if path is not None:
+                self._announce(state, path)
         if barrier and control is not None:
             dist.barrier(group=control)
         self.last_saved = where
@@ -123,15 +142,53 @@ class Checkpointer:
         # checkpointing (docs/hangs.md, distributed.busy_s).
         sidecar.phase("step", state.step)
 
+    def drain(self) -> None:
+        """Wait for the write in flight (the stop and end paths; raises its failure)."""
+        self.writer.wait()
+
+    def _one_in_flight(self, step: int) -> None:
+        """Wait for the background write before a new checkpoint, saying so if it was busy."""
+        busy = self.writer.busy
+        waited = self.writer.wait()
+        if busy is not None and waited is not None:
+            self.metrics.say(f"checkpoint at step {step} waited {waited[1]:.2f} s for "
+                             f"{busy} (one save in flight at a time)")
+
+    def _needs(self, state: TrainState) -> int:
+        """Bytes this rank would copy to host memory for a background save."""
+        if state.sharded:
+            return asyncsave.tensor_bytes(distcp.states(state.model, state.optimizer))
+        if self.cluster.rank != 0:
+            return 0
+        return asyncsave.tensor_bytes([state.module.state_dict(), state.optimizer.state_dict()])
+
+    def _decide(self, ranks: list[RankPart]) -> None:
+        """At the first save: background saves only if every rank's copy fits its host."""
+        if self.asynchronous is not None:
+            return
+        problems = [(rank, part.room) for rank, part in enumerate(ranks) if part.room]
+        self.asynchronous = not problems
+        if not problems:
+            self.metrics.say("checkpoint_async: checkpoints are copied to host memory and "
+                             "written in the background (one at a time)")
+        else:
+            rank, why = problems[0]
+            self.metrics.say(f"checkpoint_async: saving synchronously instead: rank {rank}: "
+                             f"{why}")
+
     def _gather(self, state: TrainState) -> list[RankPart]:
         """Every rank's part of the checkpoint, in rank order."""
-        mine = RankPart.of(state, self.cluster.device.type == "cuda")
+        room = None
+        if self.asynchronous is None:
+            copies = self.cluster.env.local_world_size if state.sharded else 1
+            room = asyncsave.room_problem(self._needs(state), copies,
+                                          asyncsave.available_bytes())
+        mine = RankPart.of(state, self.cluster.device.type == "cuda", room)
         if self.cluster.control is None:
             return [mine]
         ranks: list[Any] = [None] * self.cluster.world_size
         dist.all_gather_object(ranks, mine, group=self.cluster.control)
         return ranks
-
     def _side_state(self, state: TrainState, ranks: list[RankPart]) -> dict[str, Any]:
         """Everything but the model and the optimizer: the schedule, the position, the ranks."""
         spec = state.spec
@@ -166,6 +223,31 @@ class Checkpointer:
         whole = {**side, "model": state.module.state_dict(),
                  "optimizer": state.optimizer.state_dict()}
         return checkpoint.save(whole, self.directory, state.step, self.keep)
+
+    def _start(self, state: TrainState, side: dict[str, Any], *, tag: int) -> None:
+        """Copy this rank's part to host memory now; write it in the background."""
+        name = checkpoint.name_for(state.step, sharded=state.sharded)
+        directory, keep, step = self.directory, self.keep, state.step
+        copied = asyncsave.snapshot(side)
+        if state.sharded:
+            future = distcp.save_async(state.model, state.optimizer, directory=directory,
+                                       step=step, tag=tag, group=self.group)
+            temporary = distcp.temporary_for(directory, step, tag)
+
+            def write() -> None:
+                future.result()
+                if self.cluster.rank == 0:
+                    self._announce(state, distcp.finish(
+                        copied, directory=directory, step=step, keep=keep, temporary=temporary))
+        elif self.cluster.rank == 0:
+            copied["model"] = asyncsave.snapshot(state.module.state_dict())
+            copied["optimizer"] = asyncsave.snapshot(state.optimizer.state_dict())
+
+            def write() -> None:
+                self._announce(state, checkpoint.save(copied, directory, step, keep))
+        else:
+            return
+        self.writer.start(name, write)
 
     def _announce(self, state: TrainState, path: Path) -> None:
         self.last = path

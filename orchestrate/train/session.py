@@ -22,6 +22,7 @@ import sys
 import traceback
 from collections.abc import Mapping, Sized
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,7 @@ def _setup(
     )
     trainer.stop.unhealthy = trainer.loss_not_finite
     ZeroGradientWatch(built.module, cluster, spec.sharded).install(built.optimizer)
+    log.open_trackers(environ, restored.resumed_from)
     _announce(spec, cluster, built, restored, log)
     if share is not None:
         _say_shares(spec, share, trainer.rebalancer is not None, log)
@@ -198,12 +200,19 @@ def _setup(
 
 def _checkpointer(spec: TrainSpec, cluster: Cluster, built: Built,
                   restored: Restored, log: MetricsLog) -> Checkpointer:
-    """Where this run's checkpoints go; a resumed run's position is checkpointed already."""
+    """Where this run's checkpoints go; a resumed run's position is checkpointed already.
+    Background saves of sharded checkpoints get a gloo group of their own (created here, on
+    every rank in the same order): the writing thread's collectives must not interleave with
+    the training thread's on the control group."""
     p = restored.position
+    group = None
+    if spec.checkpoint_async and spec.sharded:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cluster.timeout_s))
     return Checkpointer(cluster, built.checkpoint_dir, spec.keep_checkpoints, log,
                         last_saved=None if restored.resumed_from is None
                         else (p.epoch, p.batch, p.step),
-                        last=built.resume_from)
+                        last=built.resume_from,
+                        asynchronous=None if spec.checkpoint_async else False, group=group)
 
 
 def _say_shares(spec: TrainSpec, share: batchshares.RankBatch, measuring: bool,

@@ -157,6 +157,9 @@ class TrainSpec(Spec):
     checkpoint_dir: str | None = None
     checkpoint_every_steps: Int = Field(default=0, ge=0, description="0: at the end of each epoch")
     keep_checkpoints: Int = Field(default=3, ge=1)
+    checkpoint_async: Bool = Field(
+        default=True, description="copy the state to host memory and write it in the "
+        "background while training goes on (synchronous when the copy would not fit)")
     init_from: str | None = None
     gradient_as_bucket_view: Bool = True
     find_unused_parameters: Bool = False

@@ -1,0 +1,151 @@
+"""Time a job loses to its checkpoints: background (``checkpoint_async``) against synchronous.
+
+Two gloo ranks on the CPU (one intra-op thread each) train digits' MLP made wide (``--hidden``
+6400: 41 M parameters, 0.49 GB of weights and AdamW moments per rank under DDP) for
+``--steps`` optimizer steps, in three variants run interleaved (the order turning each repeat):
+
+- ``none``: no checkpoint before the end;
+- ``sync``: a checkpoint every ``--every`` steps, written while every rank waits;
+- ``async``: the same checkpoints, copied to host memory and written in the background.
+
+A run's training time is the span between its ``step`` records of step 1 and of the last step
+(``log_every_steps: 1``), which leaves out start-up and the final checkpoint (synchronous in all
+three). The time lost to checkpoints is a variant's median span minus ``none``'s; the result is
+lost(async) / lost(sync) (target <= 0.35 on CPUs, where the copy to host memory is a memory copy
+inside the step; ~0.1 on GPUs, where it is a device-to-host transfer).
+
+    python bench/checkpoint_stall.py [--repeats 3] [--hidden 6400] [--steps 16] [--every 4]
+                                     [--strategy ddp|fsdp] [--checkpoint-dir DIR] [--json F]
+
+The background write must fit between two checkpoints, or the next one waits for it (and says
+so): on a disk slower than the training (a shared VM's 20 MB/s, 25 s for one 0.5 GB checkpoint)
+the async side loses almost as much as the sync one whatever the code does. ``--checkpoint-dir
+/dev/shm/...`` stands in for a node's fast local disk and measures what the ranks themselves
+pay: serialising and writing against copying.
+
+On a shared machine other tenants' load moves single runs a lot: the load average is printed
+before and after, and the variants alternate so that drift hits all three alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = REPO / "examples" / "digits"
+WORLD = 2
+VARIANTS = ("none", "sync", "async")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch(config: Path, run_dir: Path) -> None:
+    """Run the entrypoint as WORLD ranks; raise with the logs unless all exit 0."""
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK") and not k.startswith("SLURM_")}
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                   LOCAL_WORLD_SIZE=str(WORLD), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", ORCHESTRATE_TIMING="0",
+                   ORCHESTRATE_SIDECAR="0", PYTHONPATH=os.pathsep.join([str(REPO), str(DIGITS)]))
+        log = open(run_dir.parent / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+        argv = [sys.executable, "-m", "orchestrate.train", "--config", str(config),
+                "--run-dir", str(run_dir)]
+        procs.append((subprocess.Popen(argv, cwd=DIGITS, env=env, stdout=log, stderr=log), log))
+    codes = []
+    for proc, log in procs:
+        codes.append(proc.wait(timeout=1200))
+        log.close()
+    if any(codes):
+        text = (run_dir.parent / "rank0.log").read_text()
+        raise RuntimeError(f"ranks exited {codes}:\n{text[-3000:]}")
+
+
+def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
+    """Seconds between the step records of step 1 and of the last step of one run."""
+    from orchestrate.core.spec.trainspec import TrainSpec
+
+    spec = TrainSpec.model_validate({
+        "model": "digits:build_model", "model_args": {"hidden": args.hidden, "dropout": 0.0},
+        "dataset": "digits:build_dataset", "epochs": 1, "max_steps": args.steps,
+        "batch_size": 32, "log_every_steps": 1, "keep_checkpoints": 1,
+        "strategy": args.strategy,
+        "checkpoint_every_steps": 10**9 if variant == "none" else args.every,
+        "checkpoint_async": variant == "async",
+        "checkpoint_dir": str(args.checkpoint_dir / variant) if args.checkpoint_dir else None,
+    })
+    run = work / variant
+    run.mkdir(parents=True, exist_ok=True)
+    config = run / "config.json"
+    config.write_text(json.dumps(spec.model_dump(mode="json")))
+    run_dir = run / "run"
+    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    _launch(config, run_dir)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = {r["step"]: r["time"] for r in records if r["kind"] == "step"}
+    subprocess.run(["rm", "-rf", str(run_dir / "checkpoints")], check=True)
+    if args.checkpoint_dir is not None:
+        subprocess.run(["rm", "-rf", str(args.checkpoint_dir / variant)], check=True)
+    return float(times[args.steps] - times[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
+    parser.add_argument("--hidden", type=int, default=6400, help="width of the MLP")
+    parser.add_argument("--steps", type=int, default=16, help="optimizer steps per run (< 22)")
+    parser.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
+    parser.add_argument("--checkpoint-dir", type=Path,
+                        help="write the checkpoints under this folder (e.g. /dev/shm: a fast "
+                        "disk); default: the run directory, in the system's temporary folder")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    params = 64 * args.hidden + args.hidden * args.hidden + args.hidden * 10
+    print(f"{params / 1e6:.1f} M parameters: {params * 12 / 1e9:.2f} GB of weights and AdamW "
+          f"moments per rank ({args.strategy}); {args.steps} steps, a checkpoint every "
+          f"{args.every}", flush=True)
+    spans: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="checkpoint_stall-") as tmp:
+        for repeat in range(args.repeats):
+            # The order turns each repeat (none sync async, sync async none, ...): a machine
+            # whose load drifts during a repeat favours no variant.
+            for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
+                took = run_once(variant, args, Path(tmp))
+                spans[variant].append(took)
+                print(f"  run {repeat + 1} {variant:<5} {took:.2f} s", flush=True)
+    medians = {v: statistics.median(spans[v]) for v in VARIANTS}
+    lost = {v: medians[v] - medians["none"] for v in ("sync", "async")}
+    ratio = lost["async"] / lost["sync"] if lost["sync"] > 0 else float("nan")
+    for variant in VARIANTS:
+        print(f"{variant:<5} median {medians[variant]:.2f} s (min {min(spans[variant]):.2f}, "
+              f"max {max(spans[variant]):.2f})")
+    print(f"lost to checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s; "
+          f"async / sync = {ratio:.2f} (target <= 0.35)")
+    print(f"load average after: {os.getloadavg()}")
+    if args.json is not None:
+        given = {k: v if isinstance(v, int | str) else str(v) for k, v in vars(args).items()}
+        result: dict[str, Any] = {"spans_s": spans, "medians_s": medians, "lost_s": lost,
+                                  "ratio": ratio, "args": given}
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
