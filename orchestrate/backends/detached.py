@@ -257,6 +257,10 @@ WATCHDOG = Manifest("watchdog", (
     orchestrate.hostside.watchdog))
 
 
+#: The watchdog's first argument (then the job id): what ``ps`` shows of it.
+WATCHDOG_NAME = "orchestrate-watchdog"
+
+
 def start_watchdog(pid: int, job_id: str, grace_s: float,
                    lease_root: str | None = None) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
@@ -272,6 +276,8 @@ def start_watchdog(pid: int, job_id: str, grace_s: float,
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(
-        [sys.executable, "-S", "-c", text], stdin=subprocess.DEVNULL,
+        # Named on its command line (the program itself is a compacted blob): ``ps`` shows
+        # whose watchdog it is.
+        [sys.executable, "-S", "-c", text, WATCHDOG_NAME, job_id], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
     )

@@ -80,12 +80,14 @@ def run_script(
 
 
 def written(prepared: Prepared, folder: Path) -> dict[str, Path]:
-    """The rendered files as a backend writes them."""
+    """The rendered files as a backend writes them: in the user's own 0700 folders (job.sbatch
+    checks its run directory again before anything runs from it)."""
     folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
     paths = {}
     for name, text in rendered(prepared).items():
         path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         paths[name] = path
     return paths

@@ -93,8 +93,8 @@ def test_gpus_shows_the_models_a_job_names_and_a_job_copying_them_plans(tmp_path
         models = {g["model"]: g["name"] for g in gpus}
         assert models == {"A100-80GB": "NVIDIA A100 80GB PCIe", "RTX-A6000": "NVIDIA RTX A6000"}
         rows = [" ".join(line.replace("│", " ").split()) for line in table.out.splitlines()]
-        assert "0 A100-80GB NVIDIA A100 80GB PCIe 0.0 / 80.0 GB 0% free" in rows
-        assert "7 RTX-A6000 NVIDIA RTX A6000 0.0 / 48.0 GB 0% free" in rows
+        assert "0 A100-80GB NVIDIA A100 80GB PCIe 0.0 / 80.0 GB 0% pass free" in rows
+        assert "7 RTX-A6000 NVIDIA RTX A6000 0.0 / 48.0 GB 0% pass free" in rows
         for model, count in (("A100-80GB", 2), ("RTX-A6000", 6)):
             job = tmp_path / f"{model}.yaml"
             job.write_text(f"name: g\nbackend: local\nresources: {{nodes: 1, gpus_per_node: "

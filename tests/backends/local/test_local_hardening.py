@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends.detached import WATCHDOG_NAME
 from orchestrate.hostside import host
 from tests.support.fakesmi import fake_nvidia_smi
 from tests.support.localcli import Cli
@@ -211,13 +212,14 @@ def test_a_cancelled_jobs_ranks_are_stopped_not_failed(cli: Cli) -> None:
 
 
 def _watchdog_of(job: str) -> int:
-    """The job's watchdog (``python -S -c ... watch(..., 'JOB', ...)``), found in /proc."""
+    """The job's watchdog (``python -S -c PROGRAM orchestrate-watchdog JOB``), found in /proc
+    as ``ps`` shows it."""
     for proc in Path("/proc").iterdir():
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"-S" in argv and any(b"watch(" in a and repr(job).encode() in a for a in argv):
+        if b"-S" in argv and argv[-3:-1] == [WATCHDOG_NAME.encode(), job.encode()]:
             return int(proc.name)
     raise AssertionError(f"no watchdog for {job}")
 
