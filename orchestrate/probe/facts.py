@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrate.core.spec.inventory import GpuLink, NetworkSpec
+from orchestrate.core.spec.inventory import GpuLink, Island, NetworkSpec, Numa
 from orchestrate.hostside import smi
 from orchestrate.probe.network import HcaPort, NicFact, choose_network, hcas_of, nics_of
-from orchestrate.probe.topology import IslandFact, NumaFact, islands, numa_facts
+from orchestrate.probe.topology import islands, numa_facts
 
 GpuStatus = Literal["ok", "missing", "failed"]
 
@@ -162,8 +162,8 @@ class ProbedHost:
     memlock: Any = None
     problems: tuple[str, ...] = field(default_factory=tuple)
     containers: tuple[str, ...] | None = None  # container runtimes found (None: not asked)
-    numa: tuple[NumaFact, ...] = ()  # NUMA nodes with CPUs and GPUs (fewer than two: none)
-    islands: tuple[IslandFact, ...] = ()  # GPUs under one PCIe switch or joined by NVLink
+    numa: tuple[Numa, ...] = ()  # NUMA nodes with CPUs and GPUs (fewer than two: none)
+    islands: tuple[Island, ...] = ()  # GPUs under one PCIe switch or joined by NVLink
 
     @property
     def driver(self) -> str | None:
@@ -381,7 +381,7 @@ def parse_facts(raw: Mapping[str, Any]) -> ProbedHost:
 
 
 def _placement_facts(gpus: tuple[GpuFact, ...], topo: str | None, sysfs: Mapping[str, str]
-                     ) -> tuple[tuple[NumaFact, ...], tuple[IslandFact, ...]]:
+                     ) -> tuple[tuple[Numa, ...], tuple[Island, ...]]:
     """The GPUs' NUMA nodes and islands (:mod:`orchestrate.probe.topology`); none on a CPU
     node (its ranks have no GPU to sit beside)."""
     if not gpus:

@@ -15,27 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from orchestrate.core.spec.inventory import Island, Numa
 
 _DEVICE = re.compile(r"GPU\d+")
 _NVLINK = re.compile(r"NV\d+")
-
-
-@dataclass(frozen=True)
-class NumaFact:
-    """A NUMA node: its number, its CPUs (a CPU list) and its GPUs (CUDA indices)."""
-
-    node: int
-    cpus: str
-    gpus: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class IslandFact:
-    """GPUs (CUDA indices) under one PCIe switch (``pcie-switch``) or joined by ``nvlink``."""
-
-    gpus: tuple[int, ...]
-    via: str
 
 
 def parse_affinity(text: str) -> dict[int, tuple[str | None, int | None]]:
@@ -63,7 +47,7 @@ def parse_affinity(text: str) -> dict[int, tuple[str | None, int | None]]:
 
 
 def numa_facts(cuda_of: Mapping[int, int], topo: str | None,
-               sysfs: Mapping[str, str]) -> tuple[NumaFact, ...]:
+               sysfs: Mapping[str, str]) -> tuple[Numa, ...]:
     """The machine's NUMA nodes with their CPUs and GPUs (``cuda_of``: nvidia-smi index ->
     CUDA index); () with fewer than two (nothing to choose, nothing to bind)."""
     cpus: dict[int, str] = {int(k): v for k, v in sysfs.items() if str(k).isdigit() and v}
@@ -77,20 +61,20 @@ def numa_facts(cuda_of: Mapping[int, int], topo: str | None,
     nodes = sorted(set(cpus) | set(gpus))
     if len(nodes) < 2 or any(n not in cpus for n in nodes):
         return ()
-    return tuple(NumaFact(n, cpus[n], tuple(sorted(gpus.get(n, ())))) for n in nodes)
+    return tuple(Numa(n, cpus[n], tuple(sorted(gpus.get(n, ())))) for n in nodes)
 
 
 def islands(cuda_of: Mapping[int, int], cells: Mapping[tuple[int, int], str]
-            ) -> tuple[IslandFact, ...]:
+            ) -> tuple[Island, ...]:
     """NVLink islands, then PCIe-switch islands, of two or more GPUs but not all of them."""
-    found: list[IslandFact] = []
+    found: list[Island] = []
     for via, joined in (("nvlink", _NVLINK.fullmatch), ("pcie-switch",
                                                         lambda c: c in ("PIX", "PXB"))):
         pairs = [(cuda_of[a], cuda_of[b]) for (a, b), cell in cells.items()
                  if a != b and a in cuda_of and b in cuda_of and joined(cell)]
         for group in _components(pairs):
             if 2 <= len(group) < len(cuda_of):
-                found.append(IslandFact(group, via))
+                found.append(Island(group, via))
     return tuple(found)
 
 
