@@ -58,7 +58,14 @@ from typing import Any
 
 from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, Request
 from orchestrate.diagnosis.flightrecorder import FlightRecorder, dump_function, with_ops
-from orchestrate.diagnosis.joinwatch import ENV_OWNER, LIVE_KEY, dist_world, live_sidecar, record
+from orchestrate.diagnosis.joinwatch import (
+    ENV_OWNER,
+    LIVE_KEY,
+    destroy_at_exit,
+    dist_world,
+    live_sidecar,
+    record,
+)
 from orchestrate.diagnosis.threadstate import read_thread, run_wait
 from orchestrate.diagnosis.workers import arm, cleanup, sections
 
@@ -201,6 +208,7 @@ class Sidecar:
         if world is not None and not self._joined:
             self._joined = True  # for the world check: the rank and world it joined with
             record(self.run_dir, world[0], world[1], heartbeats=True)
+            destroy_at_exit()
         if self.explicit:
             phase, since = self.phase, self.phase_since
         else:

@@ -353,3 +353,34 @@ def test_without_the_sitecustomize_torch_keeps_its_30_minutes(tmp_path: Path) ->
         capture_output=True, text=True, timeout=120,
     )
     assert hooked.stdout.strip() == "0:00:05", hooked.stderr
+
+
+_LEFT_STANDING = """
+import atexit, os, sys, torch, torch.distributed as dist
+marks = os.environ["MARKS"]
+def look():  # registered before the join: runs after orchestrate's own exit handler
+    with open(os.path.join(marks, "rank-" + os.environ["RANK"]), "w") as out:
+        out.write(str(dist.is_initialized()))
+atexit.register(look)
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+assert t.item() == float(os.environ["WORLD_SIZE"])
+"""
+
+
+def test_a_gloo_world_the_program_left_standing_is_destroyed_before_python_ends(
+        starter: Starter) -> None:
+    """A program that never calls destroy_process_group (Lightning's Trainer.fit) left gloo's
+    threads to be torn down with the interpreter: SIGABRT ``terminate called without an active
+    exception`` in a rank whose training succeeded (CI, stop 41). The sidecar destroys that
+    world at exit; without the sidecar the same program still has it at exit."""
+    ours = starter.start([sys.executable, "-c", _LEFT_STANDING], 2, name="tidied")
+    bare = starter.start([sys.executable, "-c", _LEFT_STANDING], 2, name="bare", site=False)
+    for job in (ours, bare):
+        statuses = job.wait(120)
+        # The bare world may abort at teardown (the bug itself); ours must end cleanly.
+        if job is ours:
+            assert statuses == {0: 0, 1: 0}, job.output()
+    assert [(ours.marks / f"rank-{r}").read_text() for r in (0, 1)] == ["False", "False"]
+    assert [(bare.marks / f"rank-{r}").read_text() for r in (0, 1)] == ["True", "True"]
