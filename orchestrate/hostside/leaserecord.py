@@ -157,6 +157,7 @@ class Lease:
     left: list[str] = field(default_factory=list)
     survivors: Holders = field(default_factory=list)
     unreadable: str = ""
+    until: float = 0.0  # when the job is over at the latest (its time limit); 0: not known
 
     def to_json(self) -> str:
         first = self.holders[0] if self.holders else (None, None)
@@ -167,7 +168,12 @@ class Lease:
             # the first holder, as orchestrates before the list read it
             "holder_pid": first[0], "holder_start": first[1], "cgroup": self.cgroup,
             "since": self.since, "left": self.left,
-            "survivors": [list(p) for p in self.survivors]})
+            "survivors": [list(p) for p in self.survivors], "until": self.until})
+
+    def ending(self, within_s: float) -> Lease:
+        """This lease, over at the latest ``within_s`` after it was taken (0: not known)."""
+        self.until = self.since + within_s if within_s > 0 else 0.0
+        return self
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Lease:
@@ -184,7 +190,7 @@ class Lease:
                    hostname=_text(data, "hostname", "", 256), gpus=_gpus(data),
                    slots=_int(data, "slots", 0, 1 << 20, 0), port=_port(data),
                    holders=_holders(data), cgroup=cgroup, since=_time(data, "since"),
-                   left=left, survivors=_pairs(data, "survivors"))
+                   left=left, survivors=_pairs(data, "survivors"), until=_time(data, "until"))
 
 
 @dataclass

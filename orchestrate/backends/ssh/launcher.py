@@ -56,6 +56,7 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.layout import OWN_REACH_CHECK, node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
+from orchestrate.core.queueing import ends_within_s
 from orchestrate.core.spec.inventory import Inventory
 from orchestrate.run.progress import hosts, show
 
@@ -348,6 +349,7 @@ class Launcher:
                 slots=node.nproc if cpu else 0,
                 slot_capacity=spec.capacity if cpu and spec is not None else None,
                 port=plan.master_port if node.node_rank == 0 else None,
+                ends_within_s=ends_within_s(plan.time_limit),
             ), "claim", STEP_TIMEOUT_S))
 
         targets = self.targets(plan)
