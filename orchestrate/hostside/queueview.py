@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 
+from orchestrate.hostside.containment import user_name
 from orchestrate.hostside.fairshare import fold, shares, why_late
 from orchestrate.hostside.fairshare import use as fair_use
-from orchestrate.hostside.containment import user_name
 from orchestrate.hostside.leases import LeaseBook, conflicts, describe, held
 
 TYPE_CHECKING = False  # typing costs milliseconds per start; the agent starts once per rank

@@ -256,8 +256,11 @@ class Launcher:
             if claimed:
                 self.prepared = prepared
                 return prepared
-            if self.tickets is not None:  # a waiting job holds nothing while it waits
-                ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
+            ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
+            # a waiting job holds nothing while it waits; an admin's rule (policy.json) holds
+            # whatever the plan, so planning again cannot help: both are told, naming it
+            if self.tickets is not None or any(q.startswith("policy ")
+                                               for qs in self.refused.values() for q in qs):
                 raise UserError.single(
                     "; ".join(ahead) or "another job claimed what the plan needs meanwhile",
                     source=str(self.prepared.path), field="preflight", busy=True)
