@@ -32,8 +32,8 @@ from orchestrate.core.errors import UserError
               help="the queues of this inventory's SSH nodes, merged, instead of this machine's")
 def queue(as_json: bool, account: bool, inventory_file: Path | None) -> None:
     """This machine's queue: running jobs, waiting jobs in the order they will start (each
-    with its place, what it waits for and its expected start where it can be known), each
-    user's decayed use and share, and the policy in force.
+    with its place and what it waits for), each user's decayed use and share, and the policy
+    in force. Each waiting job's expected start is given where it can be known.
 
     With --inventory: every SSH node's queue, asked in parallel (a node that does not answer
     is named), merged: a multi-host job once, with its hosts and its place on each."""

@@ -203,13 +203,16 @@ class Launcher:
 
     def _ticket(self, node: NodePlan) -> dict[str, Any]:
         """The job's ticket for ``node``. A multi-host job's carries its owner's use on the
-        busiest of its hosts (each host's preflight says it), so that every host orders it
-        alike: a host takes the larger of it and its own count."""
+        busiest of its hosts (each host's preflight says it) and how fast it grew then, so
+        that every host orders it alike at claim time, not only at the preflight: a host
+        takes the larger of it (brought up to now) and its own count."""
         assert self.tickets is not None
         ticket = dict(self.tickets(node))
         if len(self.prepared.plan.nodes) > 1:
-            uses = [a.facts.leases.use for a in self.facts.values() if a.facts is not None]
-            ticket["usage"], ticket["usage_at"] = max(uses, default=0.0), time.time()
+            uses = [(a.facts.leases.use, a.facts.leases.use_rate)
+                    for a in self.facts.values() if a.facts is not None]
+            ticket["usage"], ticket["usage_rate"] = max(uses, default=(0.0, 0.0))
+            ticket["usage_at"] = time.time()
         return ticket
 
     def settle(self) -> Prepared:
