@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,10 +28,24 @@ from orchestrate.core.errors import UserError
 @click.option("--account", is_flag=True,
               help="(root) fold this machine's use into root's ledger first: run it every "
                    "minute from root's crontab")
-def queue(as_json: bool, account: bool) -> None:
+@click.option("--inventory", "inventory_file", type=click.Path(path_type=Path), default=None,
+              help="the queues of this inventory's SSH nodes, merged, instead of this machine's")
+def queue(as_json: bool, account: bool, inventory_file: Path | None) -> None:
     """This machine's queue: running jobs, waiting jobs in the order they will start (each
     with its place and what it waits for), each user's decayed use and share, and the policy
-    in force."""
+    in force. Each waiting job's expected start is given where it can be known.
+
+    With --inventory: every SSH node's queue, asked in parallel (a node that does not answer
+    is named), merged: a multi-host job once, with its hosts and its place on each."""
+    if inventory_file is not None:
+        from orchestrate.core.queueing import merge
+
+        merged = merge(over_ssh(inventory_file))
+        if as_json:
+            click.echo(json.dumps(merged, indent=2))
+        else:
+            show_merged(merged)
+        return
     if account and os.geteuid() != 0:
         raise UserError.single("only root keeps the ledger (users could lower their own use)",
                                source="orchestrate queue", field="--account",
@@ -45,72 +60,62 @@ def queue(as_json: bool, account: bool) -> None:
 
 
 def machine_queue(lease_dir: str | None, account: bool = False) -> dict[str, Any]:
-    """The queue of this machine's book (``lease_dir``: its folder; None: the default)."""
-    from orchestrate.hostside import fairshare
-    from orchestrate.hostside.leases import BookError, LeaseBook, conflicts, held
+    """The queue of this machine's book (``lease_dir``: its folder; None: the default), each
+    waiting job with its expected start."""
+    from orchestrate.core.queueing import with_expected
+    from orchestrate.hostside.leases import BookError
+    from orchestrate.hostside.queueview import machine_queue as read
 
     try:
-        book = LeaseBook(lease_dir)
-        with book.locked():
-            leases = book.live()
-            if account:
-                fairshare.fold(book)
-            tickets = book.tickets()
-            use = fairshare.use(book)
+        return with_expected(read(lease_dir, account))
     except BookError as exc:
         raise UserError.single(str(exc), source="lease book", field="leases",
                                hint=exc.hint or "see docs/shared-servers.md", setup=True) \
             from None
-    now = time.time()
-    holding = held(leases)
-    waiting = []
-    for place, ticket in enumerate(tickets, 1):
-        ahead = [t for t in tickets[:place - 1] if conflicts(t, ticket)]
-        waiting.append({
-            "place": place, "job_id": ticket.job_id, "user": ticket.user, "uid": ticket.uid,
-            "gpus": ticket.gpus, "slots": ticket.slots, "submitted_at": ticket.submitted_at,
-            "waited_s": round(max(0.0, now - ticket.submitted_at), 1),
-            "use": round(use.get(ticket.uid, 0.0), 1),
-            "why": _why(ticket, ahead, holding, tickets, book.policy),
-        })
-    return {"host": os.path.basename(book.directory), "policy": book.policy.to_dict(),
-            "running": [{"job_id": x.job_id, "user": x.user, "uid": x.uid, "gpus": x.gpus,
-                         "slots": x.slots, "since": x.since} for x in leases],
-            "waiting": waiting, "users": _users(use, leases, tickets),
-            "problems": book.problems}
 
 
-def _why(ticket: Any, ahead: list[Any], holding: dict[str, Any], tickets: list[Any],
-         policy: Any) -> str:
-    """What one waiting job waits for, in words."""
-    from orchestrate.hostside.fairshare import why_late
-    from orchestrate.hostside.leases import describe
+def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:
+    """Each SSH node's queue, asked through its agent, in parallel, each bounded like any SSH
+    step; a host that does not answer is ``{"host", "node", "no_answer": why}``."""
+    from orchestrate.backends.ssh.agent import MARK
+    from orchestrate.backends.ssh.channels import agent_command
+    from orchestrate.backends.ssh.connections import Links, fan_out, target
+    from orchestrate.backends.ssh.reaping import SLACK_S, describe_failure
+    from orchestrate.core.queueing import with_expected
+    from orchestrate.core.spec.inventory import load_inventory
 
-    late = why_late(ticket, tickets, policy)
-    if late:
-        return late
-    if ahead:
-        return (f"behind {len(ahead)} job(s) that want the same GPUs or slots, first "
-                f"{describe(ahead[0])}")
-    busy = sorted(set(ticket.gpus) & set(holding["gpus"]))
-    if busy and set(ticket.gpus) <= set(holding["gpus"]):
-        who = sorted({holding["who"][str(g)] for g in busy})
-        return "next: every GPU it may use is held, by " + ", ".join(who[:3])
-    return "next: starts at its supervisor's next try (within a second)"
+    if not inventory_file.exists():
+        raise UserError.single("inventory file not found", source=str(inventory_file),
+                               field="--inventory")
+    inventory = load_inventory(inventory_file)
+    targets = [target(n.name, n.address, n.python or "python3", n.ssh, 10.0, n.lease_dir)
+               for n in inventory.nodes]
+    links = Links()
 
+    def ask(t: Any) -> dict[str, Any]:
+        result = links.get(t).run(agent_command(t.python, "queue", t.lease_dir or ""),
+                                  timeout=t.connect_timeout_s + SLACK_S)
+        for line in result.output.split("\n"):
+            if line.startswith(MARK + "queue "):
+                data: dict[str, Any] = json.loads(line[len(MARK) + 6:])
+                return data
+        tail = " | ".join(result.output.strip().split("\n")[-3:])
+        raise RuntimeError(f"the agent did not answer (exit {result.code}): {tail}")
 
-def _users(use: dict[int, float], leases: list[Any], tickets: list[Any]) -> list[dict[str, Any]]:
-    from orchestrate.hostside.containment import user_name
-    from orchestrate.hostside.fairshare import shares
-
-    part = shares(use)
-    uids = sorted(set(use) | {x.uid for x in leases} | {t.uid for t in tickets},
-                  key=lambda uid: (use.get(uid, 0.0), uid))
-    return [{"uid": uid, "user": user_name(uid), "use_gpu_hours": round(use.get(uid, 0.0) / 3600,
-                                                                          3),
-             "share": round(part.get(uid, 0.0), 4),
-             "running": sum(x.uid == uid for x in leases),
-             "waiting": sum(t.uid == uid for t in tickets)} for uid in uids]
+    try:
+        answers = fan_out(targets, ask, 32)
+    finally:
+        links.close()
+    hosts = []
+    for t in targets:
+        got = answers[t.name]
+        if got.value is not None and not got.value.get("no_answer"):
+            hosts.append({**with_expected(got.value), "node": t.name})
+            continue
+        error = got.error if isinstance(got.error, Exception) else RuntimeError(got.error)
+        why = got.value["no_answer"] if got.value is not None else describe_failure(error)
+        hosts.append({"host": t.label, "node": t.name, "no_answer": why})
+    return hosts
 
 
 def show(answer: dict[str, Any]) -> None:
@@ -134,6 +139,38 @@ def show(answer: dict[str, Any]) -> None:
     out.print("waiting (in the order they start):" if answer["waiting"] else "waiting: none")
     for job in answer["waiting"]:
         out.print(f"  {job['place']:3}. {job['job_id']:24} {job['user']:12} waited "
-                  f"{job['waited_s']:.0f}s: {job['why']}")
+                  f"{job['waited_s']:.0f}s: {job['why']}; {job['expected']['line']}",
+                  markup=False, soft_wrap=True)
     for line in answer["problems"]:
         out.print(f"  problem: {line}")
+
+
+def show_merged(merged: dict[str, Any]) -> None:
+    """Several hosts' queues as one: each job once, with its hosts."""
+    out = console()
+    for host in merged["hosts"]:
+        if host["no_answer"]:
+            out.print(f"{host['node']}: no answer: {host['no_answer']}", markup=False,
+                      soft_wrap=True)
+            continue
+        policy = host["policy"] or {}
+        users = ", ".join(f"{u['user']} {u['use_gpu_hours']:.2f} GPU-h" for u in host["users"])
+        out.print(f"{host['host']}: order {policy.get('order')} ({policy.get('source')}); "
+                  f"use: {users or 'none'}", markup=False, soft_wrap=True)
+        for line in [*([policy["problem"]] if policy.get("problem") else []),
+                     *host["problems"]]:
+            out.print(f"  problem: {line}", markup=False, soft_wrap=True)
+    out.print("running:" if merged["running"] else "running: none")
+    for job in merged["running"]:
+        until = f", until {time.strftime('%H:%M', time.localtime(job['until']))}" \
+            if job["until"] else ""
+        out.print(f"  {job['job_id']:24} {job['user']:12} on {', '.join(job['hosts'])}{until}",
+                  markup=False, soft_wrap=True)
+    out.print("waiting (in the order they start):" if merged["waiting"] else "waiting: none")
+    for job in merged["waiting"]:
+        places = ", ".join(f"{h} #{p}" for h, p in job["places"].items())
+        whys = sorted(set(job["why"].values()))
+        out.print(f"  {job['job_id']:24} {job['user']:12} place {places}: {'; '.join(whys)}; "
+                  f"{job['expected']['line']}", markup=False, soft_wrap=True)
+    for line in merged["disagree"]:
+        out.print(f"  hosts disagree: {line}", markup=False, soft_wrap=True)

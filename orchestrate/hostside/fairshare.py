@@ -234,11 +234,22 @@ def fair_key(ticket: Ticket, use: Usage, policy: QueuePolicy, now: float
 
 def floor(ticket: Ticket, now: float, half_life_s: float) -> float:
     """The use a multi-host job's ticket says its owner has on the busiest of its hosts,
-    decayed to ``now`` (it can only raise its owner's place, never lower it)."""
-    if not ticket.usage:
+    brought to ``now`` (it can only raise its owner's place, never lower it): decayed, plus
+    what the leases held there then (``usage_rate`` units) have added since, so that it is
+    that host's own count now while they run, on every host alike -- read at the preflight
+    but compared at the claim, a count that grew meanwhile is not stale."""
+    if not ticket.usage and not ticket.usage_rate:
         return 0.0
-    return ticket.usage * math.exp(-math.log(2.0) * max(0.0, now - ticket.usage_at)
-                                   / half_life_s)
+    rate = math.log(2.0) / half_life_s
+    kept = math.exp(-rate * max(0.0, now - ticket.usage_at))
+    return ticket.usage * kept + ticket.usage_rate * (1.0 - kept) / rate
+
+
+def growth(book: Any) -> float:
+    """How fast this user's use of ``book``'s host grows now: the units its live leases hold
+    (after the book's ``live()``)."""
+    return float(sum(lease_units(x) for x in book.leases
+                     if x.uid == book.uid and not x.unreadable))
 
 
 def keyer(tickets: list[Ticket], use: Usage, policy: QueuePolicy, now: float) -> Any:
@@ -402,7 +413,8 @@ def shares(use: Usage) -> dict[int, float]:
 
 __all__ = [
     "POLICY_FILE", "USED", "QueuePolicy", "QueuePolicyError", "Used", "decayed", "ended",
-    "fair_key", "floor", "fold", "keyer", "ledger_path", "ordered", "over_limit", "parse_policy",
+    "fair_key", "floor", "fold", "growth", "keyer", "ledger_path", "ordered", "over_limit",
+    "parse_policy",
     "read_ledger", "read_policy", "rules", "shares", "spend", "too_many_waiting", "usage", "use",
     "why_late",
 ]

@@ -157,6 +157,7 @@ class Lease:
     left: list[str] = field(default_factory=list)
     survivors: Holders = field(default_factory=list)
     unreadable: str = ""
+    until: float = 0.0  # when the job is over at the latest (its time limit); 0: not known
 
     def to_json(self) -> str:
         first = self.holders[0] if self.holders else (None, None)
@@ -167,7 +168,12 @@ class Lease:
             # the first holder, as orchestrates before the list read it
             "holder_pid": first[0], "holder_start": first[1], "cgroup": self.cgroup,
             "since": self.since, "left": self.left,
-            "survivors": [list(p) for p in self.survivors]})
+            "survivors": [list(p) for p in self.survivors], "until": self.until})
+
+    def ending(self, within_s: float) -> Lease:
+        """This lease, over at the latest ``within_s`` after it was taken (0: not known)."""
+        self.until = self.since + within_s if within_s > 0 else 0.0
+        return self
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Lease:
@@ -184,7 +190,7 @@ class Lease:
                    hostname=_text(data, "hostname", "", 256), gpus=_gpus(data),
                    slots=_int(data, "slots", 0, 1 << 20, 0), port=_port(data),
                    holders=_holders(data), cgroup=cgroup, since=_time(data, "since"),
-                   left=left, survivors=_pairs(data, "survivors"))
+                   left=left, survivors=_pairs(data, "survivors"), until=_time(data, "until"))
 
 
 @dataclass
@@ -205,6 +211,7 @@ class Ticket:
     since: float = 0.0
     usage: float = 0.0  # a multi-host job: its owner's use on the busiest of its hosts
     usage_at: float = 0.0  # ... when that was read
+    usage_rate: float = 0.0  # ... and how fast it grew then (the units its leases there held)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -215,7 +222,8 @@ class Ticket:
                 "hostname": self.hostname, "submitted_at": self.submitted_at,
                 "gpus": self.gpus, "slots": self.slots, "port": self.port,
                 "holders": [list(p) for p in self.holders], "since": self.since,
-                "usage": self.usage, "usage_at": self.usage_at}
+                "usage": self.usage, "usage_at": self.usage_at,
+                "usage_rate": self.usage_rate}
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Ticket:
@@ -229,13 +237,15 @@ class Ticket:
                    hostname=_text(data, "hostname", "", 256), gpus=_gpus(data),
                    slots=_int(data, "slots", 0, 1 << 20, 0), port=_port(data),
                    holders=_holders(data), since=_time(data, "since"),
-                   usage=_amount(data, "usage"), usage_at=_time(data, "usage_at"))
+                   usage=_amount(data, "usage"), usage_at=_time(data, "usage_at"),
+                   usage_rate=_amount(data, "usage_rate"))
 
     def with_holder(self, pid: int, start: int | None) -> Ticket:
         """This ticket held by ``pid`` (the process that waits for it on this host)."""
         return Ticket(self.job_id, os.geteuid(), self.submitted_at, self.user,
                       socket.gethostname(), list(self.gpus), self.slots, self.port,
-                      [(pid, start)], time.time(), self.usage, self.usage_at)
+                      [(pid, start)], time.time(), self.usage, self.usage_at,
+                      self.usage_rate)
 
 
 #: How many bad files one report names before it counts the rest.

@@ -69,6 +69,28 @@ def test_a_multi_host_jobs_carried_use_raises_its_place_never_lowers_it() -> Non
     assert ordered([other, gang], use, QueuePolicy(), NOW)[0].job_id == "gang"
 
 
+def test_two_hosts_order_two_gang_jobs_alike_at_claim_time_not_only_at_preflight() -> None:
+    """ann runs 4 GPUs on h2 (none on h1); her 2-host job's ticket carries her h2 use, read at
+    the preflight. Ten minutes later, at the claim, h2's own count has grown: with the rate the
+    ticket carries, h1 brings the carried use to the same number, so both hosts put ben's
+    gang job (a constant use) on the same side of hers; without it h1 put hers first."""
+    ann, ben, half = 1001, 1002, DAY
+    running = [Lease("a-run", ann, gpus=[0, 1, 2, 3], since=NOW - 3600)]
+    preflight, claim = NOW, NOW + 600
+    h2_then = usage(running, [], preflight, half)[ann]
+    h2_now = usage(running, [], claim, half)[ann]
+    hers = _ticket("a-gang", ann, NOW - 100)
+    hers.usage, hers.usage_at, hers.usage_rate = h2_then, preflight, 4.0
+    assert fairshare.floor(hers, claim, half) == pytest.approx(h2_now, rel=1e-9)
+    his = _ticket("b-gang", ben, NOW - 50)
+    his.usage, his.usage_at = (h2_then + h2_now) / 2, claim  # between the two counts
+    on_h2 = ordered([hers, his], {ann: h2_now, ben: his.usage}, QueuePolicy(), claim)
+    on_h1 = ordered([hers, his], {}, QueuePolicy(), claim)
+    assert [t.job_id for t in on_h1] == [t.job_id for t in on_h2] == ["b-gang", "a-gang"]
+    hers.usage_rate = 0.0  # the stale count: h1 disagreed with h2
+    assert ordered([hers, his], {}, QueuePolicy(), claim)[0].job_id == "a-gang"
+
+
 def test_a_users_waiting_jobs_beyond_the_limit_go_last_and_the_rule_is_named() -> None:
     policy = QueuePolicy(max_waiting_per_user=2, source="/book/policy.json")
     queue = [_ticket(f"h{n}", 1001, NOW + n) for n in range(4)]

@@ -53,6 +53,7 @@ from orchestrate.core.plan.plan import Occupancy, Plan, checkpoint_dir
 from orchestrate.core.plan.ports import PORT_BASE, PORT_SPAN, pick_port
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
 from orchestrate.core.plan.restart import progress_marker
+from orchestrate.core.queueing import ends_within_s
 from orchestrate.diagnosis.hangwatch import RunDirEvidence
 from orchestrate.hostside import containment, gpuhealth, gpuuse, host, leases
 from orchestrate.hostside.fairshare import rules
@@ -217,7 +218,8 @@ class LocalSupervisor(Supervisor):
                 book.record(leases.new_lease(
                     self.job_id, chosen.name, list(chosen.gpu_indices), 0,
                     prepared.plan.master_port, [os.getpid(), self._watchdog_pid()],
-                    self.group.path if self.group else None))
+                    self.group.path if self.group else None,
+                ).ending(ends_within_s(prepared.plan.time_limit)))
         except leases.BookError as exc:
             raise book_error(exc, source) from None
         self.log(f"restart: on GPU(s) {chosen.cuda_visible_devices} now")
@@ -258,7 +260,7 @@ class LocalSupervisor(Supervisor):
             self.job_id, chosen.name, list(chosen.gpu_indices),
             0 if chosen.gpu_indices else chosen.nproc, plan.master_port,
             [me, self._watchdog_pid()], self.group.path if self.group else None,
-        ))
+        ).ending(ends_within_s(plan.time_limit)))
         book.forget(self.job_id)
         return prepared
 

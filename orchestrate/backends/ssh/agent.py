@@ -40,7 +40,8 @@ host by tag, and what is below it, before it exits, so nothing outlives a vanish
 ``reap JOB_ID GRACE_S [LEASE_DIR]`` runs without a pty: SIGTERM (+SIGCONT) to every process whose
 environment carries ``ORCHESTRATE_JOB_ID=JOB_ID`` and to the job's cgroup, SIGKILL to what is
 left after GRACE_S, then it leaves the job's lease on this host and prints one JSON line.
-``gpus [LEASE_DIR]`` prints this host's GPUs and who holds them (``orchestrate gpus``).
+``gpus [LEASE_DIR]`` prints this host's GPUs and who holds them (``orchestrate gpus``);
+``queue [LEASE_DIR]`` this host's fair-share queue (``orchestrate queue --inventory``).
 
 Processes are found, and leases kept, by the host-side modules of
 :mod:`orchestrate.hostside`, the same code the local backend runs in-process: this program is
@@ -108,6 +109,7 @@ from orchestrate.hostside.leases import (
     new_lease,
 )
 from orchestrate.hostside.masterreach import ProbeListener, listen, reach
+from orchestrate.hostside.queueview import machine_queue
 from orchestrate.hostside.safeplace import UnsafePlace, refusal, runnable, write_tree
 from orchestrate.hostside.watchdog import stop_job
 
@@ -187,7 +189,8 @@ class Serving:
         self.lease_dir = request.lease_dir
         group = JobGroup.make(f"{socket.gethostname()}.{os.geteuid()}.{self.job_id}")
         lease = new_lease(self.job_id, request.node, request.gpus, request.slots, request.port,
-                          [os.getpid()], group.path if group else None)
+                          [os.getpid()], group.path if group else None
+                          ).ending(request.ends_within_s)
         asked = request.ticket
         ticket = None if asked is None else \
             Ticket.from_dict(asked).with_holder(os.getpid(), proc_start(os.getpid()))
@@ -411,12 +414,19 @@ def main(argv: list[str], out: IO[str]) -> int:
             answer["gpu_health"] = gather_health()
         out.write(MARK + "gpus " + json.dumps(answer) + "\n")
         return 0
+    if argv[:1] == ["queue"] and len(argv) in (1, 2):
+        try:
+            answer = machine_queue(argv[1] if len(argv) == 2 and argv[1] else None)
+        except BookError as exc:
+            answer = {"no_answer": f"lease book: {exc}"}
+        out.write(MARK + "queue " + json.dumps(answer) + "\n")
+        return 0
     if argv[:1] == ["progress"] and len(argv) == 3:
         marker = progress_marker(argv[1], argv[2] or None)
         out.write(MARK + "progress " + json.dumps(marker) + "\n")
         return 0
     out.write("usage: agent serve | agent reap JOB_ID GRACE_S [LEASE_DIR] | agent gpus "
-              "[LEASE_DIR] | agent progress RUN_DIR CKPT\n")
+              "[LEASE_DIR] | agent queue [LEASE_DIR] | agent progress RUN_DIR CKPT\n")
     return 2
 
 

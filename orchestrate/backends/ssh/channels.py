@@ -43,6 +43,7 @@ import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
 import orchestrate.hostside.masterreach
+import orchestrate.hostside.queueview
 import orchestrate.hostside.safeplace
 import orchestrate.hostside.smi
 import orchestrate.hostside.watchdog
@@ -67,6 +68,7 @@ AGENT = Manifest("agent", (
     orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
     orchestrate.hostside.gpuuse, orchestrate.hostside.gpuhealth, orchestrate.hostside.bookdir,
     orchestrate.hostside.leaserecord, orchestrate.hostside.fairshare, orchestrate.hostside.leases,
+    orchestrate.hostside.queueview,
     orchestrate.hostside.watchdog, orchestrate.hostside.safeplace, orchestrate.hostside.masterreach,
     orchestrate.core.exits, orchestrate.core.layout, orchestrate.core.plan.outcome,
     orchestrate.core.plan.restart, orchestrate.backends.ssh.wire, orchestrate.backends.ssh.facts,

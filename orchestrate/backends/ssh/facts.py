@@ -91,6 +91,7 @@ class LeaseFacts(Record):
     unknown: list[str] = field(default_factory=list)  # unreadable leases, honoured
     queue: list[str] = field(default_factory=list)
     use: float = 0.0  # this user's decayed use here (fair share: a multi-host job's order)
+    use_rate: float = 0.0  # ... and how fast it grows: the units this user's leases here hold
     problems: list[str] = field(default_factory=list)
     error: str | None = None
     hint: str = ""

@@ -21,6 +21,7 @@ import sys
 
 from orchestrate.backends.ssh.facts import HostFacts
 from orchestrate.backends.ssh.wire import Preflight
+from orchestrate.hostside.fairshare import growth
 from orchestrate.hostside.fairshare import use as fair_use
 from orchestrate.hostside.gpuhealth import gather as gather_health
 from orchestrate.hostside.gpuuse import outside_use, usage
@@ -89,6 +90,7 @@ def preflight(request: Preflight) -> HostFacts:
             leases["queue"] = [describe(t) for t in book.ahead(request.want or {},
                                                                 request.job_id)]
             leases["use"] = fair_use(book).get(os.geteuid(), 0.0)  # gang order
+            leases["use_rate"] = growth(book)
             leases["problems"] = book.problems
     except (BookError, OSError) as exc:
         leases = {"error": str(exc), "hint": getattr(exc, "hint", ""),

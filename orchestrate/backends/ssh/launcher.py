@@ -56,6 +56,7 @@ from orchestrate.core.errors import UserError
 from orchestrate.core.layout import OWN_REACH_CHECK, node_script_name
 from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
 from orchestrate.core.plan.rankenv import ATTEMPT_VAR
+from orchestrate.core.queueing import ends_within_s
 from orchestrate.core.spec.inventory import Inventory
 from orchestrate.run.progress import hosts, show
 
@@ -202,13 +203,16 @@ class Launcher:
 
     def _ticket(self, node: NodePlan) -> dict[str, Any]:
         """The job's ticket for ``node``. A multi-host job's carries its owner's use on the
-        busiest of its hosts (each host's preflight says it), so that every host orders it
-        alike: a host takes the larger of it and its own count."""
+        busiest of its hosts (each host's preflight says it) and how fast it grew then, so
+        that every host orders it alike at claim time, not only at the preflight: a host
+        takes the larger of it (brought up to now) and its own count."""
         assert self.tickets is not None
         ticket = dict(self.tickets(node))
         if len(self.prepared.plan.nodes) > 1:
-            uses = [a.facts.leases.use for a in self.facts.values() if a.facts is not None]
-            ticket["usage"], ticket["usage_at"] = max(uses, default=0.0), time.time()
+            uses = [(a.facts.leases.use, a.facts.leases.use_rate)
+                    for a in self.facts.values() if a.facts is not None]
+            ticket["usage"], ticket["usage_rate"] = max(uses, default=(0.0, 0.0))
+            ticket["usage_at"] = time.time()
         return ticket
 
     def settle(self) -> Prepared:
@@ -255,8 +259,11 @@ class Launcher:
             if claimed:
                 self.prepared = prepared
                 return prepared
-            if self.tickets is not None:  # a waiting job holds nothing while it waits
-                ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
+            ahead = [f"{n}: {q}" for n, qs in self.refused.items() for q in qs[:3]]
+            # a waiting job holds nothing while it waits; an admin's rule (policy.json) holds
+            # whatever the plan, so planning again cannot help: both are told, naming it
+            if self.tickets is not None or any(q.startswith("policy ")
+                                               for qs in self.refused.values() for q in qs):
                 raise UserError.single(
                     "; ".join(ahead) or "another job claimed what the plan needs meanwhile",
                     source=str(self.prepared.path), field="preflight", busy=True)
@@ -348,6 +355,7 @@ class Launcher:
                 slots=node.nproc if cpu else 0,
                 slot_capacity=spec.capacity if cpu and spec is not None else None,
                 port=plan.master_port if node.node_rank == 0 else None,
+                ends_within_s=ends_within_s(plan.time_limit),
             ), "claim", STEP_TIMEOUT_S))
 
         targets = self.targets(plan)

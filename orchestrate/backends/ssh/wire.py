@@ -147,6 +147,7 @@ class Claim(Record):
     port: int | None = None
     lease_dir: str | None = None
     ticket: dict[str, Any] | None = None
+    ends_within_s: float = 0.0  # the job's time limit (and slack): its lease's ``until``
 
 
 @dataclass(frozen=True)
