@@ -16,8 +16,9 @@ taken down again when done: only those this script started), and times:
   The static tier imports torch on every host: slow on a small machine, hence optional.
 
 Interleaved (on, off, on, ... and the host counts in turn) so machine noise hits all alike;
-medians (min, max) of ``--runs``; then the difference per host count and the ratio of the
-difference on the most hosts to that on one (target: at most 0.3 s added on one host, flat).
+medians (min, max) of ``--runs``; then the difference per host count (target: at most 0.3 s
+added on one host, flat with hosts). Last, the gathering alone, on every host at once: the
+longest a host took (gather() times itself) and the wall time until all had answered.
 
 Without GPUs every host replays the lab server (tests/hostside/gpuhealth/healthy) through the
 inventory's python wrapper, which puts the stand-in ``nvidia-smi``, ``dmesg`` and
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -44,7 +46,15 @@ from pathlib import Path
 from typing import Any
 
 # bench/ (this script's folder) is on sys.path
-from testbeds import ROOT, SSH_SCRIPT, ssh_hosts, ssh_hosts_down, ssh_hosts_up, ssh_settings
+from testbeds import (
+    ROOT,
+    SSH_SCRIPT,
+    SSH_STATE,
+    ssh_hosts,
+    ssh_hosts_down,
+    ssh_hosts_up,
+    ssh_settings,
+)
 
 sys.path.insert(0, str(ROOT))
 
@@ -71,17 +81,22 @@ def real_gpus() -> list[dict[str, Any]]:
     return [{"model": model, "indices": indices} for model, indices in models.items()]
 
 
-def write_jobs(work: Path, counts: list[int], real: bool) -> dict[int, Path]:
+def host_python(work: Path, real: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The hosts' python (without GPUs here: a wrapper putting the stand-ins on PATH) and the
+    GPUs an inventory node lists."""
+    if real:
+        return sys.executable, real_gpus()
+    bin_dir = replay_health(work / "sickbin", "healthy")
+    wrapper = bin_dir / "python"
+    wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), GPU_INVENTORY_NODE["gpus"]
+
+
+def write_jobs(work: Path, counts: list[int], python: str, gpus: list[dict[str, Any]]
+               ) -> dict[int, Path]:
     """An inventory of the first N test hosts (each with its own lease book: they share this
     machine's /var/tmp) and a job using one GPU on each, per host count."""
-    if real:
-        python, gpus = sys.executable, real_gpus()
-    else:
-        bin_dir = replay_health(work / "sickbin", "healthy")
-        wrapper = bin_dir / "python"
-        wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH exec {sys.executable} "$@"\n')
-        wrapper.chmod(0o755)
-        python, gpus = str(wrapper), GPU_INVENTORY_NODE["gpus"]
     model = gpus[0]["model"]
     jobs = {}
     for count in counts:
@@ -121,6 +136,28 @@ def doctor(job: Path, work: Path, env: dict[str, str], tier: str) -> float:
 
 
 Figures = dict[str, dict[int, dict[str, list[float]]]]
+
+#: What each host runs to time its own gathering (``seconds``: gather() times itself).
+GATHER = ("import sys; sys.path.insert(0, {root!r}); "
+          "from orchestrate.hostside.gpuhealth import gather; print(gather()['seconds'])")
+
+
+def gather_everywhere(count: int, python: str) -> tuple[float, float]:
+    """Every one of the first ``count`` hosts gathers its GPUs' health at once (one ssh each):
+    the longest gathering a host timed, and the wall time until all had answered."""
+    config = str(SSH_STATE / "ssh_config")
+    command = f"{python} -S -c {shlex.quote(GATHER.format(root=str(ROOT)))}"
+    started = time.monotonic()
+    procs = [subprocess.Popen(["ssh", "-F", config, "-n", name, command], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, _ in ssh_hosts(count)]
+    seconds = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            raise SystemExit(f"gathering over ssh failed: {err[-1000:]}")
+        seconds.append(float(out.strip().splitlines()[-1]))
+    return max(seconds), time.monotonic() - started
 
 
 def measure(args: argparse.Namespace, work: Path, jobs: dict[int, Path],
@@ -176,8 +213,11 @@ def main() -> None:
                ORCHESTRATE_RUNS=str(work / "runs"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     load = os.getloadavg()[0]
     try:
-        jobs = write_jobs(work, args.hosts, args.real)
+        python, gpus = host_python(work, args.real)
+        jobs = write_jobs(work, args.hosts, python, gpus)
         figures = measure(args, work, jobs, env)
+        alone: dict[int, list[tuple[float, float]]] = {
+            n: [gather_everywhere(n, python) for _ in range(args.runs)] for n in args.hosts}
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if started_hosts and before:
@@ -189,6 +229,13 @@ def main() -> None:
           f"{load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end, "
           f"{'real' if args.real else 'stand-in'} nvidia-smi")
     report(figures, args.hosts)
+    print("\nthe gathering alone, on every host at once (one ssh each)\n"
+          "| hosts | longest gathering on a host | all answered (ssh included) |\n|---|---|---|")
+    for n, runs in alone.items():
+        longest, wall = zip(*runs, strict=True)
+        print(f"| {n} | {statistics.median(longest) * 1000:.0f} ms "
+              f"({min(longest) * 1000:.0f}-{max(longest) * 1000:.0f}) "
+              f"| {statistics.median(wall):.2f} s ({min(wall):.2f}-{max(wall):.2f}) |")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 
