@@ -18,7 +18,8 @@ sum of the two differences against the target (at most 0.3 s). Then the gatherin
 Without GPUs here it runs on the lab server replayed by the stand-in ``nvidia-smi``,
 ``dmesg`` and ``journalctl`` (tests/hostside/gpuhealth/healthy): each stand-in call starts a
 Python interpreter (~30-60 ms), about what a real ``nvidia-smi`` query takes on an 8-GPU box.
-With ``--real`` it uses this machine's own nvidia-smi.
+With ``--real`` it uses this machine's own nvidia-smi, and the job takes any one of its GPUs
+(a machine with one GPU will do).
 
     python bench/gpu_health.py [--runs 5] [--gathers 10] [--real]
 """
@@ -40,10 +41,12 @@ sys.path.insert(0, str(ROOT))
 from orchestrate.hostside import gpuhealth  # noqa: E402
 from tests.support.fakesmi import replay_health  # noqa: E402
 
+#: One GPU: the stand-in's lab server is asked for an A100 (its first model); a machine's own
+#: GPUs (``--real``, one GPU or more, any model) for any one of them.
 JOB = """
 name: health
-resources: {nodes: 1, gpus_per_node: 1, gpu_model: A100-80GB}
-distributed: {backend: gloo}
+resources: {{nodes: 1, gpus_per_node: 1{model}}}
+distributed: {{backend: gloo}}
 command: ["true"]
 """
 
@@ -64,7 +67,8 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="this machine's own nvidia-smi")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-health-"))
-    (work / "job.yaml").write_text(JOB)
+    (work / "job.yaml").write_text(JOB.format(model="" if args.real else
+                                              ", gpu_model: A100-80GB"))
     env = dict(os.environ, ORCHESTRATE_HOME=str(work / "home"),
                ORCHESTRATE_RUNS=str(work / "runs"), ORCHESTRATE_LEASES=str(work / "book"),
                OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))

@@ -37,6 +37,7 @@ import orchestrate.hostside.host
 import orchestrate.hostside.leaserecord
 import orchestrate.hostside.leases
 import orchestrate.hostside.smi
+import orchestrate.hostside.smicsv
 import orchestrate.hostside.watchdog
 from orchestrate.backends.base import make_run_dir, secret_values
 from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
@@ -251,9 +252,9 @@ def stop(job: JobRecord, store: Store, wait_s: float) -> bool:
 
 #: The local supervisor's watchdog: kill-by-tag, containment, and the lease book it leaves.
 WATCHDOG = Manifest("watchdog", (
-    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir, orchestrate.hostside.leaserecord,
-    orchestrate.hostside.fairshare, orchestrate.hostside.leases,
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smicsv,
+    orchestrate.hostside.smi, orchestrate.hostside.gpuuse, orchestrate.hostside.bookdir,
+    orchestrate.hostside.leaserecord, orchestrate.hostside.fairshare, orchestrate.hostside.leases,
     orchestrate.hostside.watchdog))
 
 

@@ -20,13 +20,17 @@ here, once (reference: shared/reference/gpu-health-and-placement.md):
   is the program's, not the GPU's;
 - a GPU the inventory lists that nvidia-smi does not: fallen off the bus (fail).
 
-Standard library only (the kernel's and nvidia-smi's words, nothing else).
+Standard library only (the kernel's and nvidia-smi's words, nothing else); nvidia-smi's cells
+are read by :mod:`orchestrate.hostside.smicsv`, as every gatherer reads them (pure: the core
+loads no process code).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from orchestrate.hostside.smicsv import number, value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,7 +59,6 @@ _SLOWDOWNS = (("clocks_event_reasons.hw_slowdown", "a hardware slowdown"),
 UNTIL = "until then orchestrate will not place ranks on it"
 #: ``NVRM: Xid (PCI:0000:01:00): 79, pid=..., GPU has fallen off the bus.``: the bus, the Xid.
 XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+)")
-_NUMBER = re.compile(r"^-?\d+(\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -230,23 +233,6 @@ def _yes(cell: str | None) -> bool:
 def _model(name: str | None) -> str:
     text = value(name) or "?"
     return text[len("NVIDIA "):] if text.startswith("NVIDIA ") else text
-
-
-def value(cell: str | None) -> str | None:
-    """A cell, or None for nvidia-smi's not-available markers (``[N/A]``, ``[Not Supported]``,
-    ``N/A``, empty): as :func:`orchestrate.hostside.smi.value` reads them (the core loads no
-    process code, so not imported from there)."""
-    text = (cell or "").strip()
-    if not text or (text.startswith("[") and text.endswith("]")) or text in ("N/A", "n/a"):
-        return None
-    return text
-
-
-def number(cell: str | None) -> float | None:
-    """A cell's leading number, or None."""
-    text = value(cell)
-    found = _NUMBER.match(text) if text is not None else None
-    return float(found.group(0)) if found else None
 
 
 def sick_on(health: Mapping[str, Any]) -> dict[int, str]:

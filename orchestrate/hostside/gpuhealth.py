@@ -29,7 +29,8 @@ import os
 import re
 import time
 
-from orchestrate.hostside.smi import NO_STATUS, message, query, rows, run, said
+from orchestrate.hostside.smi import NO_STATUS, message, query, run, said
+from orchestrate.hostside.smicsv import rows
 
 TYPE_CHECKING = False  # typing costs start-up time on every host; only the checker needs it
 if TYPE_CHECKING:

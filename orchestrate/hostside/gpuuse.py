@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 
 from orchestrate.hostside.containment import command_name, live_survivors, owner_uid, user_name
-from orchestrate.hostside.smi import number, query, rows, said, value
+from orchestrate.hostside.smi import query, said
+from orchestrate.hostside.smicsv import number, rows, value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """Asking ``nvidia-smi``, one way for every question: a bounded run whose failure is data, and
-its CSV read into rows by field name.
+its CSV read into rows by field name (by :mod:`orchestrate.hostside.smicsv`, the pure cell
+reader the health verdicts share: ``rows``, ``value`` and ``number`` are its, offered here too).
 
 Two modules ask it. :mod:`orchestrate.hostside.hostfacts` asks what the GPUs *are* (model,
 memory, links: once per probe, parsed by :mod:`orchestrate.probe.facts`);
@@ -18,8 +19,9 @@ watchdog and the fact gatherer).
 from __future__ import annotations
 
 import contextlib
-import re
 import subprocess  # running nvidia-smi is this module's whole job
+
+from orchestrate.hostside.smicsv import number, rows, value
 
 TYPE_CHECKING = False  # typing costs start-up time on every host; only the checker needs it
 if TYPE_CHECKING:
@@ -30,9 +32,6 @@ if TYPE_CHECKING:
 #: The exit status :func:`finish` reports for a command that could not start or did not end in
 #: time (its message then says which).
 NO_STATUS = -1
-#: A header cell's unit: ``memory.total [MiB]`` names the field ``memory.total``.
-_UNITS = re.compile(r"\s*\[.*\]$")
-_LEADING_NUMBER = re.compile(r"^-?\d+(\.\d+)?")
 
 
 def start(argv: list[str]) -> Started:
@@ -101,49 +100,6 @@ def said(answer: dict[str, Any]) -> str:
     """A failed :func:`query` as one sentence for a person."""
     error = str(answer.get("error") or "")[-300:]
     return error if error.startswith("nvidia-smi") else f"nvidia-smi failed: {error}"
-
-
-def rows(text: str, fields: Sequence[str] | None = None) -> list[dict[str, str]]:
-    """The rows of ``--format=csv[,noheader][,nounits]`` text, each as field -> stripped cell.
-
-    With a header (its units dropped: ``memory.total [MiB]``) the fields are the header's,
-    unless ``fields`` (what was asked, in order) names them: nvidia-smi heads some fields with
-    another name (``used_memory`` as ``used_gpu_memory``). Without a header, ``fields`` names
-    the columns. The last column keeps any commas (a ``process_name`` may hold one: ask it
-    last); a row with too few cells is left out."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
-        return []
-    header = [_UNITS.sub("", c.strip()) for c in lines[0].split(",")]
-    names = list(fields or header)
-    if not fields or set(header) & set(fields):
-        lines = lines[1:]
-        if len(header) != len(names):
-            names = header
-    found = []
-    for line in lines:
-        cells = [c.strip() for c in line.split(",", len(names) - 1)]
-        if len(cells) == len(names):
-            found.append(dict(zip(names, cells)))
-    return found
-
-
-def value(cell: str | None) -> str | None:
-    """A cell, or None for nvidia-smi's not-available markers (``[N/A]``, ``[Not Supported]``,
-    ``N/A``, empty)."""
-    if cell is None:
-        return None
-    cell = cell.strip()
-    if not cell or (cell.startswith("[") and cell.endswith("]")) or cell in ("N/A", "n/a"):
-        return None
-    return cell
-
-
-def number(cell: str | None) -> float | None:
-    """A cell's leading number (``81920``, ``81920 MiB``), or None where there is none."""
-    text = value(cell)
-    found = _LEADING_NUMBER.match(text) if text is not None else None
-    return float(found.group(0)) if found else None
 
 
 __all__ = ["NO_STATUS", "finish", "message", "number", "query", "rows", "run", "said", "start",

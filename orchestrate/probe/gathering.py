@@ -33,6 +33,7 @@ from typing import Any
 
 import orchestrate.hostside.hostfacts
 import orchestrate.hostside.smi
+import orchestrate.hostside.smicsv
 from orchestrate.hostside.shipping import Manifest, program
 
 #: The program's entry: the bound first, then what ``hostfacts.main`` takes.
@@ -51,7 +52,8 @@ sys.exit(main(args))
 """
 
 #: The gatherer: the fact-finding module alone.
-GATHERER = Manifest("gatherer", (orchestrate.hostside.smi, orchestrate.hostside.hostfacts))
+GATHERER = Manifest("gatherer", (orchestrate.hostside.smicsv, orchestrate.hostside.smi,
+                                  orchestrate.hostside.hostfacts))
 
 #: The interpreter a node runs the probe with unless told otherwise (as the SSH backend).
 DEFAULT_PYTHON = "python3"

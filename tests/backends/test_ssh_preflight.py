@@ -14,15 +14,18 @@ from typing import Any
 
 import pytest
 
+from orchestrate.backends.sharing import host_health
 from orchestrate.backends.ssh.connections import Target
 from orchestrate.backends.ssh.facts import ClaimAnswer, HostFacts
 from orchestrate.backends.ssh.hostcheck import preflight
 from orchestrate.backends.ssh.preflight import HostAnswer, judge, orchestrate_module, request
 from orchestrate.backends.ssh.wire import Preflight, WireError
+from orchestrate.core.gpuhealth import sick_on
 from orchestrate.core.plan.plan import Plan
 from orchestrate.core.spec.job import JobSpec
 from orchestrate.hostside.leases import LeaseBook, new_lease
 from orchestrate.run.prepare import load_spec, plan_job
+from tests.support.fakesmi import replay_health
 
 pytestmark = pytest.mark.unit
 
@@ -135,3 +138,32 @@ def test_a_refused_claim_reads_back_with_what_the_others_hold() -> None:
     assert claim.to_json() == reply
     with pytest.raises(WireError, match="ClaimAnswer: unknown field"):
         ClaimAnswer.from_json({**reply, "busy": True})
+
+
+@pytest.mark.process  # the stand-in nvidia-smi, dmesg and journalctl run
+def test_a_hosts_gpu_health_is_gathered_while_its_use_is_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab server with GPU 5 waiting for a row remap: the agent's preflight brings its
+    health back, and asks it at the same time as the GPUs' use (one nvidia-smi start paid in
+    wall time, not two): the use query's stand-in waits (4 s at most, below the use queries'
+    5 s bound) for the health query to have started, and says whether it had."""
+    replayed = replay_health(tmp_path / "bin", "remap-pending")
+    front = tmp_path / "front"
+    front.mkdir()
+    marker, seen = tmp_path / "health-asked", tmp_path / "seen"
+    (front / "nvidia-smi").write_text(f"""#!/bin/sh
+case "$*" in *remapped_rows.pending*) : > {marker} ;; esac
+case "$*" in *--query-compute-apps*)
+    i=0; while [ ! -e {marker} ] && [ $i -lt 40 ]; do sleep 0.1; i=$((i + 1)); done
+    if [ -e {marker} ]; then echo saw > {seen}; else echo gave-up > {seen}; fi ;;
+esac
+exec {replayed}/nvidia-smi "$@"
+""")
+    (front / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{front}:{replayed}:{os.environ['PATH']}")
+    asked = Preflight(job_id="pf-h", workdir=str(tmp_path), python="python3",
+                      lease_dir=str(tmp_path / "book"), gpus=True, health=True)
+    facts = HostFacts.from_json(json.loads(json.dumps(preflight(asked).to_json())))
+    assert facts.gpus is not None and facts.gpus.ok
+    assert sick_on(host_health(facts.gpu_health, ()).to_json()).keys() == {5}
+    assert seen.read_text().strip() == "saw"

@@ -87,3 +87,21 @@ def test_the_document_round_trips_the_sick_set() -> None:
 
     health = judge(health_facts("everything"), ALL)
     assert sick_on(health.to_json()) == health.sick()
+
+
+@pytest.mark.parametrize("missing", ["[N/A]", "[Not Supported]", "N/A", ""])
+def test_a_cell_nvidia_smi_leaves_empty_is_no_finding_as_it_is_no_value_to_the_gatherers(
+        missing: str) -> None:
+    """The verdicts read cells with the gatherers' reader (hostside/smicsv.py), not a copy:
+    what is no value there is no count, no pending remap and no link width here."""
+    from orchestrate.hostside import smicsv
+
+    assert smicsv.value(missing) is None and smicsv.number(missing) is None
+    facts = health_facts("healthy")
+    row = facts["gpus"][0]
+    for name in ("ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+                 "remapped_rows.pending", "remapped_rows.failure", "pcie.link.width.current"):
+        row[name] = missing
+    row["clocks_event_reasons.hw_slowdown"] = "Active"  # the row is still read
+    [gpu0] = [g for g in judge(facts, ALL).gpus if g.index == 0]
+    assert [f.seen for f in gpu0.findings] == ["held in a hardware slowdown"]

@@ -84,7 +84,7 @@ def health_facts(case: str, kernel: str | None = "") -> dict[str, Any]:
     (see :func:`replay_health`), read from its files without running anything: for unit tests
     of the verdicts. The fields are those the gatherer asks."""
     from orchestrate.hostside.gpuhealth import HEALTH_FIELDS, XID_MARK
-    from orchestrate.hostside.smi import rows
+    from orchestrate.hostside.smicsv import rows
 
     found = rows((HEALTH_CASES / case / "query.csv").read_text())
     text = kernel

@@ -46,6 +46,7 @@ import orchestrate.hostside.masterreach
 import orchestrate.hostside.queueview
 import orchestrate.hostside.safeplace
 import orchestrate.hostside.smi
+import orchestrate.hostside.smicsv
 import orchestrate.hostside.watchdog
 from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.connections import Link, SshChannel
@@ -65,8 +66,9 @@ _MARK = MARK.encode()
 #: The SSH agent, one per host and job: the host's own mechanisms (kill-by-tag, containment,
 #: the lease book and what it reads, the watchdog's stop), the run rules, then the protocol.
 AGENT = Manifest("agent", (
-    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smi,
-    orchestrate.hostside.gpuuse, orchestrate.hostside.gpuhealth, orchestrate.hostside.bookdir,
+    orchestrate.hostside.host, orchestrate.hostside.containment, orchestrate.hostside.smicsv,
+    orchestrate.hostside.smi, orchestrate.hostside.gpuuse, orchestrate.hostside.gpuhealth,
+    orchestrate.hostside.bookdir,
     orchestrate.hostside.leaserecord, orchestrate.hostside.fairshare, orchestrate.hostside.leases,
     orchestrate.hostside.queueview,
     orchestrate.hostside.watchdog, orchestrate.hostside.safeplace, orchestrate.hostside.masterreach,

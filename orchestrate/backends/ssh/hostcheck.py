@@ -18,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 
 from orchestrate.backends.ssh.facts import HostFacts
 from orchestrate.backends.ssh.wire import Preflight
@@ -31,7 +32,7 @@ from orchestrate.hostside.masterreach import resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
 TORCH_TIMEOUT_S = 240.0
 TORCH_VERSION = "orchestrate-torch-version "
@@ -78,11 +79,16 @@ def preflight(request: Preflight) -> HostFacts:
         facts["interface"] = interface_towards(request.interface_to)
     if request.master_addr:
         facts["master"] = resolve(request.master_addr)
+    # The health query and the kernel log are read while the use queries run: nvidia-smi's
+    # start (the driver's, without persistence mode) is paid once in wall time, not twice.
+    health = _started(gather_health) if request.gpus and request.health else None
     found = usage() if request.gpus else None
     if found is not None:
         facts["gpus"] = present(found)
-        if request.health and found.get("ok"):
-            facts["gpu_health"] = gather_health()
+    if health is not None:
+        answer = health()
+        if found is not None and found.get("ok"):
+            facts["gpu_health"] = answer
     try:
         book = LeaseBook(request.lease_dir)
         with book.locked():
@@ -106,6 +112,28 @@ def preflight(request: Preflight) -> HostFacts:
     if torch is not None:
         facts["torch"] = _imported(torch)
     return HostFacts.from_json(facts)
+
+
+def _started(work: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """``work`` started in a thread now; the call returned waits for its answer (a gathering
+    that raised answers as one that failed, said, not fatal)."""
+    box: list[dict[str, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append(work())
+        except Exception as exc:  # any failure is an answer here
+            box.append({"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                        "gpus": [], "kernel_log": {"readable": False, "xid": []}})
+
+    thread = threading.Thread(target=run, name="orchestrate-health", daemon=True)
+    thread.start()
+
+    def answer() -> dict[str, Any]:
+        thread.join()
+        return box[0]
+
+    return answer
 
 
 def _imported(torch: subprocess.Popen[str]) -> dict[str, Any]:
