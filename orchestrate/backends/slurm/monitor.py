@@ -72,7 +72,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from orchestrate.backends.slurm import healthstep
+import orchestrate.backends.slurm.healthstep as healthstep
 from orchestrate.core.exits import EXIT_FAILED
 from orchestrate.core.layout import LOG_DIR
 from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
