@@ -25,6 +25,10 @@ EXIT_BUSY = 75
 #: will not help; whoever runs the machine fixes it once (the message says how). EX_CONFIG from
 #: sysexits.h, "something was found in an unconfigured or misconfigured state".
 EXIT_SETUP = 78
+#: A Slurm job whose own GPU health check (its first step) found a GPU that must not be used:
+#: the ranks never started. EX_UNAVAILABLE from sysexits.h; not a failure of the program, and
+#: not worth a restart on the same node (orchestrate/backends/slurm/healthstep.py).
+EXIT_UNHEALTHY = 69
 #: Interrupted by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 #: A rank whose channel ended without a word about how it ended (an SSH connection lost): what

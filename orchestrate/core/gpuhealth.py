@@ -235,11 +235,17 @@ def _model(name: str | None) -> str:
     return text[len("NVIDIA "):] if text.startswith("NVIDIA ") else text
 
 
+def bus_key(text: object) -> str:
+    """A PCI bus id as one key, whoever wrote it (nvidia-smi ``00000000:C1:00.0``, the driver's
+    ``0000:c1:00.0``, the kernel's ``0000:c1:00``): which GPUs a Slurm job was given."""
+    return _bus(text)
+
+
 def sick_on(health: Mapping[str, Any]) -> dict[int, str]:
     """The sick GPUs of a :meth:`HostHealth.to_json` document: index -> sentence."""
     return {int(g["index"]): str(g["line"]) for g in health.get("gpus") or []
             if g.get("status") == FAIL}
 
 
-__all__ = ["FAIL", "PASS", "WARN", "XIDS", "Finding", "GpuVerdict", "HostHealth", "judge",
-           "sick_on"]
+__all__ = ["FAIL", "PASS", "WARN", "XIDS", "Finding", "GpuVerdict", "HostHealth", "bus_key",
+           "judge", "sick_on"]

@@ -76,11 +76,23 @@ def slurm_gpu_cpus(environ: Any, local: int) -> frozenset[int] | None:
     sorts gres.conf's devices in); the driver's ``/proc/driver/nvidia/gpus/BUS/information``
     maps each minor to its PCI bus id; in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID) the
     rank's is the ``local``-th; its CPUs are sysfs's ``local_cpulist`` of that device."""
+    mine = slurm_gpu_buses(environ)
+    if mine is None or local >= len(mine):
+        return None
+    sysfs = os.environ.get("ORCHESTRATE_SYSFS_ROOT") or "/sys"
+    with open(os.path.join(sysfs, "bus", "pci", "devices", mine[local], "local_cpulist")) as f:
+        return cpu_set(f.read()) or None
+
+
+def slurm_gpu_buses(environ: Any) -> list[str] | None:
+    """The PCI bus ids (``0000:c1:00.0``) of the GPUs Slurm gave this step (``SLURM_STEP_GPUS``,
+    else ``SLURM_JOB_GPUS``: NVIDIA device minors), in PCI bus order, from the driver's
+    ``/proc/driver/nvidia/gpus/BUS/information``; None where Slurm named none. Raises OSError
+    or ValueError where the driver's files cannot be read."""
     ids = str(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or "").strip()
     if not ids:
         return None
     proc = os.environ.get("ORCHESTRATE_PROC_ROOT") or "/proc"
-    sysfs = os.environ.get("ORCHESTRATE_SYSFS_ROOT") or "/sys"
     gpus = os.path.join(proc, "driver", "nvidia", "gpus")
     bus_of = {}
     for bus in os.listdir(gpus):
@@ -89,11 +101,7 @@ def slurm_gpu_cpus(environ: Any, local: int) -> frozenset[int] | None:
                 key, _, value = line.partition(":")
                 if key.strip() == "Device Minor":
                     bus_of[int(value)] = bus.lower()
-    mine = sorted(bus_of[int(i)] for i in ids.split(",") if int(i) in bus_of)
-    if local >= len(mine):
-        return None
-    with open(os.path.join(sysfs, "bus", "pci", "devices", mine[local], "local_cpulist")) as f:
-        return cpu_set(f.read()) or None
+    return sorted(bus_of[int(i)] for i in ids.split(",") if int(i) in bus_of)
 
 
 def bind_from(environ: Any) -> frozenset[int] | None:

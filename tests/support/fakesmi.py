@@ -97,3 +97,24 @@ def health_facts(case: str, kernel: str | None = "") -> dict[str, Any]:
     return {"status": "ok", "error": None, "fields": list(HEALTH_FIELDS), "dropped": [],
             "gpus": [{f: row.get(f, "[N/A]") for f in HEALTH_FIELDS} for row in found],
             "kernel_log": log}
+
+
+def sick_on_one_node(folder: Path, case: str, mark: Path, claim: bool) -> Path:
+    """Stand-in ``nvidia-smi``, ``dmesg`` and ``journalctl`` for the nodes of the Slurm test
+    cluster (one machine: they share this file system, ``SLURMD_NODENAME`` tells them apart):
+    on the node named in ``mark`` they replay health ``case``, elsewhere the healthy one; with
+    ``claim``, the first node to run one of them writes its name there (so the node a job
+    happens to land on is the sick one); without, whoever writes ``mark`` chooses."""
+    sick = replay_health(folder / "sick", case)
+    well = replay_health(folder / "healthy", "healthy")
+    take = (f'(set -C; printf "%s\\n" "$SLURMD_NODENAME" >{shlex.quote(str(mark))}) '
+            "2>/dev/null || true\n" if claim else "")
+    for name in ("nvidia-smi", "dmesg", "journalctl"):
+        script = folder / name
+        script.write_text(
+            "#!/bin/sh\n" + take
+            + f'if [ "$(cat {shlex.quote(str(mark))} 2>/dev/null)" = "$SLURMD_NODENAME" ]; then\n'
+            f'  exec {shlex.quote(str(sick / name))} "$@"\nfi\n'
+            f'exec {shlex.quote(str(well / name))} "$@"\n')
+        script.chmod(0o755)
+    return folder

@@ -86,6 +86,7 @@ class SlurmLayout:
     checkpoint_dir: str  # where the trainer checkpoints ("" for a command job)
     expects_progress: str  # "1" when training writes progress markers (the trainer), else "0"
     watch: str | None = None  # the stall watch's settings as JSON (monitor.py watch), or None
+    gpus: bool = False  # the plan asks for GPUs: the job's first step checks their health
 
     @property
     def world_size(self) -> int:
@@ -145,6 +146,7 @@ def slurm_layout(plan: Plan) -> SlurmLayout:
         checkpoint_dir=checkpoint_dir(plan) or "",
         expects_progress="1" if plan.train_config is not None else "0",
         watch=_watch_settings(plan),
+        gpus=any(n.gpu_indices for n in nodes),
     )
 
 

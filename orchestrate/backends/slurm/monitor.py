@@ -72,6 +72,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+import orchestrate.backends.slurm.healthstep as healthstep
 from orchestrate.core.exits import EXIT_FAILED
 from orchestrate.core.layout import LOG_DIR
 from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
@@ -441,11 +442,20 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["watch"] and len(argv) == 6:
         return watch(argv[1], argv[2], argv[3], argv[4], json.loads(argv[5]))
+    if argv[:1] == ["health-gather"] and len(argv) == 2:
+        return healthstep.gather_node(argv[1])
+    if argv[:1] == ["health"] and len(argv) >= 8:
+        print(healthstep.check(argv[1], argv[2], argv[3], int(argv[4]),
+                               Policy.from_json(json.loads(argv[5])), argv[6] == "1", argv[7:]))
+        return 0
     print("usage: monitor.py merge INDEX LOG_DIR HOSTFILE OFFSETS [READY [CAP_BYTES]]\n"
           "       monitor.py mark RUN_DIR CHECKPOINT_DIR MARKER\n"
           "       monitor.py decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER "
           "CHECKPOINT_DIR EXPECTS [STALLED]\n"
-          "       monitor.py watch RUN_DIR HOSTFILE STALLED INDEX SETTINGS", file=sys.stderr)
+          "       monitor.py watch RUN_DIR HOSTFILE STALLED INDEX SETTINGS\n"
+          "       monitor.py health-gather DIR\n"
+          "       monitor.py health INDEX DIR EXIT_DIR RESTARTS POLICY PINNED HOST...",
+          file=sys.stderr)
     return 2
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orchestrate.backends.slurm.healthstep
 import orchestrate.backends.slurm.monitor
 import orchestrate.core.exits
+import orchestrate.core.gpuhealth
 import orchestrate.core.layout
 import orchestrate.core.plan.outcome
 import orchestrate.core.plan.restart
@@ -25,7 +27,11 @@ import orchestrate.diagnosis.stacks
 import orchestrate.diagnosis.stall
 import orchestrate.diagnosis.stallrule
 import orchestrate.diagnosis.world
+import orchestrate.hostside.cpubind
+import orchestrate.hostside.gpuhealth
 import orchestrate.hostside.outputlog
+import orchestrate.hostside.smi
+import orchestrate.hostside.smicsv
 from orchestrate.backends.base import place_check_program
 from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
@@ -46,13 +52,16 @@ from orchestrate.core.plan.plan import Plan
 from orchestrate.hostside.shipping import Manifest, program
 
 #: The Slurm batch job's ``monitor.py``: the run rules, the stall watch and what it reads, the
-#: merged log's index, then the monitor (logs, the watch, and the end of a run).
+#: merged log's index, the GPU health check (gathered on each node, judged on the batch host),
+#: then the monitor (logs, the watch, the health step, and the end of a run).
 MONITOR = Manifest("monitor", (
     orchestrate.core.exits, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.core.layout, orchestrate.core.plan.workers, orchestrate.diagnosis.kernelstate,
     orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.stallrule,
     orchestrate.diagnosis.stacks, orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence,
     orchestrate.diagnosis.world, orchestrate.diagnosis.hangwatch, orchestrate.hostside.outputlog,
+    orchestrate.hostside.smicsv, orchestrate.hostside.smi, orchestrate.hostside.gpuhealth,
+    orchestrate.hostside.cpubind, orchestrate.core.gpuhealth, orchestrate.backends.slurm.healthstep,
     orchestrate.backends.slurm.monitor))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.backends.slurm.ctl import FINAL_STATES, SlurmClient, job_state_name
+from orchestrate.backends.slurm.healthstep import PREFIX as HEALTH_PREFIX
 from orchestrate.backends.slurm.record import (
     BatchRun,
     attempts_of,
@@ -77,7 +78,7 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
     end = last.end if last is not None else None
     max_restarts = job.plan.restart.max
     if (state == "PENDING" and restarts > 0) or (state == "PREEMPTED" and requeue):
-        why = _requeue_reason(end, failure, last, client)
+        why = _requeue_reason(end, failure, last, client, _decided(run_dir, last))
         return JobView(REQUEUED, f"{why}; restart {restarts} of at most {max_restarts} "
                     f"(waiting: {slurm_reason})", None, restarts)
     if state == "PENDING":
@@ -111,7 +112,9 @@ def view_of(job: JobRecord, info: dict[str, str], runs: list[BatchRun],
 
 
 def _requeue_reason(end: dict[str, Any] | None, failure: Failure | None,
-                    last: BatchRun | None, client: SlurmClient) -> str:
+                    last: BatchRun | None, client: SlurmClient, decided: str = "") -> str:
+    if decided.startswith(HEALTH_PREFIX):
+        return decided  # the job's own GPU health check requeued it without a node
     if end is not None and end.get("outcome") == "REQUEUED":
         who = f"rank {failure.rank}" if failure else "the ranks"
         return f"requeued: {who} checkpointed on the stop signal and asked to resume"
@@ -137,9 +140,9 @@ def _down_nodes(last: BatchRun | None, info: dict[str, str], client: SlurmClient
 def _failed_reason(failure: Failure | None, end: dict[str, Any] | None,
                    job: JobRecord, last: BatchRun | None, exit_code: str = "") -> str:
     decided = _decided(Path(job.run_dir), last)
-    if decided.startswith(("stalled: ", "wrong world: ")):
+    if decided.startswith(("stalled: ", "wrong world: ", HEALTH_PREFIX)):
         # The stall watch (or the world check) stopped the step: the ranks' ends are its
-        # doing, not failures.
+        # doing, not failures; the GPU health check let none start.
         return decided
     if failure is not None:
         if failure.requeue and decided:
