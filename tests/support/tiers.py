@@ -150,9 +150,18 @@ def group(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
 
 
-#: What one test of a tier costs a worker, in seconds: about the mean of each tier's tests in
-#: run A (docs/performance.md, "The test suite's time"). Only their order matters.
-COST_S = {"unit": 0.1, "process": 10.0, "ssh": 20.0, "slurm": 28.0, "gpu": 0.1}
+#: What one test of a tier costs a worker, in seconds, and what a ``torch`` mark adds to a
+#: test that starts processes (its ranks import torch and train): about the means of run A's
+#: tests (docs/performance.md, "The test suite's time"). Only the order they give matters.
+COST_S = {"unit": 0.1, "process": 2.5, "ssh": 11.0, "slurm": 15.0, "gpu": 0.1}
+TORCH_S = 20.0
+
+
+def cost_of(item: pytest.Item) -> float:
+    """The estimated seconds of one test, by its tier and its ``torch`` mark."""
+    tier = tier_of(item) or ""
+    ranks = item.get_closest_marker("torch") is not None and tier not in ("unit", "gpu")
+    return COST_S.get(tier, 1.0) + (TORCH_S if ranks else 0.0)
 
 
 def order(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -169,7 +178,7 @@ def order(config: pytest.Config, items: list[pytest.Item]) -> None:
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         name = group_of(item)
-        cost[name] = cost.get(name, 0.0) + COST_S.get(tier_of(item) or "", 1.0)
+        cost[name] = cost.get(name, 0.0) + cost_of(item)
         first.setdefault(name, index)
     items.sort(key=lambda item: (-cost[group_of(item)], first[group_of(item)]))
 
