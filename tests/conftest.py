@@ -38,9 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: it must see the resolved tiers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tiers.resolve(items)
     tiers.group(items)
+    tiers.order(config, items)
 
 
 pytest_runtest_setup = tiers.guarded_setup

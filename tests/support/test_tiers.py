@@ -167,3 +167,42 @@ def test_a_session_fixture_stopped_after_a_unit_test_is_not_that_tests(
             pass
         """)
     pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_xdist_workers_take_the_costliest_groups_first(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a pytest-xdist worker (``config.workerinput``, faked here for the collection only),
+    the groups are sorted by their cost, each group's tests in their order: the file of ranks
+    that train, the cluster's group, the file with a process test, then the unit files.
+    Elsewhere nothing moves."""
+    pytester.makeconftest(CONFTEST.replace("pytest_collection_modifyitems(items):", """\
+pytest_collection_modifyitems(config, items):
+    import os
+    if os.environ.get("FAKE_XDIST_WORKER"):
+        config.workerinput = {}""").replace("    tiers.group(items)\n", """\
+    tiers.group(items)
+    tiers.order(config, items)
+    if hasattr(config, "workerinput"):
+        del config.workerinput
+"""))
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_a="import pytest\npytestmark = pytest.mark.unit\n"
+               "def test_a1(): pass\ndef test_a2(): pass\n",
+        test_b="import pytest\n@pytest.mark.unit\ndef test_b1(): pass\n"
+               "@pytest.mark.process\ndef test_b2(): pass\n",
+        test_c="import pytest\n@pytest.mark.unit\ndef test_c1(): pass\n"
+               "@pytest.mark.ssh\ndef test_c2(): pass\n",
+        test_d="import pytest\npytestmark = [pytest.mark.process, pytest.mark.torch]\n"
+               "def test_d1(): pass\n")
+
+    def collected() -> list[str]:
+        result = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+        return [line.rsplit("::", 1)[1] for line in result.outlines if "::" in line]
+
+    assert collected() == ["test_a1", "test_a2", "test_b1", "test_b2", "test_c1", "test_c2",
+                           "test_d1"]
+    monkeypatch.setenv("FAKE_XDIST_WORKER", "1")
+    # A process test whose ranks train (torch) outweighs an ssh test without torch.
+    assert collected() == ["test_d1", "test_c2", "test_b1", "test_b2", "test_a1", "test_a2",
+                           "test_c1"]

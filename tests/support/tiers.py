@@ -134,6 +134,12 @@ def tier_of(item: pytest.Item) -> str | None:
 SHARED_TIERS = ("ssh", "slurm")
 
 
+def group_of(item: pytest.Item) -> str:
+    """The ``xdist_group`` of a test (see :func:`group`)."""
+    tier = tier_of(item)
+    return tier if tier in SHARED_TIERS else item.nodeid.split("::", 1)[0]
+
+
 def group(items: list[pytest.Item]) -> None:
     """Which tests one pytest-xdist worker runs together (``pytest -n 2``, ``--dist loadgroup``
     in pyproject.toml): every ``ssh`` test in one group and every ``slurm`` test in another,
@@ -141,9 +147,40 @@ def group(items: list[pytest.Item]) -> None:
     that a module's shared fixture (one training run asserted many ways) is made once. Without
     xdist the marks change nothing."""
     for item in items:
-        tier = tier_of(item)
-        name = tier if tier in SHARED_TIERS else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(name))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+
+
+#: What one test of a tier costs a worker, in seconds, and what a ``torch`` mark adds to a
+#: test that starts processes (its ranks import torch and train): about the means of run A's
+#: tests (docs/performance.md, "The test suite's time"). Only the order they give matters.
+COST_S = {"unit": 0.1, "process": 2.5, "ssh": 11.0, "slurm": 15.0, "gpu": 0.1}
+TORCH_S = 20.0
+
+
+def cost_of(item: pytest.Item) -> float:
+    """The estimated seconds of one test, by its tier and its ``torch`` mark."""
+    tier = tier_of(item) or ""
+    ranks = item.get_closest_marker("torch") is not None and tier not in ("unit", "gpu")
+    return COST_S.get(tier, 1.0) + (TORCH_S if ranks else 0.0)
+
+
+def order(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the groups costliest first (each group's tests in their
+    order). ``--dist loadgroup`` hands a worker the next group in collection order whenever it
+    is nearly out of work (pyproject.toml turns off xdist's own reorder, by number of tests,
+    which put the files of one or two long training runs last: one of them ended the suite
+    while the other worker sat idle). So the two clusters' groups start at once, on the two
+    workers, and the quick unit files fill the end. Every worker sorts the same collection
+    the same way; a run without xdist keeps the files' order."""
+    if not hasattr(config, "workerinput"):
+        return
+    cost: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        name = group_of(item)
+        cost[name] = cost.get(name, 0.0) + cost_of(item)
+        first.setdefault(name, index)
+    items.sort(key=lambda item: (-cost[group_of(item)], first[group_of(item)]))
 
 
 def _guarded(item: pytest.Item, on: bool) -> Iterator[None]:

@@ -8,6 +8,7 @@ the same world size bit-identically and on another world size with the loss carr
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,13 +70,42 @@ def ddp(module_launcher: Launcher) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def fsdp_straight(module_launcher: Launcher) -> Launch:
+    """The job under FSDP on 2 ranks, start to end: the 2-rank case of the DDP comparison and
+    the straight run the sharded resume must end on (one run, read by both; neither writes
+    into its run folder)."""
+    run_dir = module_launcher.tmp_path / "fsdp-straight"
+    return module_launcher.run(_config(strategy="fsdp"), run_dir, timeout=200)
+
+
+@pytest.fixture(scope="module")
+def fsdp_at_17(module_launcher: Launcher) -> Path:
+    """The same FSDP job on 2 ranks stopped at ``max_steps: 17`` (sharded checkpoints at steps
+    10 and 17: the default ``keep_checkpoints``, 3, keeps both). Each test resumes or cuts a
+    copy of its run folder (:func:`_copy`): one run where each test ran the same one."""
+    run_dir = module_launcher.tmp_path / "fsdp-at-17"
+    module_launcher.run(_config(strategy="fsdp") | {"max_steps": 17}, run_dir, timeout=200)
+    return run_dir
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    """A copy of a finished run's folder, resumed as the run itself would be."""
+    shutil.copytree(run_dir, to, symlinks=True)
+    return to
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp_completes_and_exports_the_ddp_weights(
-    ddp: Path, launcher: Launcher, tmp_path: Path, world: int
+    ddp: Path, launcher: Launcher, tmp_path: Path, world: int, request: pytest.FixtureRequest
 ) -> None:
-    run_dir = tmp_path / "fsdp"
-    launch = launcher.run(_config(strategy="fsdp"), run_dir, nprocs=world, timeout=200)
+    if world == 2:
+        launch: Launch = request.getfixturevalue("fsdp_straight")
+    else:
+        launch = launcher.run(_config(strategy="fsdp"), tmp_path / "fsdp", nprocs=world,
+                              timeout=200)
+    run_dir = launch.run_dir
     assert _end(launch)["outcome"] == "completed"
     assert "strategy fsdp" in launch.ranks[0].stdout
     assert "FSDP units: Block" in launch.ranks[0].stdout
@@ -113,23 +143,20 @@ def test_fsdp_digits_equals_ddp_digits(launcher: Launcher, tmp_path: Path) -> No
 
 @pytest.mark.timeout(400)
 def test_sharded_resume_same_world_is_exact_and_other_world_continues(
-    launcher: Launcher, tmp_path: Path
+    fsdp_straight: Launch, fsdp_at_17: Path, launcher: Launcher, tmp_path: Path
 ) -> None:
     config = _config(strategy="fsdp")
-    straight = launcher.run(config, tmp_path / "straight", timeout=200)
-    total = _end(straight)["step"]
-    reference = _export(tmp_path / "straight", tmp_path / "straight.pt")
+    total = _end(fsdp_straight)["step"]
+    reference = _export(fsdp_straight.run_dir, tmp_path / "straight.pt")
 
-    run_dir = tmp_path / "resumed"
-    launcher.run(config | {"max_steps": 17}, run_dir, timeout=200)
+    run_dir = _copy(fsdp_at_17, tmp_path / "resumed")
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-00000017"
     second = launcher.run(config, run_dir, timeout=200)
     assert second.metrics()[0]["resumed_from_step"] == 17
     assert _end(second)["step"] == total
     _close(_export(run_dir, tmp_path / "resumed.pt"), reference, 0.0)
 
-    other = tmp_path / "other"
-    launcher.run(config | {"max_steps": 17}, other, timeout=200)
+    other = _copy(fsdp_at_17, tmp_path / "other")
     before = _export(other, tmp_path / "at17.pt")
     third = launcher.run(config | {"max_steps": 30}, other, nprocs=3, timeout=200)
     assert third.metrics()[0]["resumed_from_step"] == 17
@@ -142,13 +169,12 @@ def test_sharded_resume_same_world_is_exact_and_other_world_continues(
 
 @pytest.mark.timeout(400)
 def test_a_truncated_shard_is_named_and_resume_takes_the_checkpoint_before(
-    launcher: Launcher, tmp_path: Path
+    fsdp_at_17: Path, launcher: Launcher, tmp_path: Path
 ) -> None:
     """Issue #33 item 7: ``export`` names the file cut short (no traceback); a resume passes
     over that checkpoint for the newest complete one, saying so."""
-    config = _config(strategy="fsdp", keep_checkpoints=3)
-    run_dir = tmp_path / "cut"
-    launcher.run(config | {"max_steps": 17}, run_dir, timeout=200)  # checkpoints: 10 and 17
+    config = _config(strategy="fsdp")
+    run_dir = _copy(fsdp_at_17, tmp_path / "cut")  # checkpoints: 10 and 17
     newest = run_dir / "checkpoints" / "step-00000017"
     shard = newest / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
