@@ -262,17 +262,18 @@ WATCHDOG_NAME = "orchestrate-watchdog"
 
 
 def start_watchdog(pid: int, job_id: str, grace_s: float,
-                   lease_root: str | None = None) -> subprocess.Popen[bytes]:
+                   lease_root: str | None = None, containers: bool = True
+                   ) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
-    ends, however it ends, the watchdog stops whatever the job left on this machine and leaves
-    its lease (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no
-    site-packages."""
+    ends, however it ends, the watchdog stops whatever the job left on this machine (its
+    containers too, unless ``containers`` is False: the job runs in none) and leaves its lease
+    (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
     # Compacted: whole, the book's modules outgrow a quarter of one argument's limit.
     text = compact(program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
                    f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
-                   f"lease_root={lease_root!r})"))
+                   f"lease_root={lease_root!r}, containers={containers!r})"))
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(
