@@ -46,6 +46,7 @@ from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
+    from orchestrate.backends.early import Early
     from orchestrate.core.plan.plan import Plan
     from orchestrate.run.prepare import Prepared
 
@@ -107,21 +108,26 @@ class DetachedBackend(ABC):
 
     # ---- the lifecycle, CLI side -----------------------------------------------------------
 
-    def submit(self, prepared: Prepared, store: Store) -> JobRecord:
-        """Start the supervisor; return once it launched the job, or raise what it refused."""
+    def submit(self, prepared: Prepared, store: Store, early: Early | None = None
+               ) -> JobRecord:
+        """Start the supervisor (or hand the job to the one ``submit`` started before planning:
+        :mod:`orchestrate.backends.early`); return once it launched the job, or raise what it
+        refused."""
         self.check_submit(prepared)
-        return self._start(prepared, store, None)
+        return self._start(prepared, store, None, early)
 
     def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
         """The next attempt of an ended job, through a new supervisor (claims as at submit)."""
         return self._start(prepared, store, job.attempt + 1)
 
-    def _start(self, prepared: Prepared, store: Store, attempt: int | None) -> JobRecord:
+    def _start(self, prepared: Prepared, store: Store, attempt: int | None,
+               early: Early | None = None) -> JobRecord:
         plan = prepared.plan
         secret_values(plan.secret_env, str(prepared.path))
         run_dir = make_run_dir(prepared)  # for the supervisor's log; it writes the rest
         handshake = self.handshake(prepared, attempt)
-        proc = start(self.supervisor_module, plan.job_id, store, run_dir)
+        proc = _taken(early, self.supervisor_module, plan.job_id, store, run_dir) \
+            or start(self.supervisor_module, plan.job_id, store, run_dir)
         verdict = _exchange(proc, handshake)
         if verdict is None:
             if proc.poll() is None:
@@ -160,6 +166,17 @@ class DetachedBackend(ABC):
             reason += unreached(self.stop_everywhere(job))
         store.finish(job.id, "CANCELLED", reason)
         return store.get(job.id) or job
+
+
+def _taken(early: Early | None, module: str, job_id: str, store: Store, run_dir: Path
+           ) -> subprocess.Popen[bytes] | None:
+    """The supervisor started before planning, now running ``module`` for the job; None
+    without one, or when it cannot (it ended)."""
+    if early is None:
+        return None
+    from orchestrate.backends.early import Go
+
+    return early.take(Go(module, job_id, str(store.path), str(run_dir / SUPERVISOR_LOG)))
 
 
 def _exchange(proc: subprocess.Popen[bytes], handshake: Handshake) -> Verdict | None:
@@ -221,7 +238,10 @@ def alive(pid: int | None, job_id: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc: trust the pid
-    return job_id.encode() in cmdline.split(b"\0")
+    from orchestrate.backends.early import names
+
+    # The id, or the pattern of a supervisor started before its job was planned.
+    return any(names(word, job_id.encode()) for word in cmdline.split(b"\0"))
 
 
 def on_this_machine(job: JobRecord) -> bool:

@@ -419,5 +419,11 @@ def _check_gpus_exist(prepared: Prepared, found: dict[str, Any] | None) -> None:
         )
 
 
+def main(argv: list[str]) -> int:
+    """``python -m orchestrate.backends.local.supervisor JOB STORE`` (or its early start:
+    :mod:`orchestrate.backends.early`)."""
+    return LocalSupervisor(argv[0], Path(argv[1])).main()
+
+
 if __name__ == "__main__":
-    sys.exit(LocalSupervisor(sys.argv[1], Path(sys.argv[2])).main())
+    sys.exit(main(sys.argv[1:]))
