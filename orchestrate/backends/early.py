@@ -30,6 +30,10 @@ from typing import IO, Any
 MODULE = "orchestrate.backends.early"
 #: The start of a command-line word that names every job id ending in what follows it.
 PATTERN = "*-"
+#: Whether ``submit`` starts the supervisor early: in the CLI's own process (set by
+#: :func:`orchestrate.cli.entry`), where two Python starts overlap; not where :func:`orchestrate.
+#: cli.main` runs inside another program (a test, a notebook), which keeps the order it had.
+ENABLED = False
 
 
 def draw_suffix() -> str:
@@ -71,11 +75,14 @@ class Early:
         self.taken = False
 
     @classmethod
-    def start(cls, job_id: str | None) -> tuple[Early, str | None]:
+    def start(cls, job_id: str | None) -> tuple[Early | None, str | None]:
         """Start the program, naming ``job_id`` (``--job-id``) or a fresh suffix's pattern;
         returns it and the suffix the job id must end with (None with ``job_id``). In its own
         session (it outlives the CLI, as a supervisor does); its stderr goes nowhere until it
-        has its log: a program that fails before then is replaced (:meth:`take`)."""
+        has its log: a program that fails before then is replaced (:meth:`take`). None when
+        not :data:`ENABLED`."""
+        if not ENABLED:
+            return None, None
         suffix = None if job_id is not None else draw_suffix()
         word = job_id if job_id is not None else PATTERN + str(suffix)
         proc = subprocess.Popen(

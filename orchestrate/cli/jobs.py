@@ -80,7 +80,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     try:
         _submit(job_file, overrides, follow, job_id, debug, preflight, wait, early, suffix)
     finally:
-        early.close()
+        if early is not None:
+            early.close()
 
 
 def _planned(job_file: Path, overrides: tuple[str, ...], job_id: str | None, debug: bool,
@@ -108,14 +109,14 @@ def _dry_run(job_file: Path, overrides: tuple[str, ...], job_id: str | None, deb
 
 
 def _submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None,
-            job_id: str | None, debug: bool, preflight: bool, wait: str | None, early: Early,
-            suffix: str | None) -> None:
+            job_id: str | None, debug: bool, preflight: bool, wait: str | None,
+            early: Early | None, suffix: str | None) -> None:
     from orchestrate.backends.detached import DetachedBackend
     from orchestrate.cli.progress import progress
 
     prepared = _planned(job_file, overrides, job_id, debug, wait, suffix)
     backend = get_backend(prepared.plan.backend)
-    if not isinstance(backend, DetachedBackend):
+    if early is not None and not isinstance(backend, DetachedBackend):
         early.close()  # a Slurm job: sbatch, no supervisor here
     for warning in prepared.plan.warnings:
         click.echo(f"warning: {warning}", err=True)
