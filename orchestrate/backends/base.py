@@ -12,7 +12,8 @@ runs under a supervisor process of its own, and *the supervisor writes everythin
 1. ``submit`` (the CLI): ``prepare`` loads and plans the job (pure); the backend refuses what
    it can without starting anything (secrets not set; locally, a missing workdir or another
    machine's node), makes the run directory (for the supervisor's log, nothing else), starts
-   the supervisor in its own session and hands it a
+   the supervisor in its own session (``submit`` started its process before planning:
+   :mod:`orchestrate.backends.early`) and hands it a
    :class:`~orchestrate.backends.handshake.Handshake`: the job as loaded, and its plan.
 2. The supervisor **claims** what the job needs: local, GPUs, CPU slots and a port in this
    machine's lease book, under its lock, re-planned around what other jobs hold, the

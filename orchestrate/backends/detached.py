@@ -47,6 +47,7 @@ from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.store import JobRecord, Store
 
 if TYPE_CHECKING:
+    from orchestrate.backends.early import Early
     from orchestrate.core.plan.plan import Plan
     from orchestrate.run.prepare import Prepared
 
@@ -108,21 +109,26 @@ class DetachedBackend(ABC):
 
     # ---- the lifecycle, CLI side -----------------------------------------------------------
 
-    def submit(self, prepared: Prepared, store: Store) -> JobRecord:
-        """Start the supervisor; return once it launched the job, or raise what it refused."""
+    def submit(self, prepared: Prepared, store: Store, early: Early | None = None
+               ) -> JobRecord:
+        """Start the supervisor (or hand the job to the one ``submit`` started before planning:
+        :mod:`orchestrate.backends.early`); return once it launched the job, or raise what it
+        refused."""
         self.check_submit(prepared)
-        return self._start(prepared, store, None)
+        return self._start(prepared, store, None, early)
 
     def resume(self, job: JobRecord, prepared: Prepared, store: Store) -> JobRecord:
         """The next attempt of an ended job, through a new supervisor (claims as at submit)."""
         return self._start(prepared, store, job.attempt + 1)
 
-    def _start(self, prepared: Prepared, store: Store, attempt: int | None) -> JobRecord:
+    def _start(self, prepared: Prepared, store: Store, attempt: int | None,
+               early: Early | None = None) -> JobRecord:
         plan = prepared.plan
         secret_values(plan.secret_env, str(prepared.path))
         run_dir = make_run_dir(prepared)  # for the supervisor's log; it writes the rest
         handshake = self.handshake(prepared, attempt)
-        proc = start(self.supervisor_module, plan.job_id, store, run_dir)
+        proc = _taken(early, self.supervisor_module, plan.job_id, store, run_dir) \
+            or start(self.supervisor_module, plan.job_id, store, run_dir)
         verdict = _exchange(proc, handshake)
         if verdict is None:
             if proc.poll() is None:
@@ -161,6 +167,17 @@ class DetachedBackend(ABC):
             reason += unreached(self.stop_everywhere(job))
         store.finish(job.id, "CANCELLED", reason)
         return store.get(job.id) or job
+
+
+def _taken(early: Early | None, module: str, job_id: str, store: Store, run_dir: Path
+           ) -> subprocess.Popen[bytes] | None:
+    """The supervisor started before planning, now running ``module`` for the job; None
+    without one, or when it cannot (it ended)."""
+    if early is None:
+        return None
+    from orchestrate.backends.early import Go
+
+    return early.take(Go(module, job_id, str(store.path), str(run_dir / SUPERVISOR_LOG)))
 
 
 def _exchange(proc: subprocess.Popen[bytes], handshake: Handshake) -> Verdict | None:
@@ -222,7 +239,10 @@ def alive(pid: int | None, job_id: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc: trust the pid
-    return job_id.encode() in cmdline.split(b"\0")
+    from orchestrate.backends.early import names
+
+    # The id, or the pattern of a supervisor started before its job was planned.
+    return any(names(word, job_id.encode()) for word in cmdline.split(b"\0"))
 
 
 def on_this_machine(job: JobRecord) -> bool:
@@ -263,17 +283,18 @@ WATCHDOG_NAME = "orchestrate-watchdog"
 
 
 def start_watchdog(pid: int, job_id: str, grace_s: float,
-                   lease_root: str | None = None) -> subprocess.Popen[bytes]:
+                   lease_root: str | None = None, containers: bool = True
+                   ) -> subprocess.Popen[bytes]:
     """A tiny process that outlives ``pid`` (a supervisor) by at most a grace period: when it
-    ends, however it ends, the watchdog stops whatever the job left on this machine and leaves
-    its lease (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no
-    site-packages."""
+    ends, however it ends, the watchdog stops whatever the job left on this machine (its
+    containers too, unless ``containers`` is False: the job runs in none) and leaves its lease
+    (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
     # Compacted: whole, the book's modules outgrow a quarter of one argument's limit.
     text = compact(program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
                    f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
-                   f"lease_root={lease_root!r})"))
+                   f"lease_root={lease_root!r}, containers={containers!r})"))
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(

@@ -48,5 +48,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (and ``python -m orchestrate``): this process is the CLI's
+    own, so ``submit`` starts its supervisor before it plans (:mod:`orchestrate.backends.early`;
+    a caller of :func:`main` in its own process starts it after, as before)."""
+    from orchestrate.backends import early
+
+    early.ENABLED = True
     sys.exit(main())

@@ -22,6 +22,7 @@ from orchestrate.run.store import JobRecord, Store
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from orchestrate.backends.early import Early
     from orchestrate.doctor.run import Run
     from orchestrate.run.prepare import Prepared
 
@@ -70,21 +71,53 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
     """Launch a job; exits 0 when a followed job completes, 1 when it fails (or, with
     --preflight, when a check failed and nothing was submitted), 75 when it could not be
     placed now (or, waiting, within its bound), 130 when Ctrl-C cancelled a followed job."""
+    if dry_run:
+        return _dry_run(job_file, overrides, job_id, debug, wait)
+    # The supervisor-to-be starts first and imports while this process plans (local, SSH).
+    from orchestrate.backends.early import Early
+
+    early, suffix = Early.start(job_id)
+    try:
+        _submit(job_file, overrides, follow, job_id, debug, preflight, wait, early, suffix)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _planned(job_file: Path, overrides: tuple[str, ...], job_id: str | None, debug: bool,
+             wait: str | None, suffix: str | None) -> Prepared:
     from orchestrate.cli.progress import progress
-    from orchestrate.core.render.render import merged
     from orchestrate.run.prepare import new_id_suffix, prepare
 
     if wait is not None:
         overrides = (*overrides, "resources.wait=" + (
             "true" if wait == "true" else repr(wait)))
     with progress("planning"):  # a memory trace takes up to a minute
-        prepared = prepare(job_file, overrides, job_id=job_id, id_suffix=new_id_suffix(),
-                           debug=debug)
+        return prepare(job_file, overrides, job_id=job_id, id_suffix=suffix or new_id_suffix(),
+                       debug=debug)
+
+
+def _dry_run(job_file: Path, overrides: tuple[str, ...], job_id: str | None, debug: bool,
+             wait: str | None) -> None:
+    """``submit --dry-run``: what would be submitted; nothing launched."""
+    from orchestrate.core.render.render import merged
+
+    prepared = _planned(job_file, overrides, job_id, debug, wait, None)
     backend = get_backend(prepared.plan.backend)
-    if dry_run:
-        click.echo(merged(backend.files(prepared.plan, prepared.templates_dir)), nl=False)
-        backend.check(prepared)
-        return
+    click.echo(merged(backend.files(prepared.plan, prepared.templates_dir)), nl=False)
+    backend.check(prepared)
+
+
+def _submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None,
+            job_id: str | None, debug: bool, preflight: bool, wait: str | None,
+            early: Early | None, suffix: str | None) -> None:
+    from orchestrate.backends.detached import DetachedBackend
+    from orchestrate.cli.progress import progress
+
+    prepared = _planned(job_file, overrides, job_id, debug, wait, suffix)
+    backend = get_backend(prepared.plan.backend)
+    if early is not None and not isinstance(backend, DetachedBackend):
+        early.close()  # a Slurm job: sbatch, no supervisor here
     for warning in prepared.plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     store = _store()
@@ -96,7 +129,8 @@ def submit(job_file: Path, overrides: tuple[str, ...], follow: bool | None, dry_
         )
     checked = _preflight(prepared, store) if preflight else None
     with progress("starting the job's supervisor"):  # it reports its phases and hosts
-        record = backend.submit(prepared, store)
+        record = backend.submit(prepared, store, early) \
+            if isinstance(backend, DetachedBackend) else backend.submit(prepared, store)
     if checked is not None:
         # The report of the job shows the doctor's figures (orchestrate/report/runfiles.py).
         import shutil

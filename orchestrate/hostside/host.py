@@ -121,10 +121,11 @@ def signal_all(pids: list[int], sig: int) -> None:
                 os.kill(pid, s)
 
 
-def reap(job_id: str, grace_s: float) -> dict[str, int]:
+def reap(job_id: str, grace_s: float, containers: bool = True) -> dict[str, int]:
     """Stop every process of the job here: SIGTERM (+SIGCONT), then SIGKILL whatever is left
-    after ``grace_s``; then remove the job's containers here. Returns how many processes were
-    found and how many needed SIGKILL."""
+    after ``grace_s``; then remove the job's containers here, unless the caller knows the job
+    runs in none (``containers`` False: asking podman and docker took 0.15-0.45 s at the end of
+    every job). Returns how many processes were found and how many needed SIGKILL."""
     pids = job_pids(job_id)
     result = {"found": len(pids), "killed": 0}
     if pids:
@@ -139,7 +140,8 @@ def reap(job_id: str, grace_s: float) -> dict[str, int]:
         if left:
             signal_all(left, signal.SIGKILL)
             result["killed"] = len(left)
-    remove_containers(job_id)
+    if containers:
+        remove_containers(job_id)
     return result
 
 

@@ -23,22 +23,23 @@ if TYPE_CHECKING:
 
 
 def watch(pid: int, start: int | None, job_id: str, grace_s: float, poll_s: float = 0.25,
-          lease_root: str | None = None) -> int:
+          lease_root: str | None = None, containers: bool = True) -> int:
     """Wait for process ``pid`` (started at ``start``) to end, then stop whatever the job left
-    here and leave its lease (dropped once nothing of the job lives). Returns the number of
-    processes it stopped."""
+    here (its containers too, unless it runs in none) and leave its lease (dropped once nothing
+    of the job lives). Returns the number of processes it stopped."""
     while alive(pid, start):
         time.sleep(poll_s)
-    return int(stop_job(job_id, grace_s, lease_root, [pid, os.getpid()])["found"])
+    return int(stop_job(job_id, grace_s, lease_root, [pid, os.getpid()],
+                        containers=containers)["found"])
 
 
 def stop_job(job_id: str, grace_s: float, lease_root: str | None = None,
-             gone: list[int] | None = None) -> dict[str, Any]:
+             gone: list[int] | None = None, containers: bool = True) -> dict[str, Any]:
     """Stop every process of this user's job here -- by tag, and by the cgroup its lease names
     -- then let go of its lease on behalf of ``gone`` (holders that ended): the lease is dropped
     unless something of the job survived SIGKILL. What the SSH agent's ``reap`` and the local
     backend's ``cancel`` without a supervisor run too."""
-    result: dict[str, Any] = dict(reap(job_id, grace_s))
+    result: dict[str, Any] = dict(reap(job_id, grace_s, containers))
     survivors: list[int] = []
     try:
         book = LeaseBook(lease_root)

@@ -54,6 +54,23 @@ def test_torchrun_runs_the_nodes_torch_distributed_run_with_the_plans_rendezvous
     assert p.env["TORCHELASTIC_RUN_ID"] == "tr-1"  # what torchrun gives the workers too
 
 
+def test_torchrun_catches_the_stop_signals_slurm_sends_to_every_process_of_a_step() -> None:
+    """torch's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT only: SIGUSR2 before a Slurm
+    time limit would end the agent (and Slurm the workers with it) mid-checkpoint. The node's
+    script exports torchrun's ``--signals-to-handle`` as its environment gives it, which a torch
+    without the option (before 2.9) ignores; the job's own Slurm signal is added."""
+    from orchestrate.core.render.render import node_scripts
+
+    p = plan(job(launcher="torchrun", backend="ssh"), UNEVEN)
+    script = next(iter(node_scripts(p, None).values()))
+    assert "export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2\n" in script
+    urg = plan(job(launcher="torchrun", backend="slurm", slurm={"signal": "URG"}), UNEVEN)
+    assert urg.nodes[0].env["PET_SIGNALS_TO_HANDLE"] == (
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2,SIGURG")
+    # Other launchers: the ranks are orchestrate's own processes and get the signals directly.
+    assert "PET_SIGNALS_TO_HANDLE" not in plan(job(), UNEVEN).nodes[0].env
+
+
 def test_torchrun_takes_a_module_or_a_program_that_is_not_python() -> None:
     inv = inventory(gpu_node("a", 2))
     module = plan(job(launcher="torchrun", command=["python3", "-m", "pkg.train", "--x"]), inv)

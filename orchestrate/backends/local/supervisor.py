@@ -166,7 +166,7 @@ class LocalSupervisor(Supervisor):
         self.lease_root = lease_dir(submitted, node.name)
         if self.watchdog is None:  # before anything can start
             self.watchdog = start_watchdog(os.getpid(), self.job_id, STOP_GRACE_S,
-                                           self.lease_root)
+                                           self.lease_root, _boxed(submitted))
         found = gpuuse.usage() if node.gpu_indices or _has_gpus(submitted) else None
         if found is not None and not found["ok"] and not found.get("missing"):
             raise UserError.single(str(found["detail"]), source=source, field="inventory",
@@ -295,7 +295,7 @@ class LocalSupervisor(Supervisor):
     def _reap(self) -> str | None:
         """The end of an attempt: what the ranks left, by tag, by ancestry (orphans re-parent
         here) and by cgroup; what even SIGKILL did not end is named (and keeps the lease)."""
-        host.reap(self.job_id, STOP_GRACE_S)
+        host.reap(self.job_id, STOP_GRACE_S, _boxed(self.submitted))
         me = os.getpid()
         skip = {self._watchdog_pid()}
         group = self.group
@@ -352,6 +352,12 @@ def survived(pids: list[int]) -> str | None:
     more = f" and {len(pids) - 5} more" if len(pids) > 5 else ""
     return (f"{len(pids)} process(es) of the job still run after SIGKILL: {named}{more}; "
             "the job's lease stays held while they live")
+
+
+def _boxed(prepared: Prepared) -> bool:
+    """Whether the job runs in a container (whose removal the end of an attempt and the
+    watchdog must ask podman or docker for); every attempt runs in the same one, or in none."""
+    return any(node.container is not None for node in prepared.plan.nodes)
 
 
 def _has_gpus(prepared: Prepared) -> bool:
@@ -415,5 +421,11 @@ def _check_gpus_exist(prepared: Prepared, found: dict[str, Any] | None) -> None:
         )
 
 
+def main(argv: list[str]) -> int:
+    """``python -m orchestrate.backends.local.supervisor JOB STORE`` (or its early start:
+    :mod:`orchestrate.backends.early`)."""
+    return LocalSupervisor(argv[0], Path(argv[1])).main()
+
+
 if __name__ == "__main__":
-    sys.exit(LocalSupervisor(sys.argv[1], Path(sys.argv[2])).main())
+    sys.exit(main(sys.argv[1:]))

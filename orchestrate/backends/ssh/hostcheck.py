@@ -1,8 +1,9 @@
 """The SSH agent's preflight: every check of its host in one go, as the ranks will see it.
 
 One ``preflight`` request answers everything the controller judges a plan by
-(:mod:`orchestrate.backends.ssh.preflight`): the node's python, ``import torch`` (and the
-command's orchestrate module) run as the ranks will run it, the working directory, the
+(:mod:`orchestrate.backends.ssh.preflight`): the node's python, the torch (and the command's
+orchestrate module) its path finds as the ranks will, torch's version read without importing
+it, the working directory, the
 interface towards MASTER_ADDR and whether it resolves, the GPUs and which of them processes
 outside orchestrate use, what other jobs hold in the host's lease book and who waits before
 this job, and which master ports can be bound. It only *finds*; the answer is one
@@ -36,21 +37,42 @@ if TYPE_CHECKING:
 
 TORCH_TIMEOUT_S = 240.0
 TORCH_VERSION = "orchestrate-torch-version "
+#: The probe: the torch the ranks' path finds, and its version, read from its ``version.py``
+#: without importing it (``import torch`` took 1-3 s a host, most of the preflight); a torch
+#: without that file (or an unreadable one) is imported, as the ranks would. Then the command's
+#: orchestrate module is looked for on the same path.
+_PROBE = """import importlib.util, os, re
+spec = importlib.util.find_spec("torch")
+version = None
+for folder in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        with open(os.path.join(folder, "version.py")) as f:
+            found = re.search(r"^__version__\\s*=\\s*[\\x27\\x22]([^\\x27\\x22]+)", f.read(), re.M)
+    except OSError:
+        found = None
+    version = found.group(1) if found else None
+    break
+if version is None:
+    import torch
+    version = torch.__version__
+print("\\n" + TAG + version, flush=True)
+"""
 
 
 def _torch_probe(request: Preflight) -> tuple[subprocess.Popen[str] | None, str | None]:
-    """Start importing torch (and the command's orchestrate module) as the ranks will: the
-    node's python (a wrapper may set its own path), the job's PYTHONPATH, its working
-    directory. The probe running, or why it could not start."""
+    """Start looking for torch and its version (and the command's orchestrate module) as the
+    ranks will: the node's python (a wrapper may set its own path), the job's PYTHONPATH, its
+    working directory. The probe running, or why it could not start."""
     if not request.torch:
         return None, None
     # The version on a line of its own (an import may print warnings first), flushed before a
     # later import's traceback reaches the shared pipe.
-    probe = "import torch; print('\\n" + TORCH_VERSION + "' + torch.__version__, flush=True)"
+    probe = _PROBE.replace("TAG", repr(TORCH_VERSION))
     module = request.orchestrate
-    if module:  # the module the command runs
-        probe += "; import " + (module if re.match(r"^[\w.]+$", module)
-                                else "orchestrate.train")
+    if module:  # the module the command runs, found where the ranks will look
+        name = module if re.match(r"^[\w.]+$", module) else "orchestrate.train"
+        probe += (f"if importlib.util.find_spec({name!r}) is None:\n"
+                  f"    raise ModuleNotFoundError(\"No module named '{name}'\")\n")
     python = request.python or sys.executable
     env = dict(os.environ)
     if request.pythonpath is not None:

@@ -250,5 +250,11 @@ def _also(more: Occupancy, excluded: tuple[str, ...]) -> Occupancy:
     return replace(more, excluded=more.excluded | frozenset(excluded))
 
 
+def main(argv: list[str]) -> int:
+    """``python -m orchestrate.backends.ssh.supervisor JOB STORE`` (or its early start:
+    :mod:`orchestrate.backends.early`)."""
+    return SSHSupervisor(argv[0], Path(argv[1])).main()
+
+
 if __name__ == "__main__":
-    sys.exit(SSHSupervisor(sys.argv[1], Path(sys.argv[2])).main())
+    sys.exit(main(sys.argv[1:]))

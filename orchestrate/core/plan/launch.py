@@ -41,6 +41,10 @@ PER_NODE_VARS = ("NODE_RANK", "NNODES", "NPROC_PER_NODE", "ORCHESTRATE_FIRST_RAN
 #: fills them in at run time, when it knows the first host and the port).
 MASTER_ADDR_WORD = 6
 MASTER_PORT_WORD = 7
+#: torchrun's ``--signals-to-handle`` as its environment gives it (torch 2.9 and later), and
+#: torch's default for it.
+TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
+_TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -188,9 +192,23 @@ def not_found(word: str, python: str) -> str:
     return f"{word}: not in {where} or on PATH" if where else f"{word}: not on PATH"
 
 
-def node_env(launcher: str, *, nnodes: int, node_rank: int, nproc: int, first_rank: int
-             ) -> dict[str, str]:
-    """What a ``per_node`` node's process gets beyond the plan's usual node variables."""
+def torchrun_signals(stop_signal: str) -> str:
+    """The signals a torchrun agent catches and passes to its workers: torch's own four, SIGUSR2
+    (a rank's stop signal: ``train.stop_signals``) and the job's Slurm signal before the time
+    limit (``slurm.signal``). Slurm signals every process of a step; an agent that does not
+    catch SIGUSR2 dies of it, its task ends, and Slurm kills the workers in their checkpoint."""
+    names = [*_TORCH_SIGNALS, "SIGUSR2", "SIG" + stop_signal.upper().removeprefix("SIG")]
+    return ",".join(dict.fromkeys(names))
+
+
+def node_env(launcher: str, *, nnodes: int, node_rank: int, nproc: int, first_rank: int,
+             stop_signal: str = "USR2") -> dict[str, str]:
+    """What a ``per_node`` node's process gets beyond the plan's usual node variables; under
+    ``torchrun``, :data:`TORCHRUN_SIGNALS_VAR` (torchrun's ``--signals-to-handle``, read from
+    the environment: a torch without that option, before 2.9, ignores it where the option
+    itself would stop its torchrun with ``unrecognized arguments``)."""
+    if launcher == TORCHRUN:
+        return {TORCHRUN_SIGNALS_VAR: torchrun_signals(stop_signal)}
     if launcher != PER_NODE:
         return {}
     return {"NODE_RANK": str(node_rank), "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc),
