@@ -51,7 +51,7 @@ SECOND_DIR = Path(os.environ.get("ORCHESTRATE_SLURM2411_DIR", "/tmp/orchestrate-
 SLURM_ROOT = Path(os.environ.get("ORCHESTRATE_SLURM_ROOT", "/var/cache/orchestrate/slurm-trixie"))
 ROOT_SCRIPT = REPO / "tests" / "clusters" / "slurm-root.sh"
 #: How long a session waits for the root that .ci/run builds in the background.
-ROOT_WAIT_S = 240
+ROOT_WAIT_S = 180
 
 
 #: ``@BOTH_RELEASES``: a test (one that takes ``ocli``) runs on 22.05 and on 24.11. The 24.11
@@ -166,6 +166,11 @@ def _building() -> bool:
 def root_ready() -> str | None:
     """None once the second release's root is built; else why not. A build under way (.ci/run
     starts ``slurm-root.sh root`` in the background) is waited for, up to ROOT_WAIT_S."""
+    base = Path(sys.base_prefix)
+    if base.parts[1:2] == ("usr",) and base.parts[2:3] != ("local",):
+        # The root has its own /usr (Debian 13's): the machine's /usr/bin/python3 is not in it.
+        return (f"this Python ({sys.base_prefix}) is under /usr, which the 24.11 root replaces: "
+                "its jobs need a Python outside /usr (a pyenv, /usr/local or /opt build)")
     deadline = time.monotonic() + ROOT_WAIT_S
     while not (SLURM_ROOT / ".orchestrate-slurm-root").exists():
         if not _building() or time.monotonic() > deadline:
