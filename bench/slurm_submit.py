@@ -98,6 +98,9 @@ def plain(work: Path, env: dict[str, str], index: int) -> tuple[float, float, fl
     run_dir = work / "runs" / job_id
     run([sys.executable, "-m", "orchestrate", "render", "job.yaml", "--job-id", job_id,
          "-o", str(run_dir)], work, env)
+    # job.sbatch runs only from private folders, as a backend makes them (render makes 0755).
+    for folder in [run_dir, *(p for p in run_dir.rglob("*") if p.is_dir())]:
+        folder.chmod(0o700)
     t0 = time.time()
     run(["sbatch", "--parsable", "job.sbatch"], run_dir, env)
     took = time.time() - t0
