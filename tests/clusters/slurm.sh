@@ -349,7 +349,12 @@ write_slurm_conf() {
     host=$(hostname -s)
     # Job ids restart on a fresh cluster; a new first id per bring-up keeps output files of
     # earlier clusters from being mistaken for this one's (range stays below MaxJobId).
-    first_job_id=$((($(date +%s) % 6000000) * 10 + 1000))
+    # The two releases' clusters take disjoint halves of the ids (below Slurm's MaxJobId limit,
+    # 67043328): tests find a job's processes machine-wide by SLURM_JOB_ID, and two clusters
+    # brought up in the same second would otherwise number their jobs alike.
+    local base=1000
+    [[ $RELEASE == host ]] || base=34000000
+    first_job_id=$((($(date +%s) % 3000000) * 10 + base))
     local ctld_addr=127.0.0.1
     [[ $LAYOUT == netns ]] && ctld_addr=$CTLD_ADDR
     {
