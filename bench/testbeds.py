@@ -64,10 +64,11 @@ def slurm_up() -> None:
         subprocess.run(["bash", str(SLURM_SCRIPT), "up"], check=True, capture_output=True)
 
 
-def slurm_env() -> dict[str, str]:
-    """The variables that point Slurm's commands at the test cluster (its env.sh exports)."""
+def slurm_env(state: Path = SLURM_STATE) -> dict[str, str]:
+    """The variables that point Slurm's commands at the test cluster (its env.sh exports;
+    ``state``: another cluster's state dir, such as the 24.11 one's)."""
     env: dict[str, str] = {}
-    for line in (SLURM_STATE / "env.sh").read_text().splitlines():
+    for line in (state / "env.sh").read_text().splitlines():
         words = shlex.split(line, comments=True)
         if len(words) == 2 and words[0] == "export":
             name, _, value = words[1].partition("=")

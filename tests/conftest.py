@@ -16,7 +16,7 @@ from orchestrate.hostside import host
 from tests.support import busy, tiers
 from tests.support.localcli import Cli
 from tests.support.slurmcli import OrchestrateCli
-from tests.support.slurmcluster import SlurmCluster, cluster_up
+from tests.support.slurmcluster import HOST_RELEASE, SlurmCluster, cluster_up
 from tests.support.sshcli import SshCli
 from tests.support.sshhosts import SshHosts, end_strays, hosts_up, stop_tagged
 
@@ -133,10 +133,26 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     yield from cluster_up()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster_2411() -> Iterator[SlurmCluster]:
+    """The second real Slurm cluster, Debian 13's 24.11 from its own root, for the whole session
+    (tests/support/slurmcluster.py); its tests skip, with the reason, without the root."""
+    yield from cluster_up(second=True)
+
+
 @pytest.fixture
-def ocli(slurm_cluster: SlurmCluster, tmp_path: Path) -> Iterator[OrchestrateCli]:
-    """The CLI pointed at the Slurm test cluster, with a job store of its own; its jobs that
-    still run when the test ends are cancelled."""
+def slurm_release(request: pytest.FixtureRequest) -> str:
+    """The Slurm release ``ocli`` talks to: 22.05 unless the test is ``@BOTH_RELEASES``."""
+    return str(getattr(request, "param", HOST_RELEASE))
+
+
+@pytest.fixture
+def ocli(slurm_release: str, request: pytest.FixtureRequest,
+         tmp_path: Path) -> Iterator[OrchestrateCli]:
+    """The CLI pointed at the Slurm test cluster (of ``slurm_release``), with a job store of its
+    own; its jobs that still run when the test ends are cancelled."""
+    slurm_cluster: SlurmCluster = request.getfixturevalue(
+        "slurm_cluster" if slurm_release == HOST_RELEASE else "slurm_cluster_2411")
     home, work = _work(tmp_path)
     env = _private_env(slurm_cluster.env, home, work, "RANK", "WORLD_SIZE", "LOCAL_RANK")
     slurm_cluster.heal()

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # A second Slurm release for the tests: Debian 13 (trixie)'s Slurm 24.11 in its own root, next
-# to this machine's Debian 12 Slurm 22.05 (tests/clusters/slurm.sh). Opt-in: building the root
-# costs minutes (docs/testing-clusters.md, "Second release"), more than the suite may grow.
+# to this machine's Debian 12 Slurm 22.05. `slurm.sh` runs a 3-node cluster from it
+# (ORCHESTRATE_SLURM_RELEASE=2411); tests/setup.sh starts `root` in the background, so its
+# minutes overlap the suite's first ones (docs/testing-clusters.md, "Second release").
 #
 #   tests/clusters/slurm-root.sh root        build the root once (debootstrap from Debian's
 #                                            archive, with slurmctld slurmd slurm-client munge);
-#                                            idempotent; prints its cost
+#                                            idempotent; prints its cost; while it runs,
+#                                            $ROOT.building holds its PID (the tests wait on it)
 #   tests/clusters/slurm-root.sh version     the root's Slurm release (sbatch --version)
 #   tests/clusters/slurm-root.sh smoke OUT   a one-node 24.11 cluster inside the root, on
 #                                            loopback ports 16917-16918 with its own munge, in a
@@ -22,21 +24,39 @@ set -euo pipefail
 
 ROOT=${ORCHESTRATE_SLURM_ROOT:-/var/cache/orchestrate/slurm-trixie}
 MIRROR=${ORCHESTRATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-PACKAGES=slurmctld,slurmd,slurm-client,munge
+# libffi8 and libexpat1: the machine's Python runs inside the root as the jobs' Python (ctypes,
+# which torch imports, and pyexpat need them; Debian 13's minbase has neither).
+PACKAGES=slurmctld,slurmd,slurm-client,munge,libffi8,libexpat1
 INNER=/tmp/orchestrate-slurm-2411 # the smoke cluster's directory, as seen inside the root
 PORT=16917
 
 die() { echo "slurm-root.sh: $*" >&2; exit 1; }
 
+building() { # the PID of a build under way, if any
+  local pid
+  read -r pid 2>/dev/null <"$ROOT.building" || return 1
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
 do_root() {
   if [[ -x $ROOT/usr/sbin/slurmctld && -e $ROOT/.orchestrate-slurm-root ]]; then
+    add_libraries
     echo "root ready: $ROOT ($(do_version))"
     return
   fi
+  local pid
+  if pid=$(building); then
+    echo "root being built by PID $pid: $ROOT"
+    return
+  fi
+  mkdir -p "$(dirname "$ROOT")"
+  echo $$ >"$ROOT.building"
+  trap 'rm -f "$ROOT.building"' EXIT
   command -v debootstrap >/dev/null ||
     apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends debootstrap ||
     die "debootstrap is missing and could not be installed"
-  mkdir -p "$(dirname "$ROOT")"
+  # A build that died half way leaves debootstrap's own directory: start again from nothing.
+  if [[ -d $ROOT/debootstrap && ! -e $ROOT/.orchestrate-slurm-root ]]; then rm -rf "${ROOT:?}"; fi
   local start=$SECONDS
   debootstrap --variant=minbase --include="$PACKAGES" trixie "$ROOT" "$MIRROR" >"$ROOT.log" 2>&1 ||
     die "debootstrap failed: see $ROOT.log"
@@ -60,6 +80,14 @@ daemon_in_root() { # name, then the command: runs in the background, its PID in 
   chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin SLURM_CONF="$INNER/slurm.conf" \
     "$@" >"$ROOT$INNER/log/$name.out" 2>&1 &
   DAEMONS+=($!)
+}
+
+add_libraries() { # a root built before the jobs' libraries were in PACKAGES gets them
+  compgen -G "$ROOT/usr/lib/*/libffi.so.8" >/dev/null && return 0
+  cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+  chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends libffi8 libexpat1 >>"$ROOT.log" 2>&1 ||
+    die "could not add libffi8 libexpat1 to $ROOT: see $ROOT.log"
 }
 
 do_version() { in_root sbatch --version 2>/dev/null || echo "no Slurm in $ROOT"; }

@@ -30,18 +30,33 @@
 # so they clean up exactly what was started whatever the caller's environment says now.
 set -euo pipefail
 
-DIR=${ORCHESTRATE_SLURM_DIR:-/tmp/orchestrate-slurm}
+# ORCHESTRATE_SLURM_RELEASE: `host` (default) runs this machine's Slurm (Debian 12: 22.05);
+# `2411` runs Debian 13's Slurm 24.11 from the root that tests/clusters/slurm-root.sh builds
+# (ORCHESTRATE_SLURM_ROOT), as a second cluster beside the first: its own state dir, subnet,
+# ports, munge, bridge, namespaces and node names (m1..), so both can run at once.
+RELEASE=${ORCHESTRATE_SLURM_RELEASE:-host}
+ROOT=${ORCHESTRATE_SLURM_ROOT:-/var/cache/orchestrate/slurm-trixie}
+case $RELEASE in
+host) defaults=(/tmp/orchestrate-slurm 198.18.7 16817 "" n 1) ;;
+2411) defaults=(/tmp/orchestrate-slurm2411 198.18.6 16927 2 m 2) ;;
+*) echo "slurm.sh: error: ORCHESTRATE_SLURM_RELEASE: want host or 2411 (got $RELEASE)" >&2; exit 1 ;;
+esac
+DIR=${ORCHESTRATE_SLURM_DIR:-${defaults[0]}}
 NNODES=${ORCHESTRATE_SLURM_NODE_COUNT:-3}
 LAYOUT=${ORCHESTRATE_SLURM_LAYOUT:-netns}
-SUBNET=${ORCHESTRATE_SLURM_SUBNET:-198.18.7}
-PORT=${ORCHESTRATE_SLURM_PORT:-16817}
+SUBNET=${ORCHESTRATE_SLURM_SUBNET:-${defaults[1]}}
+PORT=${ORCHESTRATE_SLURM_PORT:-${defaults[2]}}
 TIMEOUT=${ORCHESTRATE_SLURM_TIMEOUT:-60}
+TAG=${defaults[3]}         # in the machine-wide names: bridge, namespaces, veths, hosts lines
+NODE_PREFIX=${defaults[4]} # node names: n1.. (host release), m1.. (24.11)
+LOOP_OCTET=${defaults[5]}  # loopback layout: nodes at 127.0.<this>.K
 CPUS_PER_NODE=4
 MEM_PER_NODE=4000
-MARK="# orchestrate-slurm-test-cluster"
-BRIDGE=orslurm0
+MARK="# orchestrate-slurm${TAG:+$RELEASE}-test-cluster"
+BRIDGE=orslurm${TAG:-0}
 CTLD_ADDR="$SUBNET.254"
-NETNS_PREFIX=orslurm-
+NETNS_PREFIX=orslurm$TAG-
+VETH_PREFIX=osl$TAG-
 PACKAGES=(slurmctld slurmd slurm-client slurm-wlm munge iproute2)
 
 export SLURM_CONF="$DIR/slurm.conf"
@@ -64,23 +79,26 @@ use_recorded_settings() {
         LAYOUT) LAYOUT=$value ;;
         SUBNET) SUBNET=$value ;;
         PORT) PORT=$value ;;
+        ROOT) ROOT=$value ;;
         esac
     done <"$DIR/settings"
     CTLD_ADDR="$SUBNET.254"
+    root_mode
 }
 
 record_settings() {
-    printf '%s\n' "NNODES=$NNODES" "LAYOUT=$LAYOUT" "SUBNET=$SUBNET" "PORT=$PORT" >"$DIR/settings"
+    printf '%s\n' "NNODES=$NNODES" "LAYOUT=$LAYOUT" "SUBNET=$SUBNET" "PORT=$PORT" "ROOT=$ROOT" \
+        >"$DIR/settings"
 }
 
 node_names() {
     local k
-    for ((k = 1; k <= NNODES; k++)); do echo "n$k"; done
+    for ((k = 1; k <= NNODES; k++)); do echo "$NODE_PREFIX$k"; done
 }
 
 node_addr() { # n3 -> the address other nodes reach it at
-    local k=${1#n}
-    if [[ $LAYOUT == netns ]]; then echo "$SUBNET.$k"; else echo "127.0.1.$k"; fi
+    local k=${1#"$NODE_PREFIX"}
+    if [[ $LAYOUT == netns ]]; then echo "$SUBNET.$k"; else echo "127.0.$LOOP_OCTET.$k"; fi
 }
 
 check_settings() {
@@ -105,6 +123,12 @@ missing_packages() {
 }
 
 install_packages() {
+    if [[ $RELEASE != host ]]; then # the root holds this release's Slurm and munge
+        [[ -e $ROOT/.orchestrate-slurm-root ]] ||
+            die "no Slurm root at $ROOT: build it with tests/clusters/slurm-root.sh root"
+        command -v ip >/dev/null || die "iproute2 is missing"
+        return 0
+    fi
     local missing
     missing=$(missing_packages)
     [[ -z $missing ]] && return 0
@@ -176,8 +200,8 @@ netns_up() {
     for n in $(node_names); do
         ns="$NETNS_PREFIX$n"
         ip netns add "$ns"
-        ip link add "osl-$n" type veth peer name eth0 netns "$ns"
-        ip link set "osl-$n" master "$BRIDGE" up
+        ip link add "$VETH_PREFIX$n" type veth peer name eth0 netns "$ns"
+        ip link set "$VETH_PREFIX$n" master "$BRIDGE" up
         ip -n "$ns" addr add "$(node_addr "$n")/24" dev eth0
         ip -n "$ns" link set lo up
         ip -n "$ns" link set eth0 up
@@ -187,7 +211,7 @@ netns_up() {
 netns_down() {
     local n
     for n in $(node_names); do
-        ip link del "osl-$n" 2>/dev/null || true
+        ip link del "$VETH_PREFIX$n" 2>/dev/null || true
         ip netns del "$NETNS_PREFIX$n" 2>/dev/null || true
     done
     ip link del "$BRIDGE" 2>/dev/null || true
@@ -237,12 +261,86 @@ node_prefix() { # the command prefix that runs a program inside node $1's namesp
     return 0
 }
 
+# ---------------------------------------------------------------- a release from its own root
+
+# With ORCHESTRATE_SLURM_RELEASE=2411 every Slurm and munge program runs chrooted into the root,
+# inside a mount namespace of the cluster's own (pinned at $DIR/ns/mnt) where the machine's
+# /tmp, /root, /home, /work, /usr/local, the checkout and /proc /dev /sys are bound at their
+# own paths: the jobs' Python, the repository and the tests' directories are where the tests
+# put them, while the machine's own mount table gains nothing. The clients (sbatch, scontrol,
+# srun, ...) are wrappers in $DIR/bin that enter the same; inside a job (already in the root)
+# they run the root's program directly.
+IN_ROOT=()
+root_mode() {
+    IN_ROOT=()
+    [[ $RELEASE == host ]] && return 0
+    IN_ROOT=(nsenter "--mount=$DIR/ns/mnt" chroot "$ROOT")
+    PATH="$DIR/bin:$PATH"
+}
+root_mode
+
+CLIENTS=(sbatch srun salloc scontrol squeue scancel sinfo sacct sstat sprio sshare sattach)
+
+bound_paths() {
+    local p repo
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    for p in /root /home /tmp /var/tmp /work /usr/local "$repo"; do
+        [[ -d $p ]] && echo "$p"
+    done
+    return 0
+}
+
+write_wrapper() { # the client $1 of the root's release, entered from this machine
+    local name=$1 paths
+    paths=$(bound_paths | sed 's|$|*|' | paste -sd '|')
+    cat >"$DIR/bin/$name" <<EOF
+#!/bin/bash
+# Slurm $RELEASE's $name from $ROOT (written by tests/clusters/slurm.sh)
+[[ -e /.orchestrate-slurm-root ]] && exec /usr/bin/$name "\$@" # in a job: in the root already
+dir=\$PWD
+case \$dir in $paths) ;; *) dir=/ ;; esac
+exec nsenter --mount=$DIR/ns/mnt chroot $ROOT /usr/bin/env -C "\$dir" /usr/bin/$name "\$@"
+EOF
+    chmod 755 "$DIR/bin/$name"
+}
+
+mount_ns_up() {
+    [[ $RELEASE == host ]] && return 0
+    mkdir -p "$DIR/ns" "$DIR/bin"
+    if ! findmnt -n --mountpoint "$DIR/ns" >/dev/null; then
+        mount --bind "$DIR/ns" "$DIR/ns" # a pinned mount namespace needs a private mount
+        mount --make-private "$DIR/ns"
+    fi
+    touch "$DIR/ns/mnt"
+    unshare --mount="$DIR/ns/mnt" --propagation slave true
+    local p script="set -e"
+    for p in $(bound_paths) /proc /dev /sys; do
+        script+="; mkdir -p '$ROOT$p'; mount --rbind '$p' '$ROOT$p'"
+    done
+    for p in /etc/hosts /etc/passwd /etc/group; do
+        script+="; mount --bind '$p' '$ROOT$p'"
+    done
+    nsenter --mount="$DIR/ns/mnt" bash -c "$script"
+    for p in "${CLIENTS[@]}"; do write_wrapper "$p"; done
+}
+
+mount_ns_down() {
+    [[ -e $DIR/ns/mnt ]] || return 0
+    umount "$DIR/ns/mnt" 2>/dev/null || true
+    rm -f "$DIR/ns/mnt"
+    umount "$DIR/ns" 2>/dev/null || true
+}
+
 # ---------------------------------------------------------------- config
 
 write_munge_key() {
     mkdir -p "$DIR/munge"
     chmod 755 "$DIR" "$DIR/munge" # munged: "execute permissions for all required"
-    mungekey -c -k "$DIR/munge/munge.key"
+    if [[ $RELEASE == host ]]; then
+        mungekey -c -k "$DIR/munge/munge.key"
+    else
+        dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none
+    fi
     chmod 600 "$DIR/munge/munge.key"
 }
 
@@ -251,7 +349,12 @@ write_slurm_conf() {
     host=$(hostname -s)
     # Job ids restart on a fresh cluster; a new first id per bring-up keeps output files of
     # earlier clusters from being mistaken for this one's (range stays below MaxJobId).
-    first_job_id=$((($(date +%s) % 6000000) * 10 + 1000))
+    # The two releases' clusters take disjoint halves of the ids (below Slurm's MaxJobId limit,
+    # 67043328): tests find a job's processes machine-wide by SLURM_JOB_ID, and two clusters
+    # brought up in the same second would otherwise number their jobs alike.
+    local base=1000
+    [[ $RELEASE == host ]] || base=34000000
+    first_job_id=$((($(date +%s) % 3000000) * 10 + base))
     local ctld_addr=127.0.0.1
     [[ $LAYOUT == netns ]] && ctld_addr=$CTLD_ADDR
     {
@@ -295,7 +398,7 @@ MinJobAge=3600
 FirstJobId=$first_job_id
 EOF
         for n in $(node_names); do
-            k=${n#n}
+            k=${n#"$NODE_PREFIX"}
             local nodehost=$host
             [[ $LAYOUT == netns ]] && nodehost=$n
             echo "NodeName=$n NodeHostname=$nodehost NodeAddr=$(node_addr "$n")" \
@@ -312,6 +415,9 @@ export SLURM_CONF=$SLURM_CONF
 export ORCHESTRATE_SLURM_DIR=$DIR
 export ORCHESTRATE_SLURM_NODES="$(node_names | tr '\n' ' ' | sed 's/ $//')"
 EOF
+    if [[ $RELEASE != host ]]; then # the clients to put first on PATH
+        echo "export ORCHESTRATE_SLURM_BIN=$DIR/bin" >>"$DIR/env.sh"
+    fi
 }
 
 # ---------------------------------------------------------------- daemons
@@ -322,7 +428,16 @@ start_daemon() { # name, then the command; records the PID, output goes to its l
     # From /, not the caller's directory: a daemon outlives the checkout or temporary directory
     # that started it, and slurmstepd (forked from slurmd) would print "Unable to get current
     # working directory" into every rank's output once that directory is gone.
-    (cd / && exec setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1) &
+    # Without the caller's other descriptors: a daemon (munged keeps them) must not hold the
+    # `flock /tmp/slurm-tests.lock` its starter ran under for as long as the cluster runs.
+    (
+        cd /
+        for fd in /proc/"$BASHPID"/fd/*; do
+            fd=${fd##*/}
+            if ((fd > 2)); then eval "exec $fd>&-"; fi
+        done
+        exec setsid "$@" </dev/null >>"$DIR/log/$name.out" 2>&1
+    ) &
     echo $! >"$DIR/pids/$name.pid"
 }
 
@@ -460,20 +575,21 @@ do_up() {
     write_slurm_conf
     hosts_add
     netns_up
+    mount_ns_up
     uts_up
 
-    start_daemon munged /usr/sbin/munged -F --force \
+    start_daemon munged "${IN_ROOT[@]}" /usr/sbin/munged -F --force \
         --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
         --pid-file="$DIR/munge/munged.pid" --seed-file="$DIR/munge/munged.seed"
     wait_for "munged" test -S "$DIR/munge/munge.socket"
 
-    start_daemon slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
+    start_daemon slurmctld "${IN_ROOT[@]}" /usr/sbin/slurmctld -D -f "$SLURM_CONF"
     wait_for "slurmctld (scontrol ping)" ctld_up
 
     local n prefix
     for n in $(node_names); do
         mapfile -t prefix < <(node_prefix "$n")
-        start_daemon "slurmd-$n" "${prefix[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
+        start_daemon "slurmd-$n" "${prefix[@]}" "${IN_ROOT[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
     done
     wait_for "all $NNODES nodes idle (sinfo)" all_idle
 
@@ -532,6 +648,7 @@ do_down() {
     stop_pids "${pids[@]}"
     rm -f "$DIR"/pids/*.pid "$DIR/env.sh"
     uts_down
+    mount_ns_down
     netns_down
     hosts_remove
     local elapsed
@@ -573,7 +690,7 @@ do_start_node() { # the node comes back: slurmd again, and ReturnToService=2 mak
     n=$(node_arg "${1:-}")
     if ! alive "$(pid_of "slurmd-$n")"; then
         mapfile -t prefix < <(node_prefix "$n")
-        start_daemon "slurmd-$n" "${prefix[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
+        start_daemon "slurmd-$n" "${prefix[@]}" "${IN_ROOT[@]}" /usr/sbin/slurmd -D -N "$n" -f "$SLURM_CONF"
     fi
     deadline=$((SECONDS + TIMEOUT))
     while true; do

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,26 @@ FINISHED = frozenset(
 )
 
 
+#: The releases the Slurm tests run on: this machine's (Debian 12: 22.05) and Debian 13's 24.11
+#: from its own root (tests/clusters/slurm-root.sh), the second cluster (``slurm_cluster_2411``).
+HOST_RELEASE, SECOND_RELEASE = "22.05", "24.11"
+#: slurm.sh's ORCHESTRATE_SLURM_RELEASE and state dir for the second release.
+SECOND = {"ORCHESTRATE_SLURM_RELEASE": "2411"}
+SECOND_DIR = Path(os.environ.get("ORCHESTRATE_SLURM2411_DIR", "/tmp/orchestrate-slurm2411"))
+SLURM_ROOT = Path(os.environ.get("ORCHESTRATE_SLURM_ROOT", "/var/cache/orchestrate/slurm-trixie"))
+ROOT_SCRIPT = REPO / "tests" / "clusters" / "slurm-root.sh"
+#: How long a session waits for the root that .ci/run builds in the background.
+ROOT_WAIT_S = 180
+
+
+#: ``@BOTH_RELEASES``: a test (one that takes ``ocli``) runs on 22.05 and on 24.11. The 24.11
+#: case carries the ``slurm_release`` mark: its own xdist group (tests/support/tiers.py), so
+#: the second cluster's tests run on one worker, beside the first cluster's.
+BOTH_RELEASES = pytest.mark.parametrize(
+    "slurm_release", [HOST_RELEASE, pytest.param(SECOND_RELEASE, marks=pytest.mark.slurm_release)],
+    indirect=True)
+
+
 @dataclass(frozen=True)
 class SlurmCluster:
     """What a test needs to talk to the cluster: the clients' env, the nodes, the state dir."""
@@ -49,6 +70,7 @@ class SlurmCluster:
     nodes: tuple[str, ...]
     env: dict[str, str]  # os.environ plus SLURM_CONF (from $state_dir/env.sh)
     layout: str  # "netns": one network namespace per node; "loopback": 127.0.1.K addresses
+    release: str = HOST_RELEASE  # "22.05" (this machine's Slurm) or "24.11" (its own root)
 
     @property
     def slurm_conf(self) -> Path:
@@ -109,9 +131,14 @@ class SlurmCluster:
             time.sleep(0.2)
 
 
-def _script(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def _script(command: str, timeout: float,
+            extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = None
+    if extra:
+        env = {**os.environ, **extra, "ORCHESTRATE_SLURM_DIR": str(SECOND_DIR)}
     return subprocess.run(
-        [str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
+        [str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False,
+        env=env,
     )
 
 
@@ -127,31 +154,70 @@ def _read_env_sh(path: Path) -> dict[str, str]:
 
 
 
-def cluster_up() -> Iterator[SlurmCluster]:
+def _building() -> bool:
+    """Whether ``slurm-root.sh root`` is building the root now (its PID in ``ROOT.building``)."""
+    try:
+        os.kill(int(Path(f"{SLURM_ROOT}.building").read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def root_ready() -> str | None:
+    """None once the second release's root is built; else why not. A build under way (.ci/run
+    starts ``slurm-root.sh root`` in the background) is waited for, up to ROOT_WAIT_S."""
+    base = Path(sys.base_prefix)
+    if base.parts[1:2] == ("usr",) and base.parts[2:3] != ("local",):
+        # The root has its own /usr (Debian 13's): the machine's /usr/bin/python3 is not in it.
+        return (f"this Python ({sys.base_prefix}) is under /usr, which the 24.11 root replaces: "
+                "its jobs need a Python outside /usr (a pyenv, /usr/local or /opt build)")
+    deadline = time.monotonic() + ROOT_WAIT_S
+    while not (SLURM_ROOT / ".orchestrate-slurm-root").exists():
+        if not _building() or time.monotonic() > deadline:
+            log = Path(f"{SLURM_ROOT}.log")
+            tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
+            return (f"no Slurm 24.11 root at {SLURM_ROOT} (build it: {ROOT_SCRIPT} root)"
+                    + (f"; its build log ends: {tail}" if tail else ""))
+        time.sleep(2)
+    return None
+
+
+def cluster_up(second: bool = False) -> Iterator[SlurmCluster]:
     """The test cluster for the whole session: brought up unless it already was, and then
-    brought down again."""
-    was_up = _script("status", timeout=30).returncode == 0
+    brought down again. ``second``: the Slurm 24.11 cluster (skipped, loudly, without its
+    root)."""
+    extra = SECOND if second else None
+    state_dir = SECOND_DIR if second else STATE_DIR
+    if second and (why := root_ready()) is not None:
+        print(f"\nSLURM 24.11 TESTS SKIPPED: {why}", file=sys.stderr)
+        warnings.warn(f"Slurm 24.11 tests skipped: {why}", pytest.PytestWarning, stacklevel=1)
+        pytest.skip(why)
+    was_up = _script("status", timeout=30, extra=extra).returncode == 0
     started = time.monotonic()
-    up = _script("up", timeout=600)
+    up = _script("up", timeout=600, extra=extra)
     if up.returncode != 0:
         pytest.fail(
             f"tests/clusters/slurm.sh up failed (exit {up.returncode}):\n{up.stdout}\n{up.stderr}",
             pytrace=False,
         )
     print(f"\nslurm cluster up in {time.monotonic() - started:.2f}s: {up.stdout.strip()}")
-    exported = _read_env_sh(STATE_DIR / "env.sh")
+    exported = _read_env_sh(state_dir / "env.sh")
     conf = Path(exported["SLURM_CONF"]).read_text()
     layout = "loopback" if "NodeAddr=127." in conf else "netns"
+    env = {**os.environ, **exported}
+    if "ORCHESTRATE_SLURM_BIN" in exported:  # the release's clients, first on PATH
+        env["PATH"] = f"{exported['ORCHESTRATE_SLURM_BIN']}:{env.get('PATH', '')}"
     try:
         yield SlurmCluster(
-            state_dir=STATE_DIR,
+            state_dir=state_dir,
             nodes=tuple(exported["ORCHESTRATE_SLURM_NODES"].split()),
-            env={**os.environ, **exported},
+            env=env,
             layout=layout,
+            release=SECOND_RELEASE if second else HOST_RELEASE,
         )
     finally:
         if not was_up:
-            down = _script("down", timeout=120)
+            down = _script("down", timeout=120, extra=extra)
             assert down.returncode == 0, f"slurm.sh down failed:\n{down.stdout}\n{down.stderr}"
 
 

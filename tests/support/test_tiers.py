@@ -40,6 +40,7 @@ markers =
     slurm: s
     gpu: g
     torch: t
+    slurm_release: r
 """
 
 
@@ -206,3 +207,32 @@ pytest_collection_modifyitems(config, items):
     # A process test whose ranks train (torch) outweighs an ssh test without torch.
     assert collected() == ["test_d1", "test_c2", "test_b1", "test_b2", "test_a1", "test_a2",
                            "test_c1"]
+
+
+def test_the_second_slurm_releases_tests_are_a_group_of_their_own(
+        pytester: pytest.Pytester) -> None:
+    """pytest -n 2: every 22.05 test with the one cluster's group, every 24.11 case (its
+    ``slurm_release`` mark) in another, so one worker runs all of each cluster's tests."""
+    _suite(pytester, """
+        import pytest
+
+        pytestmark = pytest.mark.slurm
+
+        SECOND = pytest.param("24.11", marks=pytest.mark.slurm_release)
+
+        @pytest.mark.parametrize("release", ["22.05", SECOND])
+        def test_both(release):
+            pass
+
+        def test_first_only():
+            pass
+
+        @pytest.mark.process
+        @pytest.mark.slurm_release
+        def test_smoke():
+            pass
+        """)
+    items, _ = pytester.inline_genitems("-p", "no:cacheprovider")
+    groups = {item.name: item.get_closest_marker("xdist_group").args[0] for item in items}
+    assert groups == {"test_both[22.05]": "slurm", "test_first_only": "slurm",
+                      "test_both[24.11]": "slurm_release", "test_smoke": "slurm_release"}

@@ -136,6 +136,8 @@ SHARED_TIERS = ("ssh", "slurm")
 
 def group_of(item: pytest.Item) -> str:
     """The ``xdist_group`` of a test (see :func:`group`)."""
+    if item.get_closest_marker("slurm_release") is not None:
+        return "slurm_release"  # the second Slurm cluster: one worker, beside the first's
     tier = tier_of(item)
     return tier if tier in SHARED_TIERS else item.nodeid.split("::", 1)[0]
 
@@ -143,9 +145,10 @@ def group_of(item: pytest.Item) -> str:
 def group(items: list[pytest.Item]) -> None:
     """Which tests one pytest-xdist worker runs together (``pytest -n 2``, ``--dist loadgroup``
     in pyproject.toml): every ``ssh`` test in one group and every ``slurm`` test in another,
-    since each tier's cluster is one per machine; any other test with the rest of its file, so
-    that a module's shared fixture (one training run asserted many ways) is made once. Without
-    xdist the marks change nothing."""
+    since each tier's cluster is one per machine (the tests of the second Slurm release, marked
+    ``slurm_release``, in a third: another cluster, which may run beside the first's); any other
+    test with the rest of its file, so that a module's shared fixture (one training run
+    asserted many ways) is made once. Without xdist the marks change nothing."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
 

@@ -23,6 +23,7 @@ from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
 from tests.support.slurmcli import TRAIN_JOB, OrchestrateCli
+from tests.support.slurmcluster import BOTH_RELEASES
 
 pytestmark = pytest.mark.slurm
 
@@ -139,6 +140,7 @@ def assert_nothing_left(job_id: str) -> None:
 # ---- placement ---------------------------------------------------------------------------
 
 
+@BOTH_RELEASES
 @pytest.mark.torch
 @pytest.mark.timeout(BRING_UP + 120)
 def test_ddp_job_on_two_nodes_gets_the_plans_ranks(ocli: OrchestrateCli) -> None:
@@ -275,6 +277,7 @@ def test_first_failing_rank_is_named_and_the_others_stop(ocli: OrchestrateCli) -
     assert_nothing_left(status["external_id"])
 
 
+@BOTH_RELEASES
 @pytest.mark.timeout(BRING_UP + 60)
 def test_cancel_leaves_nothing_running(ocli: OrchestrateCli) -> None:
     ocli.inventory()
@@ -303,6 +306,7 @@ def test_cancel_leaves_nothing_running(ocli: OrchestrateCli) -> None:
     assert ocli.cluster.job(slurm_id)["JobState"] == "CANCELLED"
 
 
+@BOTH_RELEASES
 @pytest.mark.timeout(BRING_UP + 60)
 def test_state_without_accounting_and_after_the_controller_forgot(ocli: OrchestrateCli) -> None:
     """sacct does not work here; a job that died is still seen as ended, even once the
@@ -427,6 +431,7 @@ wait
 """
 
 
+@BOTH_RELEASES
 @pytest.mark.timeout(BRING_UP + 180)
 def test_slurm_sends_the_stop_signal_before_the_time_limit(ocli: OrchestrateCli) -> None:
     """--signal=USR2@60 with a 2-minute limit: Slurm itself signals the ranks (not only the

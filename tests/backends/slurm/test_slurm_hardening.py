@@ -15,6 +15,7 @@ from orchestrate.hostside.outputlog import LINE_MAX
 from tests.support.clusters import BRING_UP
 from tests.support.output import merged_text
 from tests.support.slurmcli import OrchestrateCli, submitted_id
+from tests.support.slurmcluster import BOTH_RELEASES
 
 pytestmark = pytest.mark.slurm
 
@@ -32,6 +33,7 @@ def _files_holding(needle: bytes, *roots: Path) -> list[str]:
     return found
 
 
+@BOTH_RELEASES
 @pytest.mark.timeout(BRING_UP + 120)
 def test_a_secret_reaches_every_rank_and_no_file_of_the_cluster(ocli: OrchestrateCli) -> None:
     ocli.inventory()

@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.output import merged_text
 from tests.support.slurmcli import OrchestrateCli
+from tests.support.slurmcluster import HOST_RELEASE, SECOND_RELEASE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -43,8 +44,11 @@ def _worlds(out: Path) -> dict[int, dict[str, Any]]:
     return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
 
 
-@pytest.mark.parametrize("launcher, program", [("per_node", "spawn_train.py"),
-                                               ("torchrun", "torchrun_train.py")])
+@pytest.mark.parametrize("slurm_release, launcher, program", [
+    (HOST_RELEASE, "per_node", "spawn_train.py"),
+    (HOST_RELEASE, "torchrun", "torchrun_train.py"),
+    pytest.param(SECOND_RELEASE, "torchrun", "torchrun_train.py", marks=pytest.mark.slurm_release),
+], indirect=["slurm_release"])
 def test_workers_started_per_node_join_the_plans_world(ocli: OrchestrateCli, launcher: str,
                                                        program: str) -> None:
     ocli.inventory()

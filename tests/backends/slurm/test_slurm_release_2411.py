@@ -1,7 +1,8 @@
-"""Slurm 24.11 for real (opt-in): Debian 13's release in its own root (tests/clusters/
-slurm-root.sh), a one-node cluster brought up, used and torn down by the test, its outputs read
-by the backend's parsers. Skipped, with the reason, until ``slurm-root.sh root`` has built the
-root (minutes and ~47 MB of packages: docs/testing-clusters.md, "Second release").
+"""Slurm 24.11 for real: Debian 13's release in its own root (tests/clusters/slurm-root.sh), a
+one-node cluster brought up, used and torn down by the test, its outputs read by the backend's
+parsers. Skipped, with the reason, until ``slurm-root.sh root`` has built the root (minutes and
+~47 MB of packages; tests/setup.sh starts it in the background: docs/testing-clusters.md,
+"Second release"). The core Slurm tests run on the 3-node 24.11 cluster too (``@BOTH_RELEASES``).
 """
 
 from __future__ import annotations
