@@ -25,6 +25,12 @@ pay: serialising and writing against copying.
 
 On a shared machine other tenants' load moves single runs a lot: the load average is printed
 before and after, and the variants alternate so that drift hits all three alike.
+
+``--parts`` times, in one process and on the same state, what each path costs the ranks (medians
+of ``--repeats``): the copy to host memory as the first save makes it (allocating) and as every
+later one does (into the kept buffers), the synchronous write it replaces, the background write's
+own CPU time, and the longest the training thread was kept from running Python during that
+write (the GIL: torch.save releases it while it writes the tensors).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +112,78 @@ def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
     return float(times[args.steps] - times[1])
 
 
+def _median_time(action: Any, repeats: int) -> float:
+    took = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        action()
+        took.append(time.perf_counter() - began)
+    return statistics.median(took)
+
+
+def _background(write: Any) -> tuple[float, float]:
+    """Run ``write`` in a thread: its CPU seconds, and the longest gap the training thread saw
+    between two of its own Python steps meanwhile."""
+    cpu: list[float] = []
+
+    def run() -> None:
+        began = time.thread_time()
+        write()
+        cpu.append(time.thread_time() - began)
+
+    thread = threading.Thread(target=run)
+    last = time.perf_counter()
+    worst = 0.0
+    thread.start()
+    while thread.is_alive():
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    thread.join()
+    return cpu[0], worst
+
+
+def parts(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds of each part of a checkpoint of the bench's model, in this process."""
+    import torch
+
+    sys.path[:0] = [str(REPO), str(DIGITS)]
+    from digits import build_model  # type: ignore[import-not-found]
+
+    from orchestrate.train import asyncsave, checkpoint
+
+    torch.set_num_threads(1)
+    model = build_model(hidden=args.hidden, dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(32, 64)).sum().backward()
+    optimizer.step()
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    host = asyncsave.HostCopy()
+    host.take(state())
+    folder = Path(tempfile.mkdtemp(prefix="parts-", dir=args.checkpoint_dir))
+    try:
+        copy = host.take(state())
+        figures = {
+            "copy, allocating (the first save)": _median_time(
+                lambda: asyncsave.snapshot(state()), args.repeats),
+            "copy into the kept buffers": _median_time(lambda: host.take(state()), args.repeats),
+            "synchronous checkpoint.save": _median_time(
+                lambda: checkpoint.save(copy, folder, 1, 1), args.repeats),
+        }
+        background = [_background(lambda: checkpoint.save(copy, folder, 2, 1))
+                      for _ in range(args.repeats)]
+        figures["background write, its CPU time"] = statistics.median(b[0] for b in background)
+        figures["training thread's longest wait for the GIL"] = statistics.median(
+            b[1] for b in background)
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    for label, seconds in figures.items():
+        print(f"{label:<45} {seconds:.3f} s", flush=True)
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
@@ -115,8 +195,16 @@ def main() -> int:
                         help="write the checkpoints under this folder (e.g. /dev/shm: a fast "
                         "disk); default: the run directory, in the system's temporary folder")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--parts", action="store_true",
+                        help="time each part of one checkpoint in this process instead")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}", flush=True)
+    if args.parts:
+        figures = parts(args)
+        print(f"load average after: {os.getloadavg()}")
+        if args.json is not None:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return 0
     params = 64 * args.hidden + args.hidden * args.hidden + args.hidden * 10
     print(f"{params / 1e6:.1f} M parameters: {params * 12 / 1e9:.2f} GB of weights and AdamW "
           f"moments per rank ({args.strategy}); {args.steps} steps, a checkpoint every "

@@ -5,6 +5,7 @@ attempt of a job logs as the same W&B run."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -42,6 +43,32 @@ def test_the_snapshot_is_a_host_copy_the_next_step_cannot_change() -> None:
     assert asyncsave.tensor_bytes(live["model"]) == (4 * 3 + 3) * 4
 
 
+def test_the_next_save_copies_into_the_same_host_buffers_and_reallocates_what_changed() -> None:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    host = asyncsave.HostCopy()
+    first = host.take({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    host.ready()  # nothing queued on a device: returns at once
+    buffers = {name: t.data_ptr() for name, t in first["model"].items()}
+    moment = first["optimizer"]["state"][0]["exp_avg"].data_ptr()
+    optimizer.step()
+    second = host.take({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    # The same memory, now holding the new values (no allocation, no page faults)...
+    assert {name: t.data_ptr() for name, t in second["model"].items()} == buffers
+    assert second["optimizer"]["state"][0]["exp_avg"].data_ptr() == moment
+    assert torch.equal(second["model"]["weight"], model.weight)
+    assert torch.equal(second["optimizer"]["state"][0]["exp_avg"],
+                       optimizer.state[model.weight]["exp_avg"])
+    assert second["model"]["weight"].data_ptr() != model.weight.data_ptr()
+    # ...while a tensor whose shape or dtype changed gets a buffer of its own.
+    third = host.take({"model": {"weight": torch.zeros(5, 4), "bias": model.bias.double()}})
+    assert third["model"]["weight"].shape == (5, 4)
+    assert third["model"]["bias"].dtype == torch.float64
+    assert third["model"]["weight"].data_ptr() != buffers["weight"]
+
+
 def test_host_memory_is_read_from_meminfo_and_a_copy_too_big_is_refused_with_numbers() -> None:
     available = asyncsave.available_bytes(MEMINFO)
     assert available == 22103384 * 1024
@@ -64,6 +91,14 @@ def test_one_write_in_flight_and_its_failure_is_raised_where_it_is_waited_for() 
     waited = writer.wait()
     assert waited is not None and waited[0] == "step-00000005.pt"
     assert writer.busy is None and writer.wait() is None
+
+    # The write yields the CPU to training: its thread, and only it, runs 10 nicer.
+    seen: list[int] = []
+    writer.start("step-00000008.pt", lambda: seen.append(
+        os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    writer.wait()
+    assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + asyncsave.WRITER_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < seen[0] or seen[0] == 19
 
     def full_disk() -> None:
         raise OSError(28, "No space left on device")
