@@ -18,7 +18,6 @@ A write that fails in the background is raised in the training thread at the nex
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,11 +30,6 @@ import torch
 #: (MemAvailable): the rest is left to the data loaders, page cache and everyone else.
 HOST_SHARE = 0.8
 _MEMINFO = "/proc/meminfo"
-#: How much lower the writer thread's CPU priority is than the training thread's (a nice
-#: increment, Linux: per thread). On busy cores the write then runs in what the ranks leave idle
-#: (waiting in their collectives) before it takes time from them; its CPU (serialising and
-#: copying into the page cache, ~0.4 s a GB) otherwise slows the step it overlaps.
-WRITER_NICE = 10
 
 
 def snapshot(value: Any, into: Any = None) -> Any:
@@ -183,7 +177,6 @@ class Writer:
 
         def run() -> None:
             try:
-                _yield_to_training()
                 write()
             except BaseException as exc:  # raised in the training thread by wait()
                 flight.error = exc
@@ -207,12 +200,3 @@ class Writer:
             raise flight.error
         return flight.label, time.perf_counter() - began
 
-
-def _yield_to_training() -> None:
-    """Lower the calling thread's CPU priority by :data:`WRITER_NICE` (only this thread's)."""
-    try:
-        thread = threading.get_native_id()
-        now = os.getpriority(os.PRIO_PROCESS, thread)
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, now + WRITER_NICE))
-    except OSError:  # not allowed here: the write runs at the training thread's priority
-        pass
