@@ -12,7 +12,9 @@ A run's training time is the span between its ``step`` records of step 1 and of 
 (``log_every_steps: 1``), which leaves out start-up and the final checkpoint (synchronous in all
 three). The time lost to checkpoints is a variant's median span minus ``none``'s; the result is
 lost(async) / lost(sync) (target <= 0.35 on CPUs, where the copy to host memory is a memory copy
-inside the step; ~0.1 on GPUs, where it is a device-to-host transfer).
+inside the step; ~0.1 on GPUs, where it is a device-to-host transfer). The same ratio is also
+given inside each run: a run's span beyond its own median step times its steps, less ``none``'s
+(drift between runs, which a busy machine has plenty of, then cancels; drift within one does not).
 
     python bench/checkpoint_stall.py [--repeats 3] [--hidden 6400] [--steps 16] [--every 4]
                                      [--strategy ddp|fsdp] [--checkpoint-dir DIR] [--json F]
@@ -84,8 +86,10 @@ def _launch(config: Path, run_dir: Path) -> None:
         raise RuntimeError(f"ranks exited {codes}:\n{text[-3000:]}")
 
 
-def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
-    """Seconds between the step records of step 1 and of the last step of one run."""
+def run_once(variant: str, args: argparse.Namespace, work: Path) -> tuple[float, float]:
+    """Seconds between the step records of step 1 and of the last step of one run, and how much
+    of it is beyond the run's own median step (what its checkpoints cost, measured inside the
+    run: a machine whose load drifts between runs moves this much less than the span)."""
     from orchestrate.core.spec.trainspec import TrainSpec
 
     spec = TrainSpec.model_validate({
@@ -109,7 +113,9 @@ def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
     subprocess.run(["rm", "-rf", str(run_dir / "checkpoints")], check=True)
     if args.checkpoint_dir is not None:
         subprocess.run(["rm", "-rf", str(args.checkpoint_dir / variant)], check=True)
-    return float(times[args.steps] - times[1])
+    span = float(times[args.steps] - times[1])
+    median = statistics.median(times[s] - times[s - 1] for s in range(2, args.steps + 1))
+    return span, span - median * (args.steps - 1)
 
 
 def _median_time(action: Any, repeats: int) -> float:
@@ -210,15 +216,20 @@ def main() -> int:
           f"moments per rank ({args.strategy}); {args.steps} steps, a checkpoint every "
           f"{args.every}", flush=True)
     spans: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    excess: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="checkpoint_stall-") as tmp:
         for repeat in range(args.repeats):
             # The order turns each repeat (none sync async, sync async none, ...): a machine
             # whose load drifts during a repeat favours no variant.
             for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
-                took = run_once(variant, args, Path(tmp))
+                took, beyond = run_once(variant, args, Path(tmp))
                 spans[variant].append(took)
-                print(f"  run {repeat + 1} {variant:<5} {took:.2f} s", flush=True)
+                excess[variant].append(beyond)
+                print(f"  run {repeat + 1} {variant:<5} {took:.2f} s ({beyond:.2f} s beyond "
+                      "its median step)", flush=True)
     medians = {v: statistics.median(spans[v]) for v in VARIANTS}
+    within = {v: statistics.median(excess[v]) - statistics.median(excess["none"])
+              for v in ("sync", "async")}
     lost = {v: medians[v] - medians["none"] for v in ("sync", "async")}
     ratio = lost["async"] / lost["sync"] if lost["sync"] > 0 else float("nan")
     for variant in VARIANTS:
@@ -226,11 +237,14 @@ def main() -> int:
               f"max {max(spans[variant]):.2f})")
     print(f"lost to checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s; "
           f"async / sync = {ratio:.2f} (target <= 0.35)")
+    print(f"inside each run (beyond its median step, less none's): sync {within['sync']:.2f} s, "
+          f"async {within['async']:.2f} s; async / sync = {within['async'] / within['sync']:.2f}")
     print(f"load average after: {os.getloadavg()}")
     if args.json is not None:
         given = {k: v if isinstance(v, int | str) else str(v) for k, v in vars(args).items()}
         result: dict[str, Any] = {"spans_s": spans, "medians_s": medians, "lost_s": lost,
-                                  "ratio": ratio, "args": given}
+                                  "ratio": ratio, "args": given,
+                                  "beyond_median_step_s": excess, "within_lost_s": within}
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 
