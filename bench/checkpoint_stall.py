@@ -12,7 +12,9 @@ A run's training time is the span between its ``step`` records of step 1 and of 
 (``log_every_steps: 1``), which leaves out start-up and the final checkpoint (synchronous in all
 three). The time lost to checkpoints is a variant's median span minus ``none``'s; the result is
 lost(async) / lost(sync) (target <= 0.35 on CPUs, where the copy to host memory is a memory copy
-inside the step; ~0.1 on GPUs, where it is a device-to-host transfer).
+inside the step; ~0.1 on GPUs, where it is a device-to-host transfer). The same ratio is also
+given inside each run: a run's span beyond its own median step times its steps, less ``none``'s
+(drift between runs, which a busy machine has plenty of, then cancels; drift within one does not).
 
     python bench/checkpoint_stall.py [--repeats 3] [--hidden 6400] [--steps 16] [--every 4]
                                      [--strategy ddp|fsdp] [--checkpoint-dir DIR] [--json F]
@@ -25,6 +27,12 @@ pay: serialising and writing against copying.
 
 On a shared machine other tenants' load moves single runs a lot: the load average is printed
 before and after, and the variants alternate so that drift hits all three alike.
+
+``--parts`` times, in one process and on the same state, what each path costs the ranks (medians
+of ``--repeats``): the copy to host memory as the first save makes it (allocating) and as every
+later one does (into the kept buffers), the synchronous write it replaces, the background write's
+own CPU time, and the longest the training thread was kept from running Python during that
+write (the GIL: torch.save releases it while it writes the tensors).
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +86,10 @@ def _launch(config: Path, run_dir: Path) -> None:
         raise RuntimeError(f"ranks exited {codes}:\n{text[-3000:]}")
 
 
-def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
-    """Seconds between the step records of step 1 and of the last step of one run."""
+def run_once(variant: str, args: argparse.Namespace, work: Path) -> tuple[float, float]:
+    """Seconds between the step records of step 1 and of the last step of one run, and how much
+    of it is beyond the run's own median step (what its checkpoints cost, measured inside the
+    run: a machine whose load drifts between runs moves this much less than the span)."""
     from orchestrate.core.spec.trainspec import TrainSpec
 
     spec = TrainSpec.model_validate({
@@ -101,7 +113,81 @@ def run_once(variant: str, args: argparse.Namespace, work: Path) -> float:
     subprocess.run(["rm", "-rf", str(run_dir / "checkpoints")], check=True)
     if args.checkpoint_dir is not None:
         subprocess.run(["rm", "-rf", str(args.checkpoint_dir / variant)], check=True)
-    return float(times[args.steps] - times[1])
+    span = float(times[args.steps] - times[1])
+    median = statistics.median(times[s] - times[s - 1] for s in range(2, args.steps + 1))
+    return span, span - median * (args.steps - 1)
+
+
+def _median_time(action: Any, repeats: int) -> float:
+    took = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        action()
+        took.append(time.perf_counter() - began)
+    return statistics.median(took)
+
+
+def _background(write: Any) -> tuple[float, float]:
+    """Run ``write`` in a thread: its CPU seconds, and the longest gap the training thread saw
+    between two of its own Python steps meanwhile."""
+    cpu: list[float] = []
+
+    def run() -> None:
+        began = time.thread_time()
+        write()
+        cpu.append(time.thread_time() - began)
+
+    thread = threading.Thread(target=run)
+    last = time.perf_counter()
+    worst = 0.0
+    thread.start()
+    while thread.is_alive():
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    thread.join()
+    return cpu[0], worst
+
+
+def parts(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds of each part of a checkpoint of the bench's model, in this process."""
+    import torch
+
+    sys.path[:0] = [str(REPO), str(DIGITS)]
+    from digits import build_model  # type: ignore[import-not-found]
+
+    from orchestrate.train import asyncsave, checkpoint
+
+    torch.set_num_threads(1)
+    model = build_model(hidden=args.hidden, dropout=0.0)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(32, 64)).sum().backward()
+    optimizer.step()
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    host = asyncsave.HostCopy()
+    host.take(state())
+    folder = Path(tempfile.mkdtemp(prefix="parts-", dir=args.checkpoint_dir))
+    try:
+        copy = host.take(state())
+        figures = {
+            "copy, allocating (the first save)": _median_time(
+                lambda: asyncsave.snapshot(state()), args.repeats),
+            "copy into the kept buffers": _median_time(lambda: host.take(state()), args.repeats),
+            "synchronous checkpoint.save": _median_time(
+                lambda: checkpoint.save(copy, folder, 1, 1), args.repeats),
+        }
+        background = [_background(lambda: checkpoint.save(copy, folder, 2, 1))
+                      for _ in range(args.repeats)]
+        figures["background write, its CPU time"] = statistics.median(b[0] for b in background)
+        figures["training thread's longest wait for the GIL"] = statistics.median(
+            b[1] for b in background)
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    for label, seconds in figures.items():
+        print(f"{label:<45} {seconds:.3f} s", flush=True)
+    return figures
 
 
 def main() -> int:
@@ -115,22 +201,35 @@ def main() -> int:
                         help="write the checkpoints under this folder (e.g. /dev/shm: a fast "
                         "disk); default: the run directory, in the system's temporary folder")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--parts", action="store_true",
+                        help="time each part of one checkpoint in this process instead")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}", flush=True)
+    if args.parts:
+        figures = parts(args)
+        print(f"load average after: {os.getloadavg()}")
+        if args.json is not None:
+            args.json.write_text(json.dumps(figures, indent=2))
+        return 0
     params = 64 * args.hidden + args.hidden * args.hidden + args.hidden * 10
     print(f"{params / 1e6:.1f} M parameters: {params * 12 / 1e9:.2f} GB of weights and AdamW "
           f"moments per rank ({args.strategy}); {args.steps} steps, a checkpoint every "
           f"{args.every}", flush=True)
     spans: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    excess: dict[str, list[float]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="checkpoint_stall-") as tmp:
         for repeat in range(args.repeats):
             # The order turns each repeat (none sync async, sync async none, ...): a machine
             # whose load drifts during a repeat favours no variant.
             for variant in VARIANTS[repeat % 3:] + VARIANTS[:repeat % 3]:
-                took = run_once(variant, args, Path(tmp))
+                took, beyond = run_once(variant, args, Path(tmp))
                 spans[variant].append(took)
-                print(f"  run {repeat + 1} {variant:<5} {took:.2f} s", flush=True)
+                excess[variant].append(beyond)
+                print(f"  run {repeat + 1} {variant:<5} {took:.2f} s ({beyond:.2f} s beyond "
+                      "its median step)", flush=True)
     medians = {v: statistics.median(spans[v]) for v in VARIANTS}
+    within = {v: statistics.median(excess[v]) - statistics.median(excess["none"])
+              for v in ("sync", "async")}
     lost = {v: medians[v] - medians["none"] for v in ("sync", "async")}
     ratio = lost["async"] / lost["sync"] if lost["sync"] > 0 else float("nan")
     for variant in VARIANTS:
@@ -138,11 +237,14 @@ def main() -> int:
               f"max {max(spans[variant]):.2f})")
     print(f"lost to checkpoints: sync {lost['sync']:.2f} s, async {lost['async']:.2f} s; "
           f"async / sync = {ratio:.2f} (target <= 0.35)")
+    print(f"inside each run (beyond its median step, less none's): sync {within['sync']:.2f} s, "
+          f"async {within['async']:.2f} s; async / sync = {within['async'] / within['sync']:.2f}")
     print(f"load average after: {os.getloadavg()}")
     if args.json is not None:
         given = {k: v if isinstance(v, int | str) else str(v) for k, v in vars(args).items()}
         result: dict[str, Any] = {"spans_s": spans, "medians_s": medians, "lost_s": lost,
-                                  "ratio": ratio, "args": given}
+                                  "ratio": ratio, "args": given,
+                                  "beyond_median_step_s": excess, "within_lost_s": within}
         args.json.write_text(json.dumps(result, indent=2))
     return 0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine: the package with its test
-# extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, Lightning, accelerate, pytest, ruff,
-# mypy) and the system tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2;
+# extras (torch CPU 2.13.0, Fabric, submitit, scikit-learn, Lightning, accelerate, wandb, pytest,
+# ruff, mypy) and the system tools the tests call (shellcheck, pdsh, sshd, Slurm and munge, iproute2;
 # Chromium to render the HTML report headless, tmux to drive the live view in a terminal,
 # podman to run jobs in containers).
 # Idempotent.

@@ -104,6 +104,9 @@ class Checkpointer:
     asynchronous: bool | None = False
     group: dist.ProcessGroup | None = None  # the background writes' own gloo group (FSDP)
     writer: asyncsave.Writer = field(default_factory=asyncsave.Writer)
+    #: the model's and optimizer's host copy, reused by every background save (DDP, rank 0)
+    host: asyncsave.HostCopy = field(default_factory=asyncsave.HostCopy)
+    staging: Any = None  # FSDP: distcp.stager(), made at the first background save
 
     def save(self, where: Where, take: Callable[[], TrainState], *, barrier: bool) -> None:
         """Checkpoint the trainer at ``where``; ``take`` gives its state (called only when a
@@ -230,8 +233,11 @@ class Checkpointer:
         directory, keep, step = self.directory, self.keep, state.step
         copied = asyncsave.snapshot(side)
         if state.sharded:
+            if self.staging is None:
+                self.staging = distcp.stager()
             future = distcp.save_async(state.model, state.optimizer, directory=directory,
-                                       step=step, tag=tag, group=self.group)
+                                       step=step, tag=tag, group=self.group,
+                                       staging=self.staging)
             temporary = distcp.temporary_for(directory, step, tag)
 
             def write() -> None:
@@ -240,10 +246,12 @@ class Checkpointer:
                     self._announce(state, distcp.finish(
                         copied, directory=directory, step=step, keep=keep, temporary=temporary))
         elif self.cluster.rank == 0:
-            copied["model"] = asyncsave.snapshot(state.module.state_dict())
-            copied["optimizer"] = asyncsave.snapshot(state.optimizer.state_dict())
+            host = self.host
+            copied.update(host.take({"model": state.module.state_dict(),
+                                     "optimizer": state.optimizer.state_dict()}))
 
             def write() -> None:
+                host.ready()
                 self._announce(state, checkpoint.save(copied, directory, step, keep))
         else:
             return

@@ -86,7 +86,7 @@ def wandb_options(track: Tracking, run_dir: Path, spec: TrainSpec,
 def open_wandb(track: Tracking, run_dir: Path, spec: TrainSpec) -> Any:
     """The job's W&B run, resumed by id (None when wandb is not installed)."""
     try:
-        import wandb  # type: ignore[import-not-found]
+        import wandb  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         print("wandb: asked for but not installed (pip install wandb); skipped", flush=True)
         return None

@@ -42,6 +42,32 @@ def test_the_snapshot_is_a_host_copy_the_next_step_cannot_change() -> None:
     assert asyncsave.tensor_bytes(live["model"]) == (4 * 3 + 3) * 4
 
 
+def test_the_next_save_copies_into_the_same_host_buffers_and_reallocates_what_changed() -> None:
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    host = asyncsave.HostCopy()
+    first = host.take({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    host.ready()  # nothing queued on a device: returns at once
+    buffers = {name: t.data_ptr() for name, t in first["model"].items()}
+    moment = first["optimizer"]["state"][0]["exp_avg"].data_ptr()
+    optimizer.step()
+    second = host.take({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    # The same memory, now holding the new values (no allocation, no page faults)...
+    assert {name: t.data_ptr() for name, t in second["model"].items()} == buffers
+    assert second["optimizer"]["state"][0]["exp_avg"].data_ptr() == moment
+    assert torch.equal(second["model"]["weight"], model.weight)
+    assert torch.equal(second["optimizer"]["state"][0]["exp_avg"],
+                       optimizer.state[model.weight]["exp_avg"])
+    assert second["model"]["weight"].data_ptr() != model.weight.data_ptr()
+    # ...while a tensor whose shape or dtype changed gets a buffer of its own.
+    third = host.take({"model": {"weight": torch.zeros(5, 4), "bias": model.bias.double()}})
+    assert third["model"]["weight"].shape == (5, 4)
+    assert third["model"]["bias"].dtype == torch.float64
+    assert third["model"]["weight"].data_ptr() != buffers["weight"]
+
+
 def test_host_memory_is_read_from_meminfo_and_a_copy_too_big_is_refused_with_numbers() -> None:
     available = asyncsave.available_bytes(MEMINFO)
     assert available == 22103384 * 1024
