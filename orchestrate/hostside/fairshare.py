@@ -263,8 +263,17 @@ def keyer(tickets: list[Ticket], use: Usage, policy: QueuePolicy, now: float) ->
             if count[ticket.uid] > policy.max_waiting_per_user:
                 late.add((ticket.uid, ticket.job_id))
 
+    # One use per user: the highest floor any of the user's tickets carries. Each ticket's floor
+    # was read at its own preflight, so two jobs of one user carried values a rounding apart,
+    # and that, not their age, decided which of them went first (CI, stop 42).
+    mine = dict(use)
+    for ticket in tickets:
+        if policy.order != "fifo":
+            mine[ticket.uid] = max(mine.get(ticket.uid, 0.0),
+                                   floor(ticket, now, policy.half_life_s))
+
     def key(ticket: Ticket) -> tuple[bool, float, float, int, str]:
-        return ((ticket.uid, ticket.job_id) in late, *fair_key(ticket, use, policy, now))
+        return ((ticket.uid, ticket.job_id) in late, *fair_key(ticket, mine, policy, now))
     return key
 
 

@@ -317,8 +317,8 @@ mount_ns_up() {
     for p in $(bound_paths) /proc /dev /sys; do
         script+="; mkdir -p '$ROOT$p'; mount --rbind '$p' '$ROOT$p'"
     done
-    for p in /etc/hosts /etc/passwd /etc/group; do
-        script+="; mount --bind '$p' '$ROOT$p'"
+    for p in /etc/hosts /etc/passwd /etc/group; do # a fresh minbase root has no /etc/hosts
+        script+="; [ -e '$ROOT$p' ] || : >'$ROOT$p'; mount --bind '$p' '$ROOT$p'"
     done
     nsenter --mount="$DIR/ns/mnt" bash -c "$script"
     for p in "${CLIENTS[@]}"; do write_wrapper "$p"; done

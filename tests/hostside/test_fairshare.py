@@ -91,6 +91,19 @@ def test_two_hosts_order_two_gang_jobs_alike_at_claim_time_not_only_at_preflight
     assert ordered([hers, his], {}, QueuePolicy(), claim)[0].job_id == "a-gang"
 
 
+def test_one_users_gang_jobs_keep_their_order_whatever_use_each_ticket_carries() -> None:
+    """Two 2-host jobs of one user, their use read at two preflights a moment apart: the
+    older ticket carrying a little more (its preflight saw another lease's count) must not
+    let the younger pass it (CI: gang-c ran before gang-b). A user's own jobs go first come,
+    first served."""
+    older, younger = _ticket("gang-b", 1001, NOW - 2), _ticket("gang-c", 1001, NOW - 1)
+    older.usage, older.usage_at = 50.5, NOW - 2
+    younger.usage, younger.usage_at = 50.0, NOW - 1
+    for use in ({}, {1001: 10.0}):
+        assert [t.job_id for t in ordered([younger, older], use, QueuePolicy(), NOW)] == [
+            "gang-b", "gang-c"]
+
+
 def test_a_users_waiting_jobs_beyond_the_limit_go_last_and_the_rule_is_named() -> None:
     policy = QueuePolicy(max_waiting_per_user=2, source="/book/policy.json")
     queue = [_ticket(f"h{n}", 1001, NOW + n) for n in range(4)]

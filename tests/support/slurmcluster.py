@@ -109,6 +109,20 @@ class SlurmCluster:
                 return
             time.sleep(0.5)
 
+    def quiet(self, timeout: float = 120) -> None:
+        """Wait until no job of an earlier test is still running or completing, then heal: a
+        test that stops the controller must not catch a step ending. Its completion messages
+        then fail, slurmstepd gives up after UnkillableStepTimeout and drains the nodes ("Kill
+        task failed"), and the next test's job pends on them (CI, stop 42)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = self.run("squeue", "-h", "-t", "R,CG,CF,S", "-o", "%i %T",
+                            check=False).stdout.split()
+            if not busy:
+                break
+            time.sleep(0.5)
+        self.heal()
+
     def job(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict; works after the job ended (MinJobAge=3600)."""
         text = self.run("scontrol", "show", "job", job_id).stdout
