@@ -647,7 +647,7 @@ def test_a_submit_while_the_controller_is_frozen_is_tracked_not_lost(
         command: [bash, -c, "echo ran once"]
         """)
     ctld = int((ocli.cluster.state_dir / "pids" / "slurmctld.pid").read_text())
-    ocli.cluster.quiet(timeout=60)  # no earlier test's step may be ending while the controller sleeps
+    ocli.cluster.quiet(timeout=60)  # no earlier step may be ending while the controller sleeps
     os.kill(ctld, signal.SIGSTOP)
     try:
         proc = ocli.run("submit", str(job), "--detach", timeout=60)
