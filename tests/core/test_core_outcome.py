@@ -71,6 +71,18 @@ def test_a_rank_that_explains_outranks_one_that_died_first_saying_nothing() -> N
     assert first_failure(killed, lambda r: peer[r]) == killed[1]
 
 
+def test_a_rank_that_asked_to_be_requeued_is_first_not_the_rank_srun_then_stopped() -> None:
+    """The stop signal before the time limit: rank 0 checkpointed and exited 75, and srun then
+    stopped rank 1 (SIGTERM, silent). Rank 0's own line reads like a stop from outside, yet it
+    is the first: the attempt is a requeue, not a failure restarted in the allocation (CI)."""
+    said = {0: ["stopped by SIGUSR2 at step 31; checkpointed, exiting 75 to be requeued"],
+            1: []}
+    ends = [RankEnd(0, "n1", Exit(code=75), 10.0), RankEnd(1, "n2", Exit(signal=15), 10.1)]
+    assert says(said[0]) == ELSEWHERE  # the words alone would have blamed rank 1
+    assert first_failure(ends, lambda r: said[r]) == ends[0]
+    assert settled(ends, lambda r: said[r], running=True, now=10.2) == ends[0]
+
+
 @pytest.mark.parametrize(("lines", "verdict"), [
     (["rank 0: model factory m:f raised TypeError: f() got an unexpected keyword"], EXPLAINED),
     (["Traceback (most recent call last):", "  File \"x.py\"", "ValueError: bad"], EXPLAINED),

@@ -122,7 +122,16 @@ def first_failure(ends: Iterable[RankEnd],
         return min(failed, key=lambda end: (end.at, end.rank))
     start = min(end.at for end in failed)
     near = [end for end in failed if end.at <= start + settle_s]
-    return min(near, key=lambda end: (says(said(end.rank)), end.at, end.rank))
+    return min(near, key=lambda end: (_blame(end, said), end.at, end.rank))
+
+
+def _blame(end: RankEnd, said: Callable[[int], Sequence[str]]) -> int:
+    """:func:`says` of a failed rank, where a rank that exited 75 explains itself: it asked to
+    be requeued. Its own last line ("stopped by SIGUSR2 ...; checkpointed, exiting 75") reads
+    as a stop from outside, and a rank srun then killed (SIGTERM, silent) came before it: the
+    stop signal was taken for a failure and restarted in the allocation, not requeued (CI,
+    stop 42)."""
+    return EXPLAINED if end.exit.code == EXIT_REQUEUE else says(said(end.rank))
 
 
 def settled(ends: Sequence[RankEnd], said: Callable[[int], Sequence[str]], running: bool,
@@ -131,7 +140,7 @@ def settled(ends: Sequence[RankEnd], said: Callable[[int], Sequence[str]], runni
     yet explain it: the first failure says nothing (or blames another) and ``settle_s`` has not
     passed since it."""
     first = first_failure(ends, said, settle_s)
-    if first is None or not running or says(said(first.rank)) == EXPLAINED:
+    if first is None or not running or _blame(first, said) == EXPLAINED:
         return first
     start = min(end.at for end in ends if not end.exit.ok)
     return first if now >= start + settle_s else None
