@@ -91,44 +91,15 @@ def this_machine() -> dict[str, Any]:
 
 def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:
     """Each SSH node of the inventory, asked through the agent, in inventory order."""
-    from orchestrate.backends.ssh.agent import MARK
-    from orchestrate.backends.ssh.channels import agent_command
-    from orchestrate.backends.ssh.connections import Links, fan_out, target
-    from orchestrate.backends.ssh.reaping import SLACK_S, describe_failure
+    from orchestrate.backends.ssh.probe import ask_agents
     from orchestrate.core.spec.inventory import load_inventory
 
     if not inventory_file.exists():
         raise UserError.single("inventory file not found", source=str(inventory_file),
                                field="--inventory")
-    inventory = load_inventory(inventory_file)
-    targets = [target(n.name, n.address, n.python or "python3", n.ssh, 10.0, n.lease_dir)
-               for n in inventory.nodes]
-    links = Links()
-
-    def ask(t: Any) -> dict[str, Any]:
-        result = links.get(t).run(agent_command(t.python, "gpus", t.lease_dir or ""),
-                                  timeout=t.connect_timeout_s + SLACK_S)
-        for line in result.output.split("\n"):
-            if line.startswith(MARK + "gpus "):
-                data: dict[str, Any] = json.loads(line[len(MARK) + 5:])
-                return data
-        tail = " | ".join(result.output.strip().split("\n")[-3:])
-        raise RuntimeError(f"the agent did not answer (exit {result.code}): {tail}")
-
-    try:
-        answers = fan_out(targets, ask, 32)
-    finally:
-        links.close()
-    hosts = []
-    for t in targets:
-        got = answers[t.name]
-        if got.value is not None:
-            hosts.append({**got.value, "node": t.name})
-        else:
-            error = got.error if isinstance(got.error, Exception) else RuntimeError(got.error)
-            hosts.append({"host": t.label, "node": t.name, "gpus": [],
-                          "problems": [describe_failure(error)]})
-    return hosts
+    return [{**told.value, "node": told.node} if told.value is not None else
+            {"host": told.host, "node": told.node, "gpus": [], "problems": [told.why]}
+            for told in ask_agents(load_inventory(inventory_file).nodes, "gpus")]
 
 
 def _holder(h: dict[str, Any]) -> str:

@@ -77,44 +77,20 @@ def machine_queue(lease_dir: str | None, account: bool = False) -> dict[str, Any
 def over_ssh(inventory_file: Path) -> list[dict[str, Any]]:
     """Each SSH node's queue, asked through its agent, in parallel, each bounded like any SSH
     step; a host that does not answer is ``{"host", "node", "no_answer": why}``."""
-    from orchestrate.backends.ssh.agent import MARK
-    from orchestrate.backends.ssh.channels import agent_command
-    from orchestrate.backends.ssh.connections import Links, fan_out, target
-    from orchestrate.backends.ssh.reaping import SLACK_S, describe_failure
+    from orchestrate.backends.ssh.probe import ask_agents
     from orchestrate.core.queueing import with_expected
     from orchestrate.core.spec.inventory import load_inventory
 
     if not inventory_file.exists():
         raise UserError.single("inventory file not found", source=str(inventory_file),
                                field="--inventory")
-    inventory = load_inventory(inventory_file)
-    targets = [target(n.name, n.address, n.python or "python3", n.ssh, 10.0, n.lease_dir)
-               for n in inventory.nodes]
-    links = Links()
-
-    def ask(t: Any) -> dict[str, Any]:
-        result = links.get(t).run(agent_command(t.python, "queue", t.lease_dir or ""),
-                                  timeout=t.connect_timeout_s + SLACK_S)
-        for line in result.output.split("\n"):
-            if line.startswith(MARK + "queue "):
-                data: dict[str, Any] = json.loads(line[len(MARK) + 6:])
-                return data
-        tail = " | ".join(result.output.strip().split("\n")[-3:])
-        raise RuntimeError(f"the agent did not answer (exit {result.code}): {tail}")
-
-    try:
-        answers = fan_out(targets, ask, 32)
-    finally:
-        links.close()
     hosts = []
-    for t in targets:
-        got = answers[t.name]
-        if got.value is not None and not got.value.get("no_answer"):
-            hosts.append({**with_expected(got.value), "node": t.name})
+    for told in ask_agents(load_inventory(inventory_file).nodes, "queue"):
+        if told.value is not None and not told.value.get("no_answer"):
+            hosts.append({**with_expected(told.value), "node": told.node})
             continue
-        error = got.error if isinstance(got.error, Exception) else RuntimeError(got.error)
-        why = got.value["no_answer"] if got.value is not None else describe_failure(error)
-        hosts.append({"host": t.label, "node": t.name, "no_answer": why})
+        why = told.value["no_answer"] if told.value is not None else told.why
+        hosts.append({"host": told.host, "node": told.node, "no_answer": why})
     return hosts
 
 

@@ -25,6 +25,7 @@ inventory's nodes, as ``inventory check`` reaches them.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -268,3 +269,52 @@ def node_targets(nodes: Sequence[Node]) -> list[Target]:
     settings and python."""
     return [target(n.name, n.address, n.python or DEFAULT_PYTHON, n.ssh,
                    DEFAULT_CONNECT_TIMEOUT_S) for n in nodes]
+
+
+@dataclass(frozen=True)
+class AgentAnswer:
+    """One node's answer to an agent question (``gpus``, ``queue``): the JSON it printed, or
+    why there is none (``value`` None)."""
+
+    node: str
+    host: str
+    value: dict[str, Any] | None
+    why: str = ""
+
+
+def ask_agents(nodes: Sequence[Node], question: str) -> list[AgentAnswer]:
+    """Ask every node's agent one question (``agent QUESTION LEASE_DIR``) over SSH, all at once,
+    each bounded by its connect timeout plus the usual slack; in inventory order. A node that
+    cannot be reached, or whose agent does not answer, gets the reason instead of a hang."""
+    from orchestrate.backends.ssh.agent import MARK
+    from orchestrate.backends.ssh.channels import agent_command
+    from orchestrate.backends.ssh.reaping import SLACK_S, describe_failure
+
+    targets = [target(n.name, n.address, n.python or DEFAULT_PYTHON, n.ssh,
+                      DEFAULT_CONNECT_TIMEOUT_S, n.lease_dir) for n in nodes]
+    links = Links()
+    mark = f"{MARK}{question} "
+
+    def ask(t: Target) -> dict[str, Any]:
+        result = links.get(t).run(agent_command(t.python, question, t.lease_dir or ""),
+                                  timeout=t.connect_timeout_s + SLACK_S)
+        for line in result.output.split("\n"):  # not splitlines(): it splits at MARK's \x1e
+            if line.startswith(mark):
+                data: dict[str, Any] = json.loads(line[len(mark):])
+                return data
+        tail = " | ".join(result.output.strip().split("\n")[-3:])
+        raise RuntimeError(f"the agent did not answer (exit {result.code}): {tail}")
+
+    try:
+        answers = fan_out(targets, ask, 32)
+    finally:
+        links.close()
+    told = []
+    for t in targets:
+        got = answers[t.name]
+        if got.value is not None:
+            told.append(AgentAnswer(t.name, t.label, got.value))
+            continue
+        error = got.error if isinstance(got.error, Exception) else RuntimeError(got.error)
+        told.append(AgentAnswer(t.name, t.label, None, describe_failure(error)))
+    return told
