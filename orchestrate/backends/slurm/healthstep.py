@@ -60,7 +60,9 @@ def gather_node(out_dir: str) -> int:
     return 0
 
 
-def _read(path: str) -> dict[str, Any] | None:
+def read_object(path: str) -> dict[str, Any] | None:
+    """A JSON object written by another process of the job, or None (absent, torn, not an
+    object): the health reports here, the stall watch's file in monitor.py."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
@@ -75,7 +77,7 @@ def judge_nodes(health_dir: str, hosts: list[str]) -> tuple[list[str], dict[str,
     notes: list[str] = []
     sick: dict[str, list[str]] = {}
     for host in hosts:
-        facts = _read(os.path.join(health_dir, host + ".json"))
+        facts = read_object(os.path.join(health_dir, host + ".json"))
         if facts is None:
             notes.append(f"{PREFIX} on {host}: no report (the check did not run there; see "
                          "the slurm-*.out file in the run directory)")

@@ -274,7 +274,7 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
     for end in rank_ends(exit_dir):
         ends.append(_worker_end(end, run_dir))
         logged[ends[-1].rank] = end.rank
-    stall = _read_stall(stalled) if stalled else None
+    stall = healthstep.read_object(stalled) if stalled else None
     if not ends and stall is None:
         return StepVerdict("NONE", 0)
     first = first_failure(ends, lambda rank: _last_lines(run_dir, logged.get(rank, rank)))
@@ -316,15 +316,6 @@ def verdict_of(merged: str, exit_dir: str, requeues: int, policy: Policy, run_di
         return StepVerdict("RESTART" if here else "REQUEUE", status, reason, decision.wait_s,
                            decision.exclude)
     return StepVerdict("FAILED", status, reason)
-
-
-def _read_stall(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 # ------------------------------------------------------------------------------ watch
