@@ -80,7 +80,10 @@ def test_a_rank_that_asked_to_be_requeued_is_first_not_the_rank_srun_then_stoppe
     ends = [RankEnd(0, "n1", Exit(code=75), 10.0), RankEnd(1, "n2", Exit(signal=15), 10.1)]
     assert says(said[0]) == ELSEWHERE  # the words alone would have blamed rank 1
     assert first_failure(ends, lambda r: said[r]) == ends[0]
-    assert settled(ends, lambda r: said[r], running=True, now=10.2) == ends[0]
+    assert settled(ends, lambda r: said[r], running=True, now=10.0 + SETTLE_S) == ends[0]
+    # A rank killed before any asked is a failure of its own: it stays first.
+    early = [RankEnd(1, "n2", Exit(signal=9), 9.9), *ends[:1]]
+    assert first_failure(early, lambda r: said[r]) == early[0]
 
 
 @pytest.mark.parametrize(("lines", "verdict"), [

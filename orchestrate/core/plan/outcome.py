@@ -122,16 +122,26 @@ def first_failure(ends: Iterable[RankEnd],
         return min(failed, key=lambda end: (end.at, end.rank))
     start = min(end.at for end in failed)
     near = [end for end in failed if end.at <= start + settle_s]
-    return min(near, key=lambda end: (_blame(end, said), end.at, end.rank))
+    asked = [end.at for end in failed if end.exit.code == EXIT_REQUEUE]
+    requeue_at = min(asked) if asked else None
+    return min(near, key=lambda end: (_blame(end, said, requeue_at), end.at, end.rank))
 
 
-def _blame(end: RankEnd, said: Callable[[int], Sequence[str]]) -> int:
-    """:func:`says` of a failed rank, where a rank that exited 75 explains itself: it asked to
-    be requeued. Its own last line ("stopped by SIGUSR2 ...; checkpointed, exiting 75") reads
-    as a stop from outside, and a rank srun then killed (SIGTERM, silent) came before it: the
-    stop signal was taken for a failure and restarted in the allocation, not requeued (CI,
-    stop 42)."""
-    return EXPLAINED if end.exit.code == EXIT_REQUEUE else says(said(end.rank))
+#: Signals a launcher stops the other ranks with once one has ended (srun's kill-on-bad-exit,
+#: the supervisors' stop): such an end is a consequence, not a failure of its own.
+STOPPED_BY_LAUNCHER = (2, 9, 15)  # SIGINT, SIGKILL, SIGTERM
+
+
+def _blame(end: RankEnd, said: Callable[[int], Sequence[str]], requeue_at: float | None) -> int:
+    """:func:`says` of a failed rank, where a rank the launcher stopped after another rank
+    exited 75 (asking to be requeued) blames that rank: srun stops the step once rank 0 has
+    checkpointed on the stop signal, and the silent SIGTERM of rank 1 must not come before rank
+    0, whose own line ("stopped by SIGUSR2 ...; exiting 75") reads as a stop from outside (CI,
+    stop 42: the stop signal was taken for a failure and restarted in the allocation). A rank
+    killed *before* any asked stays a failure of its own."""
+    if requeue_at is not None and end.exit.signal in STOPPED_BY_LAUNCHER and end.at >= requeue_at:
+        return ELSEWHERE
+    return says(said(end.rank))
 
 
 def settled(ends: Sequence[RankEnd], said: Callable[[int], Sequence[str]], running: bool,
@@ -140,7 +150,7 @@ def settled(ends: Sequence[RankEnd], said: Callable[[int], Sequence[str]], runni
     yet explain it: the first failure says nothing (or blames another) and ``settle_s`` has not
     passed since it."""
     first = first_failure(ends, said, settle_s)
-    if first is None or not running or _blame(first, said) == EXPLAINED:
+    if first is None or not running or says(said(first.rank)) == EXPLAINED:
         return first
     start = min(end.at for end in ends if not end.exit.ok)
     return first if now >= start + settle_s else None

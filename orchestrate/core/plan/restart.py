@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from orchestrate.core.exits import EXIT_REQUEUE, EXIT_USER_ERROR
-from orchestrate.core.plan.outcome import Exit
+from orchestrate.core.plan.outcome import STOPPED_BY_LAUNCHER, Exit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 ENDINGS = ("requeue", "node_lost", "failure", "stall")
 #: Endings that blame a node, and so may exclude it from the next attempt.
 NODE_ENDINGS = ("failure", "node_lost", "stall")
-#: Signals a launcher stops the other ranks with once one has ended (srun's kill-on-bad-exit,
-#: the supervisors' stop): such an end is a consequence, not a failure of its own.
-_STOPPED_BY_LAUNCHER = (2, 9, 15)  # SIGINT, SIGKILL, SIGTERM
 _CHECKPOINT = re.compile(r"step-(\d+)\.pt")
 
 
@@ -124,7 +121,7 @@ def ending_of(failed: list[Exit], first: Exit | None, node: str | None, reason: 
     if stalled:
         return Ending("stall", reason, first, node)
     if first is not None and first.code == EXIT_REQUEUE and all(
-            e.code == EXIT_REQUEUE or e.signal in _STOPPED_BY_LAUNCHER for e in failed):
+            e.code == EXIT_REQUEUE or e.signal in STOPPED_BY_LAUNCHER for e in failed):
         # Every rank that ended on its own asked to resume; the rest were stopped after the
         # first did (a rank still finishing its exit when srun killed the step).
         return Ending("requeue", reason, first, node)
