@@ -194,9 +194,12 @@ def test_queue_order_of_a_thousand_waiting_jobs_is_quick() -> None:
     rng = random.Random(7)
     queue = [_ticket(f"j{n}", 1001 + n % 5, NOW - rng.uniform(0, DAY)) for n in range(1000)]
     use = {1001 + n: rng.uniform(0, 1e6) for n in range(5)}
-    start = time.perf_counter()
-    ordered(queue, use, QueuePolicy(), NOW)
-    assert time.perf_counter() - start < 0.1  # bench/shared_book.py measures it: ~2 ms
+    spent = []
+    for _ in range(3):  # CPU time, the best of three: a busy machine's waits are not the code's
+        start = time.process_time()
+        ordered(queue, use, QueuePolicy(), NOW)
+        spent.append(time.process_time() - start)
+    assert min(spent) < 0.1  # bench/shared_book.py measures it: ~2 ms
 
 
 def test_an_ended_lease_leaves_a_record_its_owner_is_charged_for(tmp_path: Path) -> None:
