@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from orchestrate.backends.base import Backend
-
 if TYPE_CHECKING:
+    # Not at run time: ``submit`` imports orchestrate.backends.early first, before this
+    # package's every model and the plan (0.05 s) would be.
+    from orchestrate.backends.base import Backend
     from orchestrate.run.prepare import Prepared
 
 _MODULES = {

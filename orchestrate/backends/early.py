@@ -34,6 +34,8 @@ PATTERN = "*-"
 #: :func:`orchestrate.cli.entry`), where two Python starts overlap; not where :func:`orchestrate.
 #: cli.main` runs inside another program (a test, a notebook), which keeps the order it had.
 ENABLED = False
+#: The program :func:`prestart` started, until ``submit`` takes it (:meth:`Early.start`).
+_PRESTARTED: tuple[Early | None, str | None] | None = None
 
 
 def draw_suffix() -> str:
@@ -66,6 +68,18 @@ class Go:
         return cls(**{k: str(data[k]) for k in ("module", "job_id", "store", "log")})
 
 
+def prestart(argv: list[str]) -> None:
+    """Start the program at once when the command line is a plain ``submit`` (no ``--job-id``,
+    which the program's command line would name; not a dry run or a help text, which start
+    nothing): before the CLI imports click and its commands, about 0.1 s sooner than the
+    ``submit`` command itself could. :meth:`Early.start` hands it over."""
+    global _PRESTARTED
+    if not ENABLED or argv[:1] != ["submit"] or _PRESTARTED is not None or any(
+            word.startswith(("--job-id", "--dry-run", "--help", "-h")) for word in argv):
+        return
+    _PRESTARTED = Early.start(None)
+
+
 class Early:
     """The CLI's side: the program started before planning, handed a job or let go."""
 
@@ -83,6 +97,10 @@ class Early:
         not :data:`ENABLED`."""
         if not ENABLED:
             return None, None
+        global _PRESTARTED
+        if job_id is None and _PRESTARTED is not None:
+            started, _PRESTARTED = _PRESTARTED, None
+            return started
         suffix = None if job_id is not None else draw_suffix()
         word = job_id if job_id is not None else PATTERN + str(suffix)
         proc = subprocess.Popen(
@@ -122,9 +140,11 @@ def main(stdin: IO[str]) -> int:
     """The started program: import while the CLI plans, then run the supervisor it names."""
     import importlib
 
-    # A local job's supervisor (an SSH job's shares most of it) and the launch scripts'
-    # templates (jinja).
-    for module in ("orchestrate.backends.local.supervisor", "orchestrate.core.render.render"):
+    # A local job's supervisor (an SSH job's shares most of it), the launch scripts'
+    # templates (jinja), and the job's models (pydantic), which the supervisor decodes the
+    # handshake's job into: the slowest import, now done before the CLI hands the job over.
+    for module in ("orchestrate.backends.local.supervisor", "orchestrate.core.render.render",
+                   "orchestrate.run.prepare"):
         importlib.import_module(module)
     line = stdin.readline()
     if not line.strip():

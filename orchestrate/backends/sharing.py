@@ -24,7 +24,6 @@ from orchestrate.core.gpuhealth import HostHealth, judge
 from orchestrate.core.plan.placement import wanted_gpus
 from orchestrate.core.plan.strategy import model_facts, placement_need
 from orchestrate.core.spec.backendtraits import traits
-from orchestrate.core.spec.job import wait_seconds
 from orchestrate.hostside.containment import user_name
 from orchestrate.hostside.leaserecord import Ticket, summary
 from orchestrate.hostside.leases import BookError
@@ -60,6 +59,10 @@ def lease_books(prepared: Prepared) -> LeaseBooks | None:
 
 def wait_limit(prepared: Prepared) -> float | None:
     """How long the job waits for what others hold (``resources.wait``): None = it does not."""
+    # Here, not above: the spec models (pydantic) are the supervisor's slowest import, and a
+    # supervisor started before planning must be ready before the CLI hands it the job.
+    from orchestrate.core.spec.job import wait_seconds
+
     return wait_seconds(prepared.job.resources.wait)
 
 

@@ -164,7 +164,8 @@ def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every
             last_refresh = now
             job = refresh()
             if job.terminal:
-                time.sleep(POLL_S)
+                # Every backend records the end after the last line is written (a supervisor
+                # closes its log first; Slurm ends the job after its steps): read it now.
                 for line in log.lines(final=True):
                     writer.write(line)
                 writer.flush()

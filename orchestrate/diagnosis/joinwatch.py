@@ -231,6 +231,7 @@ def _wrap(dist: Any, run_dir: str, start: Starter) -> None:
                 continue
 
             def wrapped(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+                wait_for_store(args, kwargs, os.environ)
                 result = __original(*args, **kwargs)
                 joined_now(run_dir, start)
                 return result
@@ -238,6 +239,47 @@ def _wrap(dist: Any, run_dir: str, start: Starter) -> None:
             functools.update_wrapper(wrapped, original)
             setattr(wrapped, WRAPPED, True)
             setattr(owner, "init_process_group", wrapped)  # noqa: B010 - a module's attribute
+    except Exception:
+        return
+
+
+# --- the store: a rank that comes before rank 0 asks for it every 10 ms, not torch's 0.5 s --------
+
+#: How often, and for how long at most, a rank asks whether rank 0's store listens; after that
+#: torch's own retries take over (until the job's ``distributed.timeout_s``, as without this).
+STORE_POLL_S = 0.01
+STORE_WAIT_S = 60.0
+
+
+def wait_for_store(args: Any, kwargs: Any, environ: Any) -> None:
+    """Before ``init_process_group`` connects a rank other than 0 to rank 0's store
+    (``env://``: ``MASTER_ADDR:MASTER_PORT``), wait until that store listens.
+
+    Why: torch's client, refused because rank 0 has not opened its store yet (it imports torch
+    a little later, or starts later on another node), sleeps 0.25-0.75 s before it tries again
+    (exponential backoff, 0.5 s first); every start whose rank 0 comes last lost that. A
+    connect refused here costs 10 ms. The connection is closed at once, unused (the store
+    takes that from any client). Never raises: whatever happens, torch connects as before.
+    Named as the sidecar's phase looks for it (``init_process_group``)."""
+    try:
+        if kwargs.get("store") is not None or len(args) > 5:
+            return
+        method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
+        rank = kwargs.get("rank", args[4] if len(args) > 4 else -1)
+        if rank in (-1, None):
+            rank = int(environ.get("RANK", "0"))
+        addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+        if method not in (None, "env://") or int(rank) == 0 or not addr or not port:
+            return
+        import socket
+
+        deadline = time.monotonic() + STORE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((addr, int(port)), timeout=1.0).close()
+                return
+            except OSError:
+                time.sleep(STORE_POLL_S)
     except Exception:
         return
 

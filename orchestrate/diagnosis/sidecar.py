@@ -65,6 +65,7 @@ from orchestrate.diagnosis.joinwatch import (
     dist_world,
     live_sidecar,
     record,
+    wait_for_store,
 )
 from orchestrate.diagnosis.threadstate import read_thread, run_wait
 from orchestrate.diagnosis.workers import arm, cleanup, sections
@@ -363,7 +364,10 @@ def _frames(
 
 
 def _in_init_process_group(stack: tuple[Frame, ...]) -> bool:
-    return any(f.function == "init_process_group" and "distributed" in f.file for f in stack)
+    """In torch's ``init_process_group``, or in the join watch's wait for rank 0's store just
+    before it (:func:`~orchestrate.diagnosis.joinwatch.wait_for_store`)."""
+    return any((f.function == "init_process_group" and "distributed" in f.file)
+               or f.function == wait_for_store.__name__ for f in stack)
 
 
 # --- the public API ------------------------------------------------------------------------

@@ -24,6 +24,10 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
   :mod:`orchestrate.diagnosis.world`, in the same thread, and once more at the end): named as
   a ``wrong_world`` diagnosis; ``on_wrong_world: kill`` (the default) stops the job, FAILED.
 
+The loop looks every :data:`POLL_S`, and at once when a rank's process exits (a handle that
+can say so: :meth:`RankHandle.exit_fd`, a local process's pidfd): the end of a job is noticed
+when it happens, not up to a look later.
+
 Ranks the job stops itself are STOPPED, never FAILED; the workers of ``per_node``/``torchrun``
 follow their node's process (:mod:`.workerranks`). Local and SSH jobs share this loop.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import select
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -85,6 +90,10 @@ class RankHandle(Protocol):
 
     def stop(self, force: bool) -> None:
         """Ask the rank to stop (SIGTERM), or make it (SIGKILL) when ``force``."""
+
+    def exit_fd(self) -> int | None:
+        """A descriptor that becomes readable when the rank's process exits (a pidfd), so the
+        loop wakes at once; None where there is none (a remote rank): the loop's pace."""
 
 
 class StopRequest:
@@ -165,6 +174,17 @@ class _Run:
         worker = worker_end(end, last_lines(rank_log(self.run_dir, end.rank), REPORT_LINES))
         self.logged_as[worker.rank] = end.rank
         return worker
+
+    def pause(self, seconds: float) -> None:
+        """Until the next look: ``seconds``, or less when a running rank's process exits."""
+        fds = [fd for fd in (h.exit_fd() for h in self.running.values()) if fd is not None]
+        if not fds:
+            time.sleep(seconds)
+            return
+        with contextlib.suppress(OSError, ValueError):  # a descriptor closed meanwhile
+            select.select(fds, [], [], seconds)
+            return
+        time.sleep(seconds)
 
     # ---- events --------------------------------------------------------------------------
 
@@ -347,7 +367,8 @@ def supervise(job_id: str, run_dir: Path, store: Store, handles: Sequence[RankHa
             if not first_step_seen and metrics.exists():
                 first_step_seen = record_first_step(store, job_id, metrics)
             sink.flush()
-            time.sleep(POLL_S)
+            if run.running:
+                run.pause(POLL_S)
         if watcher is not None and (found := watcher.last_look()) is not None:
             _stalled(run, plan, found)  # a world formed and gone between two looks
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends import early
 from orchestrate.backends.early import Go, names
 from orchestrate.run.store import Store
 from tests.support.localcli import Cli
@@ -79,3 +80,38 @@ def test_a_submit_refused_while_planning_leaves_no_process(cli: Cli) -> None:
         time.sleep(0.05)
     assert _early_processes(cli.home) == []
     assert not (cli.work / "runs").exists() or not os.listdir(cli.work / "runs")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv", [
+    ["submit", "job.yaml", "--job-id", "x"], ["submit", "--job-id=x", "job.yaml"],
+    ["submit", "job.yaml", "--dry-run"], ["submit", "--help"], ["submit", "-h"],
+    ["status", "job"], ["--debug", "submit", "job.yaml"], [],
+])
+def test_only_a_plain_submit_starts_its_supervisor_before_click(
+        argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(early, "ENABLED", True)
+    monkeypatch.setattr(early, "_PRESTARTED", None)
+    early.prestart(argv)  # a unit test may start no process: any start would fail here
+    assert early._PRESTARTED is None
+
+
+@pytest.mark.process
+def test_submit_takes_the_supervisor_started_before_click(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(early, "ENABLED", True)
+    monkeypatch.setattr(early, "_PRESTARTED", None)
+    early.prestart(["submit", "job.yaml", "--follow"])
+    assert early._PRESTARTED is not None
+    started, suffix = early._PRESTARTED
+    assert started is not None and suffix is not None
+    other, _ = early.Early.start("given-id")  # --job-id: a program of its own
+    assert other is not None and other is not started
+    other.close()
+    taken, taken_suffix = early.Early.start(None)
+    assert taken is started and taken_suffix == suffix and early._PRESTARTED is None
+    cmdline = Path(f"/proc/{started.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert ("*-" + suffix).encode() in cmdline
+    started.close()
+    assert started.proc.wait(timeout=60) == 0  # the end of its stdin ends it
+    assert other.proc.wait(timeout=60) == 0

@@ -80,6 +80,7 @@ class LocalRank:
         self.proc: subprocess.Popen[bytes] | None = None
         self.reader: threading.Thread | None = None
         self.exited_at: float | None = None
+        self.pidfd: int | None = None  # readable once the process exits (:meth:`exit_fd`)
 
     def start(self, emit: Callable[[bytes], None]) -> int | None:
         """Run ``bash launch-<node>.sh [LOCAL_RANK]``; secrets go in on stdin."""
@@ -100,7 +101,13 @@ class LocalRank:
         assert self.proc.stdout is not None
         self.reader = threading.Thread(target=_pump, args=(self.proc.stdout, emit), daemon=True)
         self.reader.start()
+        with contextlib.suppress(OSError, AttributeError):  # no pidfd (Linux < 5.3): polled
+            self.pidfd = os.pidfd_open(self.proc.pid)
         return self.proc.pid
+
+    def exit_fd(self) -> int | None:
+        """The process's pidfd until its exit is seen: the supervisor's loop wakes on it."""
+        return self.pidfd if self.exited_at is None else None
 
     def poll(self) -> Exit | None:
         """The exit, once the process ended and its output is drained (or 2 s passed)."""
@@ -110,6 +117,12 @@ class LocalRank:
             return None
         if self.exited_at is None:
             self.exited_at = time.monotonic()
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+        # Its last output is read once the pipe's end comes: at its exit, unless something it
+        # started still holds the pipe (then up to 2 s).
+        self.reader.join(timeout=0.01)
         if self.reader.is_alive() and time.monotonic() - self.exited_at < 2.0:
             return None
         return Exit(signal=-code) if code < 0 else Exit(code=code)

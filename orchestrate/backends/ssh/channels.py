@@ -328,6 +328,10 @@ class SSHRank:
             return Exit(code=LOST)
         return None
 
+    def exit_fd(self) -> int | None:
+        """None: a remote rank's end comes over its channel, seen at the loop's pace."""
+        return None
+
     def finish(self, grace_s: float, timeout: float) -> list[str]:
         """The job is over: the agent stops what the rank left below it and leaves the lease;
         what outlived SIGKILL there, named (nothing when the agent is gone already)."""
