@@ -12,7 +12,8 @@ rank's start line), *run* (first start to last end) and *end* (last end to the c
 
 By hand is what a person types: ``ssh h1 python -m torch.distributed.run --nnodes 2
 --node-rank 0 --master-addr <h1> ... prog.py &``, the same on h2, both waited for. orchestrate
-is ``orchestrate submit job.yaml --follow`` (its rank lines come through the CLI). Runs are
+is ``orchestrate submit job.yaml --follow`` (its rank lines come through the CLI; the job has
+no ``restart:``, so the default policy, as a user's would). Runs are
 interleaved (by hand, torchrun, ranks, ...), one warm-up of each first; medians.
 
     flock /tmp/bench.lock flock /tmp/ssh-tests.lock python bench/ssh_tutorial.py [--runs 3]
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -110,7 +112,6 @@ backend: ssh
 launcher: {launcher}
 resources: {{nodes: 2, gpus_per_node: 2}}
 distributed: {{backend: gloo}}
-restart: {{max: 0}}
 env: {{OUT: '{out}', EPOCHS: {epochs}, OMP_NUM_THREADS: 1}}
 command: [python3, prog.py]
 """
@@ -131,7 +132,7 @@ def by_hand(work: Path, env: dict[str, str], epochs: int, index: int) -> tuple[f
     """torchrun by hand: one ``ssh host torchrun ...`` per host, started together, waited for."""
     hosts = ssh_hosts(2)
     master = hosts[0][1]
-    port = 29600 + index % 200
+    port = random.randint(20000, 29999)  # not the port of a run that a killed bench left
     procs = []
     t0 = time.time()
     for node_rank, (host, _) in enumerate(hosts):
