@@ -420,7 +420,9 @@ def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop
     restarts = 0
     excluded: tuple[str, ...] = ()
     expects = plan.train_config is not None
-    before = attempts.progress(plan)
+    # Progress only ever turns a restart into none: a job that cannot restart never asks
+    # (over SSH each read is a request to rank 0's host).
+    before = attempts.progress(plan) if plan.restart.max > 0 else {}
     while True:
         try:
             plan, launched = attempts.launch(attempt, excluded)
@@ -433,11 +435,14 @@ def run_with_restarts(job_id: str, run_dir: Path, store: Store, plan: Plan, stop
             return Outcome("FAILED", why, None)
         outcome = supervise(job_id, run_dir, store, launched.handles, stop, grace_s, plan,
                             launched.cleanup, launched.sink, launched.evidence)
-        after = attempts.progress(plan)
         if stop.reason and outcome.state != "CANCELLED":
             outcome = Outcome("CANCELLED", stop.reason, None)
-        decision = decide(plan.restart, outcome.ending(), restarts,
-                          progressed(before, after, expects))
+        after: dict[str, int | None] = {}
+        decision = decide(plan.restart, outcome.ending(), restarts, None)
+        if decision.restart:  # only then can the attempt's progress change the answer
+            after = attempts.progress(plan)
+            decision = decide(plan.restart, outcome.ending(), restarts,
+                              progressed(before, after, expects))
         resumed = resumed_from(run_dir)
         if not decision.restart:
             # Say why not, unless the policy never covered this ending anyway.

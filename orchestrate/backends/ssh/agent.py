@@ -22,6 +22,9 @@ says ``ready``, then obeys one JSON request per stdin line, answering each on st
 - ``listen``, ``reach``, ``unlisten``: the check that every node reaches MASTER_ADDR's port
   before launch (rank 0's node holds a probe listener on the port meanwhile,
   :mod:`orchestrate.hostside.masterreach`);
+- ``progress``: how far training got here
+  (:func:`~orchestrate.core.plan.restart.progress_marker`), asked on rank 0's channel before
+  the first attempt starts (the mode of the same name below costs a shell and an interpreter);
 - ``files``: write the run directory's files (0700 directory, 0600/0700 files), through its
   checked folder (:mod:`orchestrate.hostside.safeplace`: an unsafe place is refused, named);
 - ``start``: join the job's lease as a holder (and its cgroup), check the whole path of the
@@ -78,6 +81,7 @@ from orchestrate.backends.ssh.wire import (
     Record,
     Start,
     StepAnswer,
+    TrainingProgress,
     Unlisten,
     WireError,
     read_request,
@@ -388,6 +392,8 @@ def obey(state: Serving, request: Record) -> int | None:
         say("files", state.files(request))
     elif isinstance(request, (Listen, Unlisten, Reach)):
         say(request.OP, state.master(request))
+    elif isinstance(request, TrainingProgress):
+        say("progress", progress_marker(request.run_dir, request.checkpoint_dir))
     elif isinstance(request, Start):
         # The rank ended; the job may not have. Stay, holding the lease and whatever the rank
         # left below, until the controller says the job is over ("end") or goes away (SIGHUP).

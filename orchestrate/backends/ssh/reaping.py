@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from orchestrate.backends.ssh.agent import MARK
-from orchestrate.backends.ssh.channels import agent_command
+from orchestrate.backends.ssh.channels import AgentChannel, ChannelError, agent_command
 from orchestrate.backends.ssh.connections import ConnectError, Links, Target, fan_out
+from orchestrate.backends.ssh.wire import TrainingProgress
 from orchestrate.core.plan.plan import Plan, checkpoint_dir
 
 #: Seconds past the grace period a kill-by-tag run may take before the host is given up on.
@@ -48,12 +49,21 @@ def reap_host(links: Links, target: Target, job_id: str, grace_s: float) -> Reap
     raise RuntimeError(f"kill-by-tag failed (exit {result.code}): {tail}")
 
 
-def progress_on(plan: Plan, targets: Mapping[str, Target], kept: Links | None = None
-                ) -> dict[str, int | None]:
+def progress_on(plan: Plan, targets: Mapping[str, Target], kept: Links | None = None,
+                idle: AgentChannel | None = None) -> dict[str, int | None]:
     """How far training got, read on the host of rank 0 (whose run directory has the
     checkpoints and metrics; no shared file system is assumed). Nothing known on a failure.
-    ``kept``: the job's open connections (no login of its own; they stay open)."""
+    ``kept``: the job's open connections (no login of its own; they stay open). ``idle``:
+    rank 0's agent channel before its rank starts, asked there (a request on a running agent,
+    where the ``progress`` mode starts a shell and an interpreter on the host first)."""
     target = targets[plan.nodes[0].name]
+    if idle is not None:
+        try:
+            answer = idle.request(TrainingProgress(plan.run_dir, checkpoint_dir(plan)),
+                                  "progress", target.connect_timeout_s + SLACK_S)
+            return {"checkpoint_step": answer.get("checkpoint_step"), "step": answer.get("step")}
+        except ChannelError:  # an agent that cannot answer: ask as before
+            pass
     links = kept if kept is not None else Links()
     try:
         result = links.get(target).run(

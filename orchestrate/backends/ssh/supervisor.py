@@ -179,11 +179,17 @@ class SSHSupervisor(Supervisor):
         return Launched(handles, cleanup, sink, evidence)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
-        """Read on the host of rank 0 (no shared file system is assumed)."""
+        """Read on the host of rank 0 (no shared file system is assumed): before an attempt's
+        ranks start, on rank 0's agent channel (logged in and idle until its ``start``)."""
         from orchestrate.backends.ssh.reaping import progress_on
 
         kept = self.pool.links if self.pool is not None else None
-        return progress_on(plan, self.launcher.targets(plan), kept)
+        sessions = self.pool.sessions() if self.pool is not None else {}
+        first = sessions.get(plan.nodes[0].name)
+        idle = first.channels[0] if first is not None and first.channels else None
+        if idle is not None and (idle.started or not idle.is_ready):
+            idle = None
+        return progress_on(plan, self.launcher.targets(plan), kept, idle)
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """A failed check (with the per-host table), or a cancel before the launch."""

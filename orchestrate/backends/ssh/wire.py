@@ -222,8 +222,19 @@ class Reach(Record):
     port: int
 
 
+@dataclass(frozen=True)
+class TrainingProgress(Record):
+    """How far training got (the newest checkpoint's step, the last logged step), asked on a
+    channel that has not started its rank: no login, shell or interpreter of its own."""
+
+    OP = "progress"
+    run_dir: str
+    checkpoint_dir: str | None = None
+
+
 REQUESTS: dict[str, type[Record]] = {cls.OP: cls for cls in (
-    Preflight, Claim, Queue, Files, Start, End, Abort, Listen, Unlisten, Reach)}
+    Preflight, Claim, Queue, Files, Start, End, Abort, Listen, Unlisten, Reach,
+    TrainingProgress)}
 
 
 def read_request(data: object) -> Record:
