@@ -71,6 +71,21 @@ def test_torchrun_catches_the_stop_signals_slurm_sends_to_every_process_of_a_ste
     assert "PET_SIGNALS_TO_HANDLE" not in plan(job(), UNEVEN).nodes[0].env
 
 
+def test_torchrun_waits_for_its_signalled_workers_as_long_as_the_job_gives_them() -> None:
+    """Once signalled, torch's agent kills its workers after 30 s: a checkpoint on the stop
+    signal that takes longer was cut short. The agent now waits the job's own lead before the
+    time limit (``slurm.signal_seconds_before``), through torchrun's environment."""
+    from orchestrate.core.render.render import node_scripts
+
+    p = plan(job(launcher="torchrun", backend="ssh"), UNEVEN)
+    script = next(iter(node_scripts(p, None).values()))
+    assert "export PET_SHUTDOWN_TIMEOUT=120\n" in script
+    late = plan(job(launcher="torchrun", backend="slurm", slurm={"signal_seconds_before": 600}),
+                UNEVEN)
+    assert {n.env["PET_SHUTDOWN_TIMEOUT"] for n in late.nodes} == {"600"}
+    assert "PET_SHUTDOWN_TIMEOUT" not in plan(job(launcher="per_node"), UNEVEN).nodes[0].env
+
+
 def test_torchrun_takes_a_module_or_a_program_that_is_not_python() -> None:
     inv = inventory(gpu_node("a", 2))
     module = plan(job(launcher="torchrun", command=["python3", "-m", "pkg.train", "--x"]), inv)

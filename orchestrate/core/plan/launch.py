@@ -44,6 +44,9 @@ MASTER_PORT_WORD = 7
 #: torchrun's ``--signals-to-handle`` as its environment gives it (torch 2.9 and later), and
 #: torch's default for it.
 TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"
+#: torchrun's ``--shutdown-timeout``: how long its agent waits for the workers it signalled
+#: before it kills them (torch's default 30 s would cut a checkpoint on the stop signal short).
+TORCHRUN_SHUTDOWN_VAR = "PET_SHUTDOWN_TIMEOUT"
 _TORCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -202,13 +205,16 @@ def torchrun_signals(stop_signal: str) -> str:
 
 
 def node_env(launcher: str, *, nnodes: int, node_rank: int, nproc: int, first_rank: int,
-             stop_signal: str = "USR2") -> dict[str, str]:
+             stop_signal: str = "USR2", shutdown_s: int = 120) -> dict[str, str]:
     """What a ``per_node`` node's process gets beyond the plan's usual node variables; under
     ``torchrun``, :data:`TORCHRUN_SIGNALS_VAR` (torchrun's ``--signals-to-handle``, read from
     the environment: a torch without that option, before 2.9, ignores it where the option
-    itself would stop its torchrun with ``unrecognized arguments``)."""
+    itself would stop its torchrun with ``unrecognized arguments``) and
+    :data:`TORCHRUN_SHUTDOWN_VAR`: the agent gives its workers, once signalled, as long as the
+    job gives its ranks before the time limit (``slurm.signal_seconds_before``) to save."""
     if launcher == TORCHRUN:
-        return {TORCHRUN_SIGNALS_VAR: torchrun_signals(stop_signal)}
+        return {TORCHRUN_SIGNALS_VAR: torchrun_signals(stop_signal),
+                TORCHRUN_SHUTDOWN_VAR: str(shutdown_s)}
     if launcher != PER_NODE:
         return {}
     return {"NODE_RANK": str(node_rank), "NNODES": str(nnodes), "NPROC_PER_NODE": str(nproc),

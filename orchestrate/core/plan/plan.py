@@ -413,7 +413,8 @@ def _node_plans(job: JobSpec, numbered_nodes: tuple[NodeRanks, ...], common: dic
                        interfaces.get(choice.node.name))
         env.update(launch.node_env(job.launcher, nnodes=len(numbered_nodes),
                                    node_rank=numbered.node_rank, nproc=choice.nproc,
-                                   first_rank=numbered.first_rank, stop_signal=job.slurm.signal))
+                                   first_rank=numbered.first_rank, stop_signal=job.slurm.signal,
+                                   shutdown_s=job.slurm.signal_seconds_before))
         # The job's env overrides any of it (the master's address and port included): the plan,
         # and so the tables, the JSON and the scripts, show what the ranks will really use.
         for key, value in job.env.items():
