@@ -24,9 +24,8 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
   :mod:`orchestrate.diagnosis.world`, in the same thread, and once more at the end): named as
   a ``wrong_world`` diagnosis; ``on_wrong_world: kill`` (the default) stops the job, FAILED.
 
-The loop looks every :data:`POLL_S`, and at once when a rank's process exits (a handle that
-can say so: :meth:`RankHandle.exit_fd`, a local process's pidfd): the end of a job is noticed
-when it happens, not up to a look later.
+The loop looks every :data:`POLL_S`, and at once when a rank's process exits (where a handle
+can say so: :meth:`RankHandle.exit_fd`, a local process's pidfd).
 
 Ranks the job stops itself are STOPPED, never FAILED; the workers of ``per_node``/``torchrun``
 follow their node's process (:mod:`.workerranks`). Local and SSH jobs share this loop.
@@ -92,8 +91,7 @@ class RankHandle(Protocol):
         """Ask the rank to stop (SIGTERM), or make it (SIGKILL) when ``force``."""
 
     def exit_fd(self) -> int | None:
-        """A descriptor that becomes readable when the rank's process exits (a pidfd), so the
-        loop wakes at once; None where there is none (a remote rank): the loop's pace."""
+        """Readable once the rank's process exits (a pidfd); None: none (a remote rank)."""
 
 
 class StopRequest:
@@ -178,13 +176,10 @@ class _Run:
     def pause(self, seconds: float) -> None:
         """Until the next look: ``seconds``, or less when a running rank's process exits."""
         fds = [fd for fd in (h.exit_fd() for h in self.running.values()) if fd is not None]
-        if not fds:
+        try:
+            select.select(fds, [], [], seconds) if fds else time.sleep(seconds)
+        except (OSError, ValueError):  # a descriptor closed meanwhile
             time.sleep(seconds)
-            return
-        with contextlib.suppress(OSError, ValueError):  # a descriptor closed meanwhile
-            select.select(fds, [], [], seconds)
-            return
-        time.sleep(seconds)
 
     # ---- events --------------------------------------------------------------------------
 
