@@ -466,7 +466,7 @@ class Trainer:
         return not math.isfinite(self._running()[0])
 
     def _weights_finite(self) -> bool:
-        return all(bool(torch.isfinite(t).all()) for t in sharding.local_tensors(self.module))
+        return sharding.all_finite(self.module)
 
     def _nonfinite(self) -> None:
         """Every rank arrives here together (the health flag was agreed on, or the reduced loss

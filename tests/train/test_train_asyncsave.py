@@ -115,3 +115,21 @@ def test_every_attempt_of_a_job_logs_as_one_run_tagged_with_its_attempt(tmp_path
     assert (tmp_path / ID_FILE).read_text().strip() == by_hand.run_id
     assert tracking_for(tmp_path, {"ORCHESTRATE_ATTEMPT": "2"}).run_id == by_hand.run_id
     assert tracking_for(tmp_path, {"ORCHESTRATE_ATTEMPT": "x"}).attempt == 1
+
+
+def test_weights_are_finite_unless_one_is_nan_or_infinite_even_when_their_sum_overflows(
+        ) -> None:
+    """The check before every checkpoint sums each weight (a finite sum holds no NaN or
+    infinity) and looks element by element only where the sum is not finite."""
+    from orchestrate.train import sharding
+
+    model = torch.nn.Linear(4, 3).half()
+    with torch.no_grad():
+        model.weight.fill_(60000.0)  # finite, but the sum overflows float16
+    assert sharding.all_finite(model)
+    with torch.no_grad():
+        model.bias[1] = float("nan")
+    assert not sharding.all_finite(model)
+    with torch.no_grad():
+        model.bias[1] = float("-inf")
+    assert not sharding.all_finite(model)
