@@ -117,6 +117,13 @@ class Launcher:
         self.timings: dict[str, float] = {}
         self._reached: tuple[str, int] | None = None  # the master address and port checked
 
+    def follow(self, previous: Launcher) -> None:
+        """A restart on the hosts ``previous`` checked, over its connections: what they
+        answered (torch's version: not imported again) and the master's address and port
+        they reached, seconds ago (the reach check runs again only for another one)."""
+        self.facts.update(previous.facts)
+        self._reached = previous._reached
+
     @property
     def links(self) -> Links:
         """The connections, for stopping the job later."""

@@ -114,10 +114,12 @@ class SSHSupervisor(Supervisor):
         if kept is not None and previous is not None:
             # The hosts kept answered the last attempt's preflight with torch imported: this
             # one asks again (leases, GPUs, ports) without importing it (seconds a host).
-            self.launcher.facts.update(previous.facts)
+            self.launcher.follow(previous)
         self.timings = self.launcher.timings
         try:
             settled = self.launcher.settle()
+            if attempt != self.first:
+                self.log(f"attempt {attempt} placed ({self.timings})")
             used = {node.name for node in settled.plan.nodes}
             self.pool.links.close([name for name in self.pool.links.links if name not in used])
             return settled
