@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from orchestrate.run.supervise import Launched
 
 
+#: How long an attempt's end waits for rank 0's agent to say how far training got.
+PROGRESS_ASK_S = 2.0
+
+
 class SSHSupervisor(Supervisor):
     """One SSH job's supervisor: one set of connections per attempt, from check to launch."""
 
@@ -54,6 +58,8 @@ class SSHSupervisor(Supervisor):
         self.secrets: list[str] = []
         # Made by each attempt's :meth:`claim`: the property :attr:`launcher`.
         self._launcher: Launcher | None = None
+        #: How far the attempt that just ended got, asked before its agents were let go.
+        self._ended_progress: dict[str, int | None] | None = None
 
     @property
     def launcher(self) -> Launcher:
@@ -164,6 +170,9 @@ class SSHSupervisor(Supervisor):
             handle.prime()
 
         def cleanup() -> str | None:
+            # How far training got, asked of rank 0's agent while it still serves: the restart
+            # decision reads it (then it took a shell and an interpreter on the host, 0.2 s).
+            self._ended_progress = self._progress_before_end(plan, handles)
             # Each agent stops what its rank left below it (orphans re-parent to it) and
             # leaves the lease; hosts whose agent saw nothing of the job left when a rank
             # ended are clean already; the others (a rank lost, a process left behind) get
@@ -185,6 +194,9 @@ class SSHSupervisor(Supervisor):
         ranks start, on rank 0's agent channel (logged in and idle until its ``start``)."""
         from orchestrate.backends.ssh.reaping import progress_on
 
+        if self._ended_progress is not None:  # the attempt that just ended, asked at its end
+            found, self._ended_progress = self._ended_progress, None
+            return found
         kept = self.pool.links if self.pool is not None else None
         sessions = self.pool.sessions() if self.pool is not None else {}
         first = sessions.get(plan.nodes[0].name)
@@ -192,6 +204,25 @@ class SSHSupervisor(Supervisor):
         if idle is not None and (idle.started or not idle.is_ready):
             idle = None
         return progress_on(plan, self.launcher.targets(plan), kept, idle)
+
+    def _progress_before_end(self, plan: Plan, handles: list[SSHRank]
+                             ) -> dict[str, int | None] | None:
+        """Rank 0's host's progress markers, asked on an agent of that host whose rank ended
+        and that still serves; None where no restart can follow or none serves."""
+        from orchestrate.backends.ssh.channels import ChannelError
+        from orchestrate.backends.ssh.wire import TrainingProgress
+        from orchestrate.core.plan.plan import checkpoint_dir
+
+        first = plan.nodes[0].name
+        serving = [h.channel for h in handles if h.node == first and not h.channel.ended.is_set()]
+        if not plan.restart.max or not serving:
+            return None
+        try:  # briefly: a cancel's cleanup must not wait on a host that stopped answering
+            answer = serving[0].request(TrainingProgress(plan.run_dir, checkpoint_dir(plan)),
+                                        "progress", PROGRESS_ASK_S)
+        except (ChannelError, OSError, EOFError):
+            return None  # asked later the way that needs no agent
+        return {"checkpoint_step": answer.get("checkpoint_step"), "step": answer.get("step")}
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """A failed check (with the per-host table), or a cancel before the launch."""
