@@ -9,6 +9,7 @@ The commands themselves are imported only when they run (:mod:`orchestrate.cli.g
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -88,10 +89,13 @@ def leave(status: int) -> NoReturn:
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()
            if t is not threading.main_thread()):
         sys.exit(status)
-    atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except (OSError, ValueError):
-        sys.exit(status)
+        sys.exit(status)  # the atexit handlers still to run, once, by the normal exit
+    atexit._run_exitfuncs()
+    with contextlib.suppress(OSError, ValueError):  # what the handlers printed
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(status)
