@@ -278,6 +278,8 @@ def wait_for_store(args: Any, kwargs: Any, environ: Any) -> None:
             try:
                 socket.create_connection((addr, int(port)), timeout=1.0).close()
                 return
+            except socket.gaierror:  # a name that does not resolve: torch says so at once
+                return
             except OSError:
                 time.sleep(STORE_POLL_S)
     except Exception:
