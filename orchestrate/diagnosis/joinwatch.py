@@ -245,8 +245,9 @@ def _wrap(dist: Any, run_dir: str, start: Starter) -> None:
 
 # --- the store: a rank that comes before rank 0 asks for it every 10 ms, not torch's 0.5 s --------
 
-#: How often, and for how long at most, a rank asks whether rank 0's store listens; after that
-#: torch's own retries take over (until the job's ``distributed.timeout_s``, as without this).
+#: How often, and for how long at most (or the ``timeout`` given to ``init_process_group``, if
+#: shorter), a rank asks whether rank 0's store listens; after that torch's own retries take
+#: over (until that timeout, as without this).
 STORE_POLL_S = 0.01
 STORE_WAIT_S = 60.0
 
@@ -273,7 +274,9 @@ def wait_for_store(args: Any, kwargs: Any, environ: Any) -> None:
             return
         import socket
 
-        deadline = time.monotonic() + STORE_WAIT_S
+        limit = kwargs.get("timeout", args[2] if len(args) > 2 else None)  # the job's own bound
+        seconds = limit.total_seconds() if hasattr(limit, "total_seconds") else STORE_WAIT_S
+        deadline = time.monotonic() + min(STORE_WAIT_S, seconds)
         while time.monotonic() < deadline:
             try:
                 socket.create_connection((addr, int(port)), timeout=1.0).close()

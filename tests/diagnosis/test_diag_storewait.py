@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -72,6 +73,12 @@ def test_what_is_left_to_torch_returns_at_once(args: tuple[object, ...],
     started = time.monotonic()
     wait_for_store(args, kwargs, env)  # port 1: nothing listens; a wait would show
     assert time.monotonic() - started < 5.0
+
+
+def test_it_waits_no_longer_than_the_job_s_own_timeout() -> None:
+    started = time.monotonic()
+    wait_for_store(("gloo",), {"timeout": timedelta(seconds=0.3)}, _env(_free_port()))
+    assert 0.3 <= time.monotonic() - started < 10.0  # not STORE_WAIT_S (60 s)
 
 
 def test_it_gives_up_after_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
