@@ -35,7 +35,7 @@ def _train_job(cli: SshCli, name: str) -> Path:
           model_args: {{hidden: 64}}
           dataset: digits:build_dataset
           optimizer: {{name: adamw, lr: 3.0e-3}}
-          epochs: 12
+          epochs: 40
           batch_size: 32
           seed: 7
           checkpoint_every_steps: 5
@@ -43,6 +43,9 @@ def _train_job(cli: SshCli, name: str) -> Path:
         """)
 
 
+# 40 epochs of this small model take ~12 s on a quiet machine: the kill, sent once 2 are done,
+# must land mid-training; with 12 a busy machine's status call came after the last step once
+# (the restart then found the final checkpoint and had nothing to resume).
 def _epochs(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     text = path.read_text() if path.exists() else ""
