@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.channels import agent_source
 from orchestrate.backends.ssh.wire import TrainingProgress
 from orchestrate.hostside.shipping import compact
+from tests.support.agentreplies import agent_replies
 
 pytestmark = pytest.mark.process
 
@@ -26,13 +26,7 @@ def _serve(*requests: TrainingProgress) -> list[tuple[str, object]]:
         [sys.executable, "-S", "-c", compact(agent_source()), "serve"],
         input="".join(json.dumps(r.to_json()) + "\n" for r in requests),
         capture_output=True, text=True, timeout=60, check=False)
-    replies: list[tuple[str, object]] = []
-    for line in proc.stdout.split("\n"):  # not splitlines(): MARK starts with \x1e
-        if line.startswith(MARK):
-            kind, _, payload = line[len(MARK):].partition(" ")
-            replies.append((kind, json.loads(payload)))
-    assert replies, f"the agent said nothing (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    return replies
+    return agent_replies(proc)
 
 
 def test_the_serving_agent_says_the_newest_checkpoint_and_the_last_logged_step(

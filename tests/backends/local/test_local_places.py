@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.backends.ssh.agent import MARK
 from orchestrate.backends.ssh.channels import agent_source
 from orchestrate.hostside import safeplace
 from orchestrate.hostside.shipping import compact
+from tests.support.agentreplies import agent_replies
 from tests.support.fakesmi import fake_nvidia_smi
 from tests.support.labserver import LAB
 from tests.support.unixusers import User, unix_users
@@ -138,13 +138,7 @@ def _agent(user: User, *requests: dict[str, object]) -> list[tuple[str, dict[str
          "env", "-i", *env, user.python, "-S", "-c", compact(agent_source()), "serve"],
         input="".join(json.dumps(r) + "\n" for r in requests), cwd=user.home,
         capture_output=True, text=True, timeout=60)
-    replies = []
-    for line in proc.stdout.split("\n"):  # not splitlines(): MARK starts with \x1e
-        if line.startswith(MARK):
-            kind, _, payload = line[len(MARK):].partition(" ")
-            replies.append((kind, json.loads(payload)))
-    assert replies, f"the agent said nothing (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    return replies
+    return agent_replies(proc)
 
 
 @pytest.mark.timeout(120)
