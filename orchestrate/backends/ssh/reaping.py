@@ -58,12 +58,9 @@ def progress_on(plan: Plan, targets: Mapping[str, Target], kept: Links | None = 
     where the ``progress`` mode starts a shell and an interpreter on the host first)."""
     target = targets[plan.nodes[0].name]
     if idle is not None:
-        try:
-            answer = idle.request(TrainingProgress(plan.run_dir, checkpoint_dir(plan)),
-                                  "progress", target.connect_timeout_s + SLACK_S)
-            return {"checkpoint_step": answer.get("checkpoint_step"), "step": answer.get("step")}
-        except ChannelError:  # an agent that cannot answer: ask as before
-            pass
+        found = ask_progress(idle, plan, target.connect_timeout_s + SLACK_S)
+        if found is not None:
+            return found
     links = kept if kept is not None else Links()
     try:
         result = links.get(target).run(
@@ -79,6 +76,18 @@ def progress_on(plan: Plan, targets: Mapping[str, Target], kept: Links | None = 
             data: dict[str, int | None] = json.loads(line[len(MARK) + 9:])
             return data
     return {"checkpoint_step": None, "step": None}
+
+
+def ask_progress(channel: AgentChannel, plan: Plan, timeout: float
+                 ) -> dict[str, int | None] | None:
+    """How far training got, asked of a serving agent on rank 0's host; None when it cannot
+    answer within ``timeout`` (then :func:`progress_on` asks the host the way that needs none)."""
+    try:
+        answer = channel.request(TrainingProgress(plan.run_dir, checkpoint_dir(plan)),
+                                 "progress", timeout)
+    except (ChannelError, OSError, EOFError):
+        return None
+    return {"checkpoint_step": answer.get("checkpoint_step"), "step": answer.get("step")}
 
 
 def describe_failure(exc: Exception) -> str:

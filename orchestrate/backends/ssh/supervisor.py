@@ -209,20 +209,15 @@ class SSHSupervisor(Supervisor):
                              ) -> dict[str, int | None] | None:
         """Rank 0's host's progress markers, asked on an agent of that host whose rank ended
         and that still serves; None where no restart can follow or none serves."""
-        from orchestrate.backends.ssh.channels import ChannelError
-        from orchestrate.backends.ssh.wire import TrainingProgress
-        from orchestrate.core.plan.plan import checkpoint_dir
+        from orchestrate.backends.ssh.reaping import ask_progress
 
         first = plan.nodes[0].name
         serving = [h.channel for h in handles if h.node == first and not h.channel.ended.is_set()]
         if not plan.restart.max or not serving:
             return None
-        try:  # briefly: a cancel's cleanup must not wait on a host that stopped answering
-            answer = serving[0].request(TrainingProgress(plan.run_dir, checkpoint_dir(plan)),
-                                        "progress", PROGRESS_ASK_S)
-        except (ChannelError, OSError, EOFError):
-            return None  # asked later the way that needs no agent
-        return {"checkpoint_step": answer.get("checkpoint_step"), "step": answer.get("step")}
+        # Briefly: a cancel's cleanup must not wait on a host that stopped answering (None:
+        # asked later the way that needs no agent).
+        return ask_progress(serving[0], plan, PROGRESS_ASK_S)
 
     def refusal(self, exc: BaseException) -> Verdict | None:
         """A failed check (with the per-host table), or a cancel before the launch."""
