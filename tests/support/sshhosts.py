@@ -334,3 +334,24 @@ def stop_tagged(hosts: SshHosts, job_id: str, grace_s: float) -> dict[str, int]:
         time.sleep(0.05)
     _signal_all([pid for group in left.values() for pid in group], signal.SIGKILL)
     return {host: len(group) for host, group in found.items()}
+
+
+def agents_on(hosts: SshHosts) -> dict[str, set[int]]:
+    """Root-namespace pids of the SSH agents serving on each host (``python -S -c <agent>
+    serve``, one per rank and spare), by the host whose PID namespace holds them."""
+    hosts_by_ns = {}
+    for name, _ in hosts.hosts:
+        with contextlib.suppress(OSError):  # a host that is down has no processes
+            hosts_by_ns[hosts.pid_namespace(name)] = name
+    found: dict[str, set[int]] = {name: set() for name in hosts_by_ns.values()}
+    for proc in _processes():
+        host = hosts_by_ns.get(proc.pid_ns)
+        if host is None:
+            continue
+        try:
+            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv[1:3] == [b"-S", b"-c"] and argv[-1:] == [b"serve"]:
+            found[host].add(proc.pid)
+    return found

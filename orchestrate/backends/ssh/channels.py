@@ -116,6 +116,7 @@ class AgentChannel:
         self.exit: Exit | None = None
         self.left: int | None = None  # processes of the job still on the host when it ended
         self.ended = threading.Event()
+        self.spoke = threading.Event()  # the rank's first output came
         #: Told what the agent sees of other users on the job's GPUs (pid -> line), if set.
         self.on_foreign: Callable[[dict[int, str]], None] | None = None
         self.channel: SshChannel = link.session()
@@ -201,7 +202,9 @@ class AgentChannel:
         with self._lock:
             if not self.started:
                 self.preamble.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-            elif self._emit is None:
+                return
+            self.spoke.set()
+            if self._emit is None:
                 self._pending.append(raw)
             else:
                 self._emit(raw)

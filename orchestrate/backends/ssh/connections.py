@@ -358,6 +358,15 @@ class Link:
         self._connections[-1] = (conn, used + 1)
         return conn
 
+    def room(self) -> int:
+        """Sessions the open connection still takes without another login (0: none open)."""
+        with self._lock:
+            if not self._connections or self._lost is not None:
+                return 0
+            conn, used = self._connections[-1]
+            closed = sum(1 for c in self._opened.get(id(conn), []) if c.closed)
+            return max(0, self._per_connection - used + closed)
+
     def _refused(self, conn: Any, exc: Exception) -> None:
         """The host refused a session on ``conn``: it holds no more than it has; a host that
         refuses the first session of a connection can run nothing."""

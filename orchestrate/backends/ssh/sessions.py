@@ -14,10 +14,14 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orchestrate.backends.ssh.channels import AgentChannel
 from orchestrate.backends.ssh.connections import Links, Target
 from orchestrate.backends.ssh.wire import Abort, Preflight
+
+if TYPE_CHECKING:
+    from orchestrate.backends.ssh.spares import Spares
 
 READY_TIMEOUT_S = 60.0  # login, shell start-up files and the interpreter starting
 
@@ -37,9 +41,13 @@ class HostPool:
     """Hosts being logged into, or logged in; errors (ConnectError, ChannelError) are kept and
     raised to whoever asks for that host."""
 
-    def __init__(self, fanout: int, secrets: list[str], links: Links | None = None) -> None:
-        # A restart on the same hosts passes the last attempt's links: no new login.
+    def __init__(self, fanout: int, secrets: list[str], links: Links | None = None,
+                 spares: Spares | None = None) -> None:
+        # A restart on the same hosts passes the last attempt's links (no new login) and the
+        # agents started on them meanwhile (:mod:`.spares`: no agent to start either).
         self.links = links if links is not None else Links()
+        self.spares = spares
+        self.spares_taken = 0
         self.secrets = secrets
         self._executor = ThreadPoolExecutor(max_workers=max(1, fanout),
                                             thread_name_prefix="ssh-login")
@@ -58,8 +66,13 @@ class HostPool:
         link = self.links.get(target)
         link.open()
         connected = time.monotonic()
-        session.channels.extend(
-            AgentChannel(link, target.python, self.secrets) for _ in range(max(1, nproc)))
+        if self.spares is not None:
+            taken = self.spares.take(target.name, link, max(1, nproc))
+            session.channels.extend(taken)
+            with self._lock:
+                self.spares_taken += len(taken)
+        session.channels.extend(AgentChannel(link, target.python, self.secrets)
+                                for _ in range(max(1, nproc) - len(session.channels)))
         session.channels[0].ready(READY_TIMEOUT_S)
         session.timings = {"connect_s": connected - started,
                            "ready_s": time.monotonic() - connected}
@@ -105,6 +118,8 @@ class HostPool:
         ``keep_links``: close the agents' channels only, and keep the connections that still
         answer (logged in) for the next attempt's pool."""
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.spares is not None:  # those no login took
+            self.spares.close()
         if abort_all:
             for session in self.sessions().values():
                 for channel in session.channels:

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from orchestrate.backends.sharing import ForeignWatch
-    from orchestrate.backends.ssh.channels import SSHRank
+    from orchestrate.backends.ssh.channels import AgentChannel, SSHRank
     from orchestrate.backends.ssh.launcher import Launcher
     from orchestrate.backends.ssh.sessions import HostPool
+    from orchestrate.backends.ssh.spares import Spares
     from orchestrate.core.plan.plan import NodePlan, Occupancy, Plan
     from orchestrate.run.prepare import Prepared
     from orchestrate.run.supervise import Launched
@@ -60,6 +61,8 @@ class SSHSupervisor(Supervisor):
         self._launcher: Launcher | None = None
         #: How far the attempt that just ended got, asked before its agents were let go.
         self._ended_progress: dict[str, int | None] | None = None
+        #: The next attempt's agents, started on the kept connections while this one runs.
+        self._spares: Spares | None = None
 
     @property
     def launcher(self) -> Launcher:
@@ -101,7 +104,11 @@ class SSHSupervisor(Supervisor):
             kept = self.pool.links if self.pool is not None and not excluded else None
             if self.pool is not None and kept is None:
                 self.pool.links.close()
-            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets, kept)
+            spares, self._spares = self._spares, None
+            if spares is not None and kept is None:  # other hosts: fresh agents
+                spares.close()
+                spares = None
+            self.pool = HostPool(self.submitted.plan.ssh.fanout, self.secrets, kept, spares)
             prepared = plan_job(loaded, self.job_id, Occupancy(excluded=frozenset(excluded)))
         assert self.pool is not None
 
@@ -125,7 +132,8 @@ class SSHSupervisor(Supervisor):
         try:
             settled = self.launcher.settle()
             if attempt != self.first:
-                self.log(f"attempt {attempt} placed ({self.timings})")
+                self.log(f"attempt {attempt} placed, {self.pool.spares_taken} spare agent(s) "
+                         f"taken ({self.timings})")
             used = {node.name for node in settled.plan.nodes}
             self.pool.links.close([name for name in self.pool.links.links if name not in used])
             return settled
@@ -133,6 +141,9 @@ class SSHSupervisor(Supervisor):
             if tickets is not None and exc.exit_status == EXIT_BUSY:
                 self.launcher.enqueue()
             raise
+        finally:
+            if self.pool.spares is not None:  # those no host took: closed (they exit)
+                self.pool.spares.close()
 
     def ship(self, prepared: Prepared, files: dict[str, str]) -> None:
         """Each host's files into the run directory there; here, how to reach the hosts later
@@ -168,6 +179,7 @@ class SSHSupervisor(Supervisor):
         for handle in handles:
             handle.channel.on_foreign = _told(watch, handle.node)
             handle.prime()
+        self._start_spares(plan, attempt, [h.channel for h in handles])
 
         def cleanup() -> str | None:
             # How far training got, asked of rank 0's agent while it still serves: the restart
@@ -188,6 +200,19 @@ class SSHSupervisor(Supervisor):
         evidence = RemoteEvidence(plan, launcher.targets(plan), launcher.links, launcher.fanout,
                                   self.run_dir, attempt, note)
         return Launched(handles, cleanup, sink, evidence)
+
+    def _start_spares(self, plan: Plan, attempt: int, ranks: list[AgentChannel]) -> None:
+        """The next attempt's agents (:mod:`.spares`), where a restart can follow this one."""
+        from orchestrate.backends.ssh.spares import Spares
+
+        if self._spares is not None:
+            self._spares.close()
+            self._spares = None
+        if attempt - self.first >= plan.restart.max or self.pool is None:
+            return
+        self._spares = Spares(self.pool.links, self.launcher.targets(plan),
+                              {node.name: node.nproc for node in plan.nodes}, self.secrets)
+        self._spares.start(ranks)
 
     def progress(self, plan: Plan) -> dict[str, int | None]:
         """Read on the host of rank 0 (no shared file system is assumed): before an attempt's
@@ -235,14 +260,21 @@ class SSHSupervisor(Supervisor):
 
     def abort(self) -> None:
         """Tell every agent nothing starts (each releases its claim), and log out."""
+        self._close_spares()
         if self.pool is not None:
             self.pool.close(abort_all=True)
 
     def end(self) -> None:
         """The job ended: log out of the hosts (each attempt's end kept its connections for a
-        restart)."""
+        restart; closing them ends every agent left there, spares too)."""
+        self._close_spares()
         if self.pool is not None:
             self.pool.links.close()
+
+    def _close_spares(self) -> None:
+        if self._spares is not None:
+            self._spares.close()
+            self._spares = None
 
 
 def _finish_all(handles: list[SSHRank], grace_s: float) -> dict[str, list[str]]:

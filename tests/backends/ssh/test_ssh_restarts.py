@@ -14,7 +14,7 @@ import pytest
 from tests.support.checkpoints import differing_parameters, latest_state
 from tests.support.output import merged_text
 from tests.support.sshcli import SshCli
-from tests.support.sshhosts import tagged_on
+from tests.support.sshhosts import SshHosts, agents_on, tagged_on
 
 pytestmark = [pytest.mark.ssh, pytest.mark.torch]
 
@@ -144,6 +144,7 @@ def test_a_restart_on_the_same_hosts_logs_in_no_more(ssh_cli: SshCli) -> None:
         restart: {{max: 1, on: [failure], backoff_s: [0]}}
         """)
     before = {h: _logins(ssh_cli, h) for h in ("h1", "h2")}
+    agents = agents_on(ssh_cli.hosts)
     job_id = "again-" + os.urandom(3).hex()
     ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
     done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
@@ -151,3 +152,58 @@ def test_a_restart_on_the_same_hosts_logs_in_no_more(ssh_cli: SshCli) -> None:
     assert [a["n"] for a in done["attempts"]] == [1, 2], done["attempts"]
     assert "ran on h1" in merged_text(Path(done["run_dir"]))
     assert {h: _logins(ssh_cli, h) - before[h] for h in before} == {"h1": 1, "h2": 1}
+    # The restart's agents were started while attempt 1 ran (spares), and none outlives the job.
+    log = (Path(done["run_dir"]) / "supervisor.log").read_text()
+    assert "attempt 2 placed, 2 spare agent(s) taken" in log, log
+    _no_agents_beyond(ssh_cli.hosts, agents)
+
+
+def _no_agents_beyond(hosts: SshHosts, before: dict[str, set[int]]) -> None:
+    """Wait (generously) until each host serves no agent that was not there ``before``."""
+    deadline = time.monotonic() + 30
+    while True:
+        extra = {h: pids - before.get(h, set()) for h, pids in agents_on(hosts).items()}
+        if not any(extra.values()):
+            return
+        assert time.monotonic() < deadline, f"agents left on the hosts: {extra}"
+        time.sleep(0.2)
+
+
+SLEEPS = """import time
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_spare_agents_run_beside_the_ranks_and_go_with_a_cancel(ssh_cli: SshCli) -> None:
+    """Issue #37: a job that may restart has its next attempt's agents running beside its
+    ranks (one spare per rank); a cancel ends them with the job, on every host."""
+    ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2")])
+    (ssh_cli.work / "sleeps.py").write_text(SLEEPS)
+    job = ssh_cli.write("spares.yaml", f"""
+        name: spares
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 2, gpus_per_node: 1}}
+        workdir: {ssh_cli.work}
+        command: [python3, sleeps.py]
+        restart: {{max: 1, on: [failure], backoff_s: [0]}}
+        """)
+    agents = agents_on(ssh_cli.hosts)
+    job_id = "spares-" + os.urandom(3).hex()
+    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    ssh_cli.wait_running(job_id, timeout=90)
+    deadline = time.monotonic() + 60
+    while True:  # the rank's agent and its spare, on each host
+        extra = {h: len(pids - agents.get(h, set())) for h, pids in agents_on(ssh_cli.hosts)
+                 .items() if h in ("h1", "h2")}
+        if extra == {"h1": 2, "h2": 2}:
+            break
+        assert time.monotonic() < deadline, f"agents beside the ranks: {extra}"
+        time.sleep(0.2)
+    ssh_cli.run("cancel", job_id, check=True)
+    done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 90)
+    assert done["state"] == "CANCELLED", done
+    _no_agents_beyond(ssh_cli.hosts, agents)
+    assert not any(tagged_on(ssh_cli.hosts, job_id, ["h1", "h2"]).values())
