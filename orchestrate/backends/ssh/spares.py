@@ -10,7 +10,9 @@ launch script) reach it as they reach a fresh agent, in its requests.
 
 They start only once every rank has said something (or ended), so they never compete with the
 ranks' own start, only when a restart can follow, and only as many as the open connection
-holds beside the ranks' sessions and one for kill-by-tag (no login of their own).
+holds beside the ranks' sessions and one for kill-by-tag (no login of their own); on a host
+whose ranks fill the connection, the rest start at the attempt's end, once its agents' sessions
+closed (:meth:`Spares.refill`), beside the restart decision.
 
 A spare dies the way every agent does: it is the session leader of its pty, so when its channel
 or connection closes (the job's end, a cancel, a restart elsewhere, the supervisor's death) it
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from orchestrate.backends.ssh.channels import AgentChannel
 from orchestrate.backends.ssh.connections import Link, Links, Target
@@ -46,21 +48,33 @@ class Spares:
         self._ready: dict[str, tuple[Link, list[AgentChannel]]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self, ranks: Sequence[AgentChannel]) -> None:
         """Start the spares in the background once every channel of ``ranks`` has shown its
         rank's output or ended (at most :data:`QUIET_RANKS_S`)."""
-        self._thread = threading.Thread(target=self._run, args=(list(ranks),), daemon=True,
-                                        name="ssh-spares")
-        self._thread.start()
+        self._spawn(self._first, list(ranks))
 
-    def _run(self, ranks: list[AgentChannel]) -> None:
+    def refill(self) -> None:
+        """The attempt's agents are gone and their sessions closed: start, in the background,
+        the spares that found no room beside them (a host with a rank per session the
+        connection holds)."""
+        self._spawn(self._fill)
+
+    def _spawn(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True, name="ssh-spares")
+        self._threads.append(thread)
+        thread.start()
+
+    def _first(self, ranks: list[AgentChannel]) -> None:
         deadline = time.monotonic() + QUIET_RANKS_S
         while not all(c.spoke.is_set() or c.ended.is_set() or c.exit is not None
                       for c in ranks):
             if self._closed.wait(0.02) or time.monotonic() > deadline:
                 break
+        self._fill()
+
+    def _fill(self) -> None:
         for name, count in self.wanted.items():
             with contextlib.suppress(Exception):  # a host gone: its restart starts agents
                 self._open(name, count)
@@ -69,12 +83,14 @@ class Spares:
         link = self.links.links.get(name)
         if link is None:
             return
-        for _ in range(min(count, link.room() - KEEP_FREE)):
-            with self._lock:
-                if self._closed.is_set():
+        for _ in range(count):
+            if link.room() <= KEEP_FREE:
+                return
+            with self._lock:  # one opening at a time: two fills never open more than count
+                channels = self._ready.setdefault(name, (link, []))[1]
+                if self._closed.is_set() or len(channels) >= count:
                     return
-                channel = AgentChannel(link, self.targets[name].python, self.secrets)
-                self._ready.setdefault(name, (link, []))[1].append(channel)
+                channels.append(AgentChannel(link, self.targets[name].python, self.secrets))
 
     def take(self, name: str, link: Link, most: int) -> list[AgentChannel]:
         """At most ``most`` of ``name``'s spares that still run, for its next attempt on
@@ -90,8 +106,8 @@ class Spares:
         return live
 
     def _wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=QUIET_RANKS_S + 30.0)
+        for thread in list(self._threads):
+            thread.join(timeout=QUIET_RANKS_S + 30.0)
 
     def close(self) -> None:
         """Close the spares not taken (their agents get SIGHUP and exit)."""

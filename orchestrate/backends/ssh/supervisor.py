@@ -161,6 +161,7 @@ class SSHSupervisor(Supervisor):
         """The rank handles on the channels the preflight opened; stopping is kill-by-tag."""
         from orchestrate.backends.ssh.evidence import RemoteEvidence
         from orchestrate.backends.ssh.reaping import HostStopper
+        from orchestrate.core.plan.outcome import Exit
         from orchestrate.run.logsink import LogSink
         from orchestrate.run.supervise import Launched
 
@@ -192,6 +193,8 @@ class SSHSupervisor(Supervisor):
             left = _finish_all(handles, STOP_GRACE_S)
             stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
             pool.close(abort_all=False, keep_links=True)  # for a restart; end() logs out
+            if self._spares is not None and not all(h.channel.exit == Exit(0) for h in handles):
+                self._spares.refill()  # a restart may follow: those with no room beside ranks
             for node, names in stopper.survivors.items():
                 left.setdefault(node, []).extend(names)
             said = [_survived(left), watch.ending()]

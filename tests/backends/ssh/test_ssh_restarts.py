@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -176,9 +177,12 @@ time.sleep(120)
 
 
 @pytest.mark.timeout(180)
-def test_spare_agents_run_beside_the_ranks_and_go_with_a_cancel(ssh_cli: SshCli) -> None:
+@pytest.mark.parametrize("end", ["cancel", "supervisor killed"])
+def test_spare_agents_run_beside_the_ranks_and_go_with_the_job(ssh_cli: SshCli, end: str
+                                                                ) -> None:
     """Issue #37: a job that may restart has its next attempt's agents running beside its
-    ranks (one spare per rank); a cancel ends them with the job, on every host."""
+    ranks (one spare per rank); a cancel, or its supervisor's death, ends them with the job
+    on every host."""
     ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2")])
     (ssh_cli.work / "sleeps.py").write_text(SLEEPS)
     job = ssh_cli.write("spares.yaml", f"""
@@ -202,8 +206,14 @@ def test_spare_agents_run_beside_the_ranks_and_go_with_a_cancel(ssh_cli: SshCli)
             break
         assert time.monotonic() < deadline, f"agents beside the ranks: {extra}"
         time.sleep(0.2)
-    ssh_cli.run("cancel", job_id, check=True)
-    done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 90)
-    assert done["state"] == "CANCELLED", done
+    if end == "cancel":
+        ssh_cli.run("cancel", job_id, check=True)
+        done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 90)
+        assert done["state"] == "CANCELLED", done
+    else:
+        with sqlite3.connect(ssh_cli.home / "jobs.db") as conn:
+            (pid,) = conn.execute("SELECT supervisor_pid FROM jobs WHERE id = ?",
+                                  [job_id]).fetchone()
+        os.kill(int(pid), signal.SIGKILL)  # no handler runs: the closed connections end them
     _no_agents_beyond(ssh_cli.hosts, agents)
     assert not any(tagged_on(ssh_cli.hosts, job_id, ["h1", "h2"]).values())
