@@ -159,6 +159,43 @@ def test_a_restart_on_the_same_hosts_logs_in_no_more(ssh_cli: SshCli) -> None:
     _no_agents_beyond(ssh_cli.hosts, agents)
 
 
+FAILS_RANK_6 = """\
+import os, sys, time
+if os.environ.get("ORCHESTRATE_ATTEMPT") == "1" and os.environ["RANK"] == "6":
+    sys.exit(3)
+time.sleep(1)
+print("rank", os.environ["RANK"], "ran", flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_host_full_of_ranks_gets_its_spares_at_the_attempts_end(ssh_cli: SshCli) -> None:
+    """Issue #37: 7 ranks fill the connection (8 sessions, one kept for kill-by-tag): the
+    spares start once the attempt's sessions closed, and the restart takes all 7, logged in
+    once."""
+    ssh_cli.inventory([{"name": "h1", "slots": 7}])
+    (ssh_cli.work / "fails.py").write_text(FAILS_RANK_6)
+    job = ssh_cli.write("full.yaml", f"""
+        name: full
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: 1, gpus_per_node: 7}}
+        workdir: {ssh_cli.work}
+        command: [python3, fails.py]
+        restart: {{max: 1, on: [failure], backoff_s: [0]}}
+        """)
+    before, agents = _logins(ssh_cli, "h1"), agents_on(ssh_cli.hosts)
+    job_id = "full-" + os.urandom(3).hex()
+    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
+    assert done["state"] == "COMPLETED", done
+    assert [a["n"] for a in done["attempts"]] == [1, 2], done["attempts"]
+    log = (Path(done["run_dir"]) / "supervisor.log").read_text()
+    assert "attempt 2 placed, 7 spare agent(s) taken" in log, log
+    assert _logins(ssh_cli, "h1") - before == 1
+    _no_agents_beyond(ssh_cli.hosts, agents)
+
+
 def _no_agents_beyond(hosts: SshHosts, before: dict[str, set[int]]) -> None:
     """Wait (generously) until each host serves no agent that was not there ``before``."""
     deadline = time.monotonic() + 30
