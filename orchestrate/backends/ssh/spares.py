@@ -9,10 +9,11 @@ of starting one, and the new attempt's facts (attempt number, master port, the r
 launch script) reach it as they reach a fresh agent, in its requests.
 
 They start only once every rank has said something (or ended), so they never compete with the
-ranks' own start, only when a restart can follow, and only as many as the open connection
-holds beside the ranks' sessions and one for kill-by-tag (no login of their own); on a host
-whose ranks fill the connection, the rest start at the attempt's end, once its agents' sessions
-closed (:meth:`Spares.refill`), beside the restart decision.
+ranks' own start; only when a restart can follow; and only as many as the open connection holds
+beside the ranks' sessions and two kept free for kill-by-tag and the stall watch's reads (no
+login of their own). On a host whose ranks fill the connection, the rest start at the
+attempt's end, once its agents' sessions closed (:meth:`Spares.refill`), beside the restart
+decision.
 
 A spare dies the way every agent does: it is the session leader of its pty, so when its channel
 or connection closes (the job's end, a cancel, a restart elsewhere, the supervisor's death) it
@@ -31,8 +32,9 @@ from orchestrate.backends.ssh.connections import Link, Links, Target
 
 #: How long spares wait for every rank to say something before they start anyway.
 QUIET_RANKS_S = 30.0
-#: Sessions left free on a connection beside the ranks' and the spares' (a kill-by-tag run).
-KEEP_FREE = 1
+#: Sessions left free on a connection beside the ranks' and the spares' (a kill-by-tag run and
+#: a stall-watch read at once): neither ever needs another login.
+KEEP_FREE = 2
 
 
 class Spares:
