@@ -87,8 +87,9 @@ class SSHSupervisor(Supervisor):
         self.log(f"up after {time.time() - handshake.submitted_at:.2f}s (since submit started)")
 
     def claim(self, attempt: int, excluded: tuple[str, ...]) -> Prepared:
-        """Preflight, re-plan and claim on every host (a restart: over new connections, the
-        job planned again without the ``excluded`` nodes)."""
+        """Preflight, re-plan and claim on every host (a restart: over the last attempt's
+        connections and the spare agents started on them, or, avoiding ``excluded`` nodes,
+        over new ones with fresh agents, the job planned again without them)."""
         from orchestrate.backends.ssh.launcher import Launcher
         from orchestrate.backends.ssh.sessions import HostPool
         from orchestrate.core.plan.plan import Occupancy
@@ -193,7 +194,8 @@ class SSHSupervisor(Supervisor):
             left = _finish_all(handles, STOP_GRACE_S)
             stopper.sweep(launcher.fanout, skip={h.node for h in handles if h.left_host_clean})
             pool.close(abort_all=False, keep_links=True)  # for a restart; end() logs out
-            if self._spares is not None and not all(h.channel.exit == Exit(0) for h in handles):
+            if self._spares is not None and not self.stop.reason \
+                    and not all(h.channel.exit == Exit(0) for h in handles):
                 self._spares.refill()  # a restart may follow: those with no room beside ranks
             for node, names in stopper.survivors.items():
                 left.setdefault(node, []).extend(names)
