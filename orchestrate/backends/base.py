@@ -140,7 +140,7 @@ def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
     run_dir = Path(prepared.plan.run_dir)
     everything = {**files,
                   PLAN_FILE: json.dumps(prepared.plan.to_json(), indent=2) + "\n",
-                  LOADED_FILE: json.dumps(prepared.loaded.to_json(), indent=2) + "\n"}
+                  LOADED_FILE: json.dumps(prepared.loaded_json(), indent=2) + "\n"}
     try:
         safeplace.write_tree(run_dir, everything)
     except safeplace.UnsafePlace as exc:
