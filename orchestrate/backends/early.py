@@ -145,6 +145,7 @@ def main(stdin: IO[str]) -> int:
     # imports too, on the same cores): a local supervisor claims with the facts the CLI sent
     # and launches without them (orchestrate/run/loaded.py); what needs them imports them.
     importlib.import_module("orchestrate.core.render.render")
+    importlib.import_module("orchestrate.diagnosis.rankpackage")  # the ranks' sidecar
     local = importlib.import_module("orchestrate.backends.local.supervisor")
     with contextlib.suppress(Exception):  # only a speed-up: the launch says what fails
         local.prewarm()  # what every local launch computes alike, while the CLI plans
