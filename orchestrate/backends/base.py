@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import LOADED_FILE, PLAN_FILE, SIDECAR_DIR
 from orchestrate.core.plan.outcome import Attempt
-from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.hostside import safeplace
 from orchestrate.hostside.shipping import Manifest, compact, program
 from orchestrate.run.jobrecord import JobRecord, JobState, RankRecord
@@ -109,7 +108,10 @@ def rank_files(plan: Plan, scripts: Mapping[str, str],
     """A backend's launch ``scripts``, then what every rank needs beside them: the sidecar
     folder (its ``sitecustomize.py`` and private package, loaded at start-up, so no user code
     changes), a backend's ``extra`` programs, and ``train.json`` for a ``train:`` job."""
-    from orchestrate.core.render.render import train_config  # Jinja only when files are made
+    # Only when files are made (a supervisor, a dry run), not on every CLI start: Jinja, and
+    # the sidecar's modules (10 ms of a local submit's path to its first rank).
+    from orchestrate.core.render.render import train_config
+    from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 
     files = dict(scripts)
     files.update({f"{SIDECAR_DIR}/{name}": text for name, text in sidecar_folder().items()})
@@ -140,7 +142,7 @@ def write_run_dir(prepared: Prepared, files: Mapping[str, str]) -> Path:
     run_dir = Path(prepared.plan.run_dir)
     everything = {**files,
                   PLAN_FILE: json.dumps(prepared.plan.to_json(), indent=2) + "\n",
-                  LOADED_FILE: json.dumps(prepared.loaded.to_json(), indent=2) + "\n"}
+                  LOADED_FILE: json.dumps(prepared.loaded_json(), indent=2) + "\n"}
     try:
         safeplace.write_tree(run_dir, everything)
     except safeplace.UnsafePlace as exc:

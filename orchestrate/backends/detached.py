@@ -26,6 +26,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -102,10 +103,13 @@ class DetachedBackend(ABC):
         return None  # nothing by default
 
     def handshake(self, prepared: Prepared, attempt: int | None) -> Handshake:
-        """What the supervisor is handed (a backend may add to it)."""
+        """What the supervisor is handed (a backend may add to it); with what its claim reads
+        of the job, so that it can launch before it decodes the job (the spec models)."""
+        from orchestrate.backends.sharing import claim_facts
+
         return Handshake(job_id=prepared.plan.job_id, source=str(prepared.path),
                          submitted_at=time.time(), attempt=attempt, plan=prepared.plan,
-                         loaded=prepared.loaded.to_json())
+                         loaded=prepared.loaded.to_json(), facts=claim_facts(prepared))
 
     # ---- the lifecycle, CLI side -----------------------------------------------------------
 
@@ -278,6 +282,15 @@ WATCHDOG = Manifest("watchdog", (
     orchestrate.hostside.watchdog))
 
 
+@lru_cache(maxsize=1)
+def watchdog_modules() -> str:
+    """The watchdog's modules as a compacted program that makes them importable (its call
+    follows, per job): whole, the book's modules outgrow a quarter of one argument's limit.
+    Compressed once per process (20-30 ms), by a supervisor started before planning while it
+    waits (:mod:`orchestrate.backends.early`)."""
+    return compact(program(WATCHDOG, ""))
+
+
 #: The watchdog's first argument (then the job id): what ``ps`` shows of it.
 WATCHDOG_NAME = "orchestrate-watchdog"
 
@@ -291,10 +304,10 @@ def start_watchdog(pid: int, job_id: str, grace_s: float,
     (:func:`orchestrate.hostside.watchdog.watch`). Standard library only, no site-packages."""
     from orchestrate.hostside.host import TAG, proc_start
 
-    # Compacted: whole, the book's modules outgrow a quarter of one argument's limit.
-    text = compact(program(WATCHDOG, "from orchestrate.hostside.watchdog import watch\n"
-                   f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
-                   f"lease_root={lease_root!r}, containers={containers!r})"))
+    text = watchdog_modules() + (
+        "from orchestrate.hostside.watchdog import watch\n"
+        f"watch({pid}, {proc_start(pid)!r}, {job_id!r}, {grace_s!r}, "
+        f"lease_root={lease_root!r}, containers={containers!r})\n")
     # Untagged, or it would count as a process of the job and keep the job's lease alive.
     env = {k: v for k, v in os.environ.items() if k != TAG}
     return subprocess.Popen(

@@ -140,12 +140,15 @@ def main(stdin: IO[str]) -> int:
     """The started program: import while the CLI plans, then run the supervisor it names."""
     import importlib
 
-    # A local job's supervisor (an SSH job's shares most of it), the launch scripts'
-    # templates (jinja), and the job's models (pydantic), which the supervisor decodes the
-    # handshake's job into: the slowest import, now done before the CLI hands the job over.
-    for module in ("orchestrate.backends.local.supervisor", "orchestrate.core.render.render",
-                   "orchestrate.run.prepare"):
-        importlib.import_module(module)
+    # A local job's supervisor (an SSH job's shares most of it) and the launch scripts'
+    # templates (jinja). Not the job's models (pydantic, the slowest import, which the CLI
+    # imports too, on the same cores): a local supervisor claims with the facts the CLI sent
+    # and launches without them (orchestrate/run/loaded.py); what needs them imports them.
+    importlib.import_module("orchestrate.core.render.render")
+    importlib.import_module("orchestrate.diagnosis.rankpackage")  # the ranks' sidecar
+    local = importlib.import_module("orchestrate.backends.local.supervisor")
+    with contextlib.suppress(Exception):  # only a speed-up: the launch says what fails
+        local.prewarm()  # what every local launch computes alike, while the CLI plans
     line = stdin.readline()
     if not line.strip():
         return 0

@@ -24,12 +24,13 @@ from typing import IO, TYPE_CHECKING, Any
 from orchestrate.backends.hosttable import HostTable
 from orchestrate.core.errors import Problem
 from orchestrate.core.plan.plan import Plan
+from orchestrate.run.loaded import ClaimFacts
 from orchestrate.run.progress import show
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; only mypy needs it
 
-    from orchestrate.run.prepare import Loaded
+    from orchestrate.run.loaded import Loaded
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,9 @@ class Handshake:
     """The job, handed to its supervisor: what was loaded at submit and the plan made from it.
 
     ``attempt`` is None for a new job, else the attempt ``resume`` starts. ``loaded`` stays JSON
-    until :meth:`loaded_job` decodes it: validating it costs, and a supervisor may have better
-    things to start first (the SSH logins).
+    until :meth:`loaded_job` decodes it: validating it costs (and its models are the slowest
+    import), and a supervisor may have better things to do first (the SSH logins; a local
+    job's ranks, claimed with ``facts``: :class:`~orchestrate.run.loaded.ClaimFacts`).
     """
 
     job_id: str
@@ -47,17 +49,19 @@ class Handshake:
     attempt: int | None
     plan: Plan
     loaded: Mapping[str, Any]  # Loaded.to_json()
+    facts: ClaimFacts | None = None  # what claiming ``plan`` reads of ``loaded``
 
     def loaded_job(self) -> Loaded:
         """What was loaded at submit, as a value again."""
-        from orchestrate.run.prepare import Loaded
+        from orchestrate.run.loaded import Loaded
 
         return Loaded.from_json(dict(self.loaded))
 
     def to_json(self) -> dict[str, Any]:
         """As JSON values (one line on the supervisor's stdin)."""
         return {"job_id": self.job_id, "source": self.source, "submitted_at": self.submitted_at,
-                "attempt": self.attempt, "plan": self.plan.to_json(), "loaded": self.loaded}
+                "attempt": self.attempt, "plan": self.plan.to_json(), "loaded": self.loaded,
+                "facts": None if self.facts is None else self.facts.to_json()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -67,11 +71,12 @@ class Handshake:
     @staticmethod
     def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         """This class's fields from ``data``, for a subclass's :meth:`from_json`."""
-        attempt = data.get("attempt")
+        attempt, facts = data.get("attempt"), data.get("facts")
         return {"job_id": str(data["job_id"]), "source": str(data["source"]),
                 "submitted_at": float(data["submitted_at"]),
                 "attempt": None if attempt is None else int(attempt),
-                "plan": Plan.from_json(data["plan"]), "loaded": data["loaded"]}
+                "plan": Plan.from_json(data["plan"]), "loaded": data["loaded"],
+                "facts": None if facts is None else ClaimFacts.from_json(facts)}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from orchestrate.hostside.leases import BookError
 if TYPE_CHECKING:
     from orchestrate.core.plan.plan import NodePlan
     from orchestrate.run.jobrecord import LeaseBooks
-    from orchestrate.run.prepare import Prepared
+    from orchestrate.run.loaded import ClaimFacts, NodeClaim, Prepared
 
 
 def book_error(exc: BookError, source: str, host: str = "") -> UserError:
@@ -45,8 +45,34 @@ def book_error(exc: BookError, source: str, host: str = "") -> UserError:
 
 def lease_dir(prepared: Prepared, node: str) -> str | None:
     """The inventory's ``lease_dir`` for ``node`` (None: the host's default book)."""
+    if prepared.facts is not None and node in prepared.facts.nodes:
+        return prepared.facts.nodes[node].lease_dir
     spec = prepared.inventory.node(node)
     return spec.lease_dir if spec is not None else None
+
+
+def node_claim(prepared: Prepared, node: NodePlan) -> NodeClaim:
+    """What claiming ``node`` of the plan reads of the loaded job: from the facts the CLI sent
+    (a supervisor then never decodes the job's models), else from the job itself."""
+    from orchestrate.run.loaded import NodeClaim
+
+    if prepared.facts is not None and node.name in prepared.facts.nodes:
+        return prepared.facts.nodes[node.name]
+    spec = prepared.inventory.node(node.name)
+    return NodeClaim(lease_dir=None if spec is None else spec.lease_dir,
+                     is_gpu=spec is not None and spec.is_gpu,
+                     gpus=() if spec is None else tuple(g.index for g in spec.gpus),
+                     wants=_wants(prepared, node))
+
+
+def claim_facts(prepared: Prepared) -> ClaimFacts:
+    """What a supervisor's claim of this plan reads of the loaded job, for its handshake: the
+    CLI has the job decoded; a local supervisor then claims and launches without the spec
+    models (:mod:`orchestrate.run.loaded`)."""
+    from orchestrate.run.loaded import ClaimFacts
+
+    return ClaimFacts(wait_s=wait_limit(prepared),
+                      nodes={n.name: node_claim(prepared, n) for n in prepared.plan.nodes})
 
 
 def lease_books(prepared: Prepared) -> LeaseBooks | None:
@@ -59,8 +85,9 @@ def lease_books(prepared: Prepared) -> LeaseBooks | None:
 
 def wait_limit(prepared: Prepared) -> float | None:
     """How long the job waits for what others hold (``resources.wait``): None = it does not."""
-    # Here, not above: the spec models (pydantic) are the supervisor's slowest import, and a
-    # supervisor started before planning must be ready before the CLI hands it the job.
+    if prepared.facts is not None:
+        return prepared.facts.wait_s
+    # Here, not above: the spec models (pydantic) are the supervisor's slowest import.
     from orchestrate.core.spec.job import wait_seconds
 
     return wait_seconds(prepared.job.resources.wait)
@@ -69,6 +96,10 @@ def wait_limit(prepared: Prepared) -> float | None:
 def wants(prepared: Prepared, node: NodePlan) -> dict[str, Any]:
     """What the job may take on ``node`` were nothing held: its candidate GPUs (every model it
     may be placed on), its CPU slots, its fixed port."""
+    return dict(node_claim(prepared, node).wants)
+
+
+def _wants(prepared: Prepared, node: NodePlan) -> dict[str, Any]:
     plan = prepared.plan
     spec = prepared.inventory.node(node.name)
     loaded = prepared.loaded

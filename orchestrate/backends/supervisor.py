@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrate.backends.detached import DetachedBackend
     from orchestrate.backends.sharing import ForeignWatch
     from orchestrate.core.plan.plan import Plan
-    from orchestrate.run.prepare import Prepared
+    from orchestrate.run.loaded import Prepared
     from orchestrate.run.supervise import Launched, StopRequest
 
 
@@ -151,9 +151,12 @@ class Supervisor(ABC):
             # Until its verdict it writes for a CLI that waits: a store locked for longer than
             # the CLI's patience refuses the submit, as it would refuse any command.
             self._store = Store(self.store_path, patience_s=PATIENCE_S)
-            from orchestrate.run.prepare import Prepared
+            from orchestrate.run.loaded import Prepared
 
-            self._submitted = Prepared(self.handshake.loaded_job(), self.handshake.plan)
+            # Decoded when first needed: a local job claimed with the CLI's facts and launched
+            # as planned never imports the spec models here (orchestrate/run/loaded.py).
+            self._submitted = Prepared(self.handshake.loaded, self.handshake.plan,
+                                       self.handshake.facts)
             with reporting(verdict.progress):  # the phases, for submit's progress line
                 prepared = self._first_attempt(verdict)
             self.prepared = prepared

@@ -16,9 +16,8 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from orchestrate.core.errors import Problem, UserError
 from orchestrate.core.plan import frameworkfsdp
@@ -36,6 +35,8 @@ from orchestrate.core.spec.inventory import (
 from orchestrate.core.spec.job import JobSpec, Lines, check_job_id, job_dir, read_job
 from orchestrate.core.spec.loader import read_yaml
 from orchestrate.run import programtext
+from orchestrate.run.loaded import Loaded as Loaded  # re-exported: ``run.prepare`` names both
+from orchestrate.run.loaded import Prepared as Prepared
 from orchestrate.run.progress import show
 
 #: Job id used by ``plan`` and ``render`` when none is given (``submit`` makes a fresh one).
@@ -46,109 +47,6 @@ def new_id_suffix() -> str:
     """Job ids are ``<name>-<6 hex>``: readable, unique enough for one user's store, and safe
     in file names."""
     return secrets.token_hex(3)
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A job and everything read or measured for it, ready to be planned (any number of times).
-
-    ``inventory_source`` is "" for a local job without an inventory file (this machine, probed
-    into a spec). :meth:`to_json` / :meth:`from_json` carry it to a supervisor process, or to a
-    later ``resume`` (``loaded.json`` in the run directory), without reading a file again.
-    """
-
-    source: str  # what errors name: the job file, or "<JobSpec>"
-    overrides: tuple[str, ...]
-    job: JobSpec
-    inventory: Inventory
-    inventory_spec: InventorySpec
-    inventory_source: str
-    workdir: Path
-    runs: Path  # where run directories go
-    templates_dir: Path | None
-    param_count: float | None
-    notes: tuple[str, ...] = ()
-    debug: bool = False  # submit --debug: NCCL's log and torch's collective checks
-    model: ModelFacts | None = None  # the model probe's facts and traces (train/modelfacts.py)
-    fsdp_signs: tuple[str, ...] = ()  # framework-level FSDP in a command:'s files (programtext)
-
-    @property
-    def path(self) -> Path:
-        """The job file (for messages)."""
-        return Path(self.source)
-
-    def run_dir(self, job_id: str) -> Path:
-        """The run directory of ``job_id``."""
-        return self.runs / job_id
-
-    def to_json(self) -> dict[str, Any]:
-        """Everything :meth:`from_json` needs, as JSON values."""
-        return {
-            "source": self.source,
-            "overrides": list(self.overrides),
-            "job": self.job.model_dump(mode="json", exclude_unset=True),  # as written: a
-            # default dumped would read back as given (batch_size beside global_batch_size)
-            "inventory": self.inventory_spec.model_dump(mode="json", exclude_unset=True),
-            "inventory_source": self.inventory_source,
-            "workdir": str(self.workdir),
-            "runs": str(self.runs),
-            "templates_dir": None if self.templates_dir is None else str(self.templates_dir),
-            "param_count": self.param_count,
-            "notes": list(self.notes),
-            "debug": self.debug,
-            "model": None if self.model is None else self.model.to_json(),
-            "fsdp_signs": list(self.fsdp_signs),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Loaded:
-        """The inverse of :meth:`to_json` (pure: validates and resolves again, reads nothing)."""
-        spec = InventorySpec.model_validate(data["inventory"])
-        return cls(
-            source=data["source"],
-            overrides=tuple(data["overrides"]),
-            job=JobSpec.model_validate(data["job"]),
-            inventory=resolve_inventory(spec, data["inventory_source"]),
-            inventory_spec=spec,
-            inventory_source=data["inventory_source"],
-            workdir=Path(data["workdir"]),
-            runs=Path(data["runs"]),
-            templates_dir=None if data["templates_dir"] is None else Path(data["templates_dir"]),
-            param_count=data["param_count"],
-            notes=tuple(data["notes"]),
-            debug=bool(data.get("debug", False)),
-            model=None if data.get("model") is None else ModelFacts.from_json(data["model"]),
-            fsdp_signs=tuple(data.get("fsdp_signs", ())),
-        )
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A job made ready to launch: what was loaded, and its plan (whose files its backend
-    renders: ``Backend.files``)."""
-
-    loaded: Loaded
-    plan: Plan
-
-    @property
-    def path(self) -> Path:
-        """The job file."""
-        return self.loaded.path
-
-    @property
-    def job(self) -> JobSpec:
-        """The job spec."""
-        return self.loaded.job
-
-    @property
-    def inventory(self) -> Inventory:
-        """The resolved inventory."""
-        return self.loaded.inventory
-
-    @property
-    def templates_dir(self) -> Path | None:
-        """The job's own templates, if any."""
-        return self.loaded.templates_dir
 
 
 def load(path: Path, overrides: tuple[str, ...] = ()) -> Loaded:

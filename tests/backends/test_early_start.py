@@ -7,6 +7,7 @@ a submit refused while planning leaves no process behind.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -65,6 +66,11 @@ def test_a_job_whose_supervisor_started_early_runs_and_cancels(cli: Cli) -> None
     assert b"orchestrate.backends.early" in cmdline and b"*-" + job.rsplit("-", 1)[1].encode() \
         in cmdline
     assert cli.status(job)["state"] == "RUNNING"  # not "the job's supervisor process vanished"
+    # It launched without the job's spec models (orchestrate/run/loaded.py): pydantic's
+    # compiled core is not loaded in it; loaded.json is written all the same.
+    assert "pydantic_core" not in Path(f"/proc/{pid}/maps").read_text()
+    loaded = json.loads((Path(record.run_dir) / "loaded.json").read_text())
+    assert loaded["job"]["name"] == "sleeper"
     cancelled = cli.run("cancel", job, check=True)
     assert cli.status(job)["state"] == "CANCELLED", cancelled.stderr
 
@@ -115,3 +121,4 @@ def test_submit_takes_the_supervisor_started_before_click(
     started.close()
     assert started.proc.wait(timeout=60) == 0  # the end of its stdin ends it
     assert other.proc.wait(timeout=60) == 0
+

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrate.backends.base import STOP_GRACE_S, checked_script
-from orchestrate.backends.detached import start_watchdog
+from orchestrate.backends.detached import start_watchdog, watchdog_modules
 from orchestrate.backends.handshake import Handshake
 from orchestrate.backends.local.backend import LocalBackend
 from orchestrate.backends.sharing import (
@@ -40,6 +40,7 @@ from orchestrate.backends.sharing import (
     health_on,
     host_health,
     lease_dir,
+    node_claim,
     occupancy,
     ticket,
     wait_limit,
@@ -61,7 +62,7 @@ from orchestrate.hostside.outputlog import LINE_MAX
 from orchestrate.run.supervise import Launched
 
 if TYPE_CHECKING:
-    from orchestrate.run.prepare import Prepared
+    from orchestrate.run.loaded import Prepared
 
 class LocalRank:
     """One rank as a local process in its own process group; under a launcher that starts
@@ -199,8 +200,7 @@ class LocalSupervisor(Supervisor):
         and what could not be checked, goes to the supervisor's log."""
         if found is None or not found.get("ok") or not health_on():
             return {}
-        spec = self.submitted.inventory.node(self.submitted.plan.nodes[0].name)
-        expected = tuple(g.index for g in spec.gpus) if spec is not None else ()
+        expected = node_claim(self.submitted, self.submitted.plan.nodes[0]).gpus
         verdict = host_health(gpuhealth.gather(), expected)
         for line in [*verdict.notes, *verdict.warnings(), *verdict.sick().values()]:
             self.log(f"GPU health: {line}")
@@ -374,16 +374,14 @@ def _boxed(prepared: Prepared) -> bool:
 
 
 def _has_gpus(prepared: Prepared) -> bool:
-    spec = prepared.inventory.node(prepared.plan.nodes[0].name)
-    return spec is not None and spec.is_gpu
+    return node_claim(prepared, prepared.plan.nodes[0]).is_gpu
 
 
 def _fit(prepared: Prepared, held: dict[str, Any],
          outside: Mapping[str, Mapping[str, Any]], sick: Mapping[int, str]) -> Prepared:
     """The plan again around what other jobs hold here (GPUs, slots, ports), the GPUs in use
-    outside orchestrate and those that failed their health check, if it must."""
-    from orchestrate.run.prepare import plan_job
-
+    outside orchestrate and those that failed their health check, if it must (only then are
+    the planner's spec models imported: orchestrate/run/loaded.py)."""
     plan = prepared.plan
     node = plan.nodes[0]
     taken = {int(p) for p in held["ports"]}
@@ -406,6 +404,8 @@ def _fit(prepared: Prepared, held: dict[str, Any],
     if not port_busy and not fields:
         return prepared
     occupied = Occupancy(master_port=port if port != plan.master_port else None, **fields)
+    from orchestrate.run.prepare import plan_job
+
     return plan_job(prepared.loaded, plan.job_id, occupied)
 
 
@@ -432,6 +432,18 @@ def _check_gpus_exist(prepared: Prepared, found: dict[str, Any] | None) -> None:
             source=str(prepared.path), field="inventory",
             hint="check the inventory's CUDA indices, or drop 'inventory' to use this machine",
         )
+
+
+def prewarm() -> None:
+    """What every local launch computes alike, done by a supervisor started before planning
+    while the CLI plans (:mod:`orchestrate.backends.early`): the built-in launch templates
+    compiled (kept by :func:`orchestrate.core.render.render.environment`) and the watchdog's
+    modules compressed (:func:`orchestrate.backends.detached.watchdog_modules`)."""
+    from orchestrate.core.render.render import environment
+
+    for name in ("node.sh.j2", "_header.sh.j2", "_container.sh.j2"):
+        environment(None).get_template(name)
+    watchdog_modules()
 
 
 def main(argv: list[str]) -> int:

@@ -100,7 +100,7 @@ def function_plan(prepared: Prepared, folder: Path) -> Prepared:
         plan, nodes=nodes, command=nodes[0].command,
         env={**plan.env, "SUBMITIT_EXECUTOR": "slurm"}, train_config=None,
     )
-    return replace(prepared, plan=plan)
+    return prepared.with_plan(plan)
 
 
 def run_function(
