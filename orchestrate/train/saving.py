@@ -33,7 +33,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import asyncsave, checkpoint, distcp, rng
+from orchestrate.train import asyncsave, checkpoint, distcp, partwrite, rng
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import NonFiniteLoss
 from orchestrate.train.metrics import MetricsLog
@@ -102,10 +102,10 @@ class Checkpointer:
     last: Path | None = None  # the newest checkpoint (rank 0 knows it)
     #: checkpoint_async: None until the first save decides (host memory), then True or False
     asynchronous: bool | None = False
-    group: dist.ProcessGroup | None = None  # the background writes' own gloo group (FSDP)
+    group: dist.ProcessGroup | None = None  # the background writes' own gloo group
     writer: asyncsave.Writer = field(default_factory=asyncsave.Writer)
-    #: the model's and optimizer's host copy, reused by every background save (DDP, rank 0)
-    host: asyncsave.HostCopy = field(default_factory=asyncsave.HostCopy)
+    #: DDP: this rank's host copy of its share, reused by every background save
+    parts: partwrite.PartCopy = field(default_factory=partwrite.PartCopy)
     staging: Any = None  # FSDP: distcp.stager(), made at the first background save
 
     def save(self, where: Where, take: Callable[[], TrainState], *, barrier: bool) -> None:
@@ -161,9 +161,12 @@ class Checkpointer:
         """Bytes this rank would copy to host memory for a background save."""
         if state.sharded:
             return asyncsave.tensor_bytes(distcp.states(state.model, state.optimizer))
-        if self.cluster.rank != 0:
-            return 0
-        return asyncsave.tensor_bytes([state.module.state_dict(), state.optimizer.state_dict()])
+        return partwrite.PartCopy.needs(state.module, state.optimizer, rank=self.cluster.rank,
+                                        ranks=self._writers())
+
+    def _writers(self) -> int:
+        """How many ranks write a DDP checkpoint in the background (each a share)."""
+        return self.cluster.world_size if self.group is not None else 1
 
     def _decide(self, ranks: list[RankPart]) -> None:
         """At the first save: background saves only if every rank's copy fits its host."""
@@ -245,14 +248,17 @@ class Checkpointer:
                 if self.cluster.rank == 0:
                     self._announce(state, distcp.finish(
                         copied, directory=directory, step=step, keep=keep, temporary=temporary))
-        elif self.cluster.rank == 0:
-            host = self.host
-            copied.update(host.take({"model": state.module.state_dict(),
-                                     "optimizer": state.optimizer.state_dict()}))
+        elif self.cluster.rank < self._writers():
+            share = self.parts.take(state.module, state.optimizer, copied,
+                                    rank=self.cluster.rank, ranks=self._writers())
+            job = partwrite.start(share, directory=directory, step=step, keep=keep,
+                                  rank=self.cluster.rank, group=self.group)
+            ready = self.parts.ready
 
             def write() -> None:
-                host.ready()
-                self._announce(state, checkpoint.save(copied, directory, step, keep))
+                path = job.run(ready)
+                if path is not None:
+                    self._announce(state, path)
         else:
             return
         self.writer.start(name, write)

@@ -202,12 +202,12 @@ def _setup(
 def _checkpointer(spec: TrainSpec, cluster: Cluster, built: Built,
                   restored: Restored, log: MetricsLog) -> Checkpointer:
     """Where this run's checkpoints go; a resumed run's position is checkpointed already.
-    Background saves of sharded checkpoints get a gloo group of their own (created here, on
-    every rank in the same order): the writing thread's collectives must not interleave with
-    the training thread's on the control group."""
+    Background saves on more than one rank (FSDP's shards; DDP's shares, train/partwrite.py)
+    get a gloo group of their own (created here, on every rank in the same order): the writing
+    thread's collectives must not interleave with the training thread's on the control group."""
     p = restored.position
     group = None
-    if spec.checkpoint_async and spec.sharded:
+    if spec.checkpoint_async and cluster.world_size > 1:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cluster.timeout_s))
     return Checkpointer(cluster, built.checkpoint_dir, spec.keep_checkpoints, log,
                         last_saved=None if restored.resumed_from is None
