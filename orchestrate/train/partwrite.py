@@ -26,11 +26,15 @@ rest of the checkpoint are rank 0's, so the file holds exactly what rank 0 alone
 
 from __future__ import annotations
 
+import functools
+import io
 import os
+import struct
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -44,6 +48,7 @@ Key = tuple[Any, ...]
 #: Tensors smaller than this are rank 0's: sharing them saves nothing and costs a write call.
 SMALL = 1 << 16
 _CHUNK = 1 << 30  # bytes per pwrite call (Linux writes at most ~2 GiB at a time)
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
 def leaves(value: Any, key: Key = ()) -> Iterator[tuple[Key, torch.Tensor]]:
@@ -167,30 +172,123 @@ def write_frame(whole: dict[str, Any], temporary: Path) -> dict[Key, tuple[int, 
 
     Run it in the training thread: the CRC32 setting is the process's, and only there does no
     other ``torch.save`` run meanwhile (the next checkpoint waits for this one's writer)."""
+    with open(temporary, "wb") as handle:
+        _frame(whole, handle)
+    with open(temporary, "rb") as handle:
+        return _places(whole, handle, temporary.name)
+
+
+def _frame(whole: dict[str, Any], handle: IO[bytes]) -> None:
     was = serialization.save.compute_crc32
     serialization.save.compute_crc32 = False
     try:
-        with open(temporary, "wb") as handle, torch.serialization.skip_data():
+        with torch.serialization.skip_data():
             torch.save(whole, handle)
     finally:
         serialization.save.compute_crc32 = was
-    placed = torch.load(temporary, map_location="meta", weights_only=True)
+
+
+def _places(whole: dict[str, Any], handle: IO[bytes], name: str) -> dict[Key, tuple[int, int]]:
+    """Each tensor's place in a frame: the offset torch.load gives its storage (loading on the
+    meta device), checked against the zip records' own places (the stdlib's reading of the
+    archive): a place that is not exactly one record's bytes is refused, never written to."""
+    records = _records(handle)
+    handle.seek(0)
+    placed = torch.load(handle, map_location="meta", weights_only=True)
     table = {}
     for (key, tensor), (_, written) in zip(leaves(placed), leaves(whole), strict=True):
         offset = getattr(tensor.untyped_storage(), "_checkpoint_offset", None)
         size = written.untyped_storage().nbytes()
-        if not isinstance(offset, int) or size != tensor.untyped_storage().nbytes():
-            raise TrainFailure(f"cannot place {key} in the frame of {temporary.name}: this "
-                               f"torch ({torch.__version__}) does not give storage offsets")
+        if (not isinstance(offset, int) or size != tensor.untyped_storage().nbytes()
+                or (offset, size) not in records):
+            raise TrainFailure(f"cannot place {key} in the frame of {name}: this torch "
+                               f"({torch.__version__}) gives no storage offset that matches the "
+                               "archive's records")
         table[key] = (offset, size)
     return table
 
 
-def write_share(temporary: Path, table: dict[Key, tuple[int, int]],
-                mine: dict[Key, torch.Tensor]) -> None:
-    """Write this rank's tensors' bytes at their places in ``temporary`` and fsync them."""
-    fd = os.open(temporary, os.O_WRONLY)
+def _records(handle: IO[bytes]) -> set[tuple[int, int]]:
+    """Where each record's bytes start in a zip archive, and how many there are: a local
+    header is 30 bytes, then the record's name and its extra field (torch pads with it)."""
+    found = set()
+    with zipfile.ZipFile(handle) as archive:
+        for info in archive.infolist():
+            handle.seek(info.header_offset)
+            header = handle.read(30)
+            if header[:4] != b"PK\x03\x04":
+                continue
+            named, extra = struct.unpack("<HH", header[26:30])
+            found.add((info.header_offset + 30 + named + extra, info.file_size))
+    return found
+
+
+@functools.cache
+def offsets_supported() -> bool:
+    """Whether this torch places a frame's tensors where the archive says (a small frame in
+    memory): where not, a DDP checkpoint is written by rank 0 alone, as torch.save does."""
+    whole = {"a": torch.arange(3.0), "b": [torch.zeros(70, dtype=torch.float64)], "c": 1}
+    buffer = io.BytesIO()
     try:
+        _frame(whole, buffer)
+        buffer.seek(0)
+        _places(whole, buffer, "a probe")
+    except (TrainFailure, RuntimeError, ValueError, OSError, zipfile.BadZipFile):
+        return False
+    return True
+
+
+#: Where a checkpoint directory is, as a rank sees it: the host's boot id (one per running
+#: kernel: containers on one host share it), the file system's device and the inode.
+Place = tuple[str, int, int]
+
+
+def place_of(directory: Path) -> Place | None:
+    """``directory`` as this rank sees it (None: it cannot be seen, or the host is unknown)."""
+    try:
+        boot = Path(BOOT_ID).read_text(encoding="ascii").strip()
+        found = os.stat(directory)
+    except OSError:
+        return None
+    return boot, found.st_dev, found.st_ino
+
+
+def choose(places: list[Place | None], supported: list[bool]) -> tuple[int, ...]:
+    """The ranks that write a DDP checkpoint's shares: rank 0 and every rank that sees rank 0's
+    checkpoint directory itself (on rank 0's host) with a torch that places frames; a rank on
+    another host writes nothing (its copy of the path may be another folder)."""
+    if places and places[0] is not None and supported and supported[0]:
+        return tuple(rank for rank, place in enumerate(places)
+                     if rank == 0 or (place == places[0] and supported[rank]))
+    return (0,)
+
+
+def sharers(control: dist.ProcessGroup, rank: int, world: int,
+            directory: Path) -> tuple[int, ...]:
+    """:func:`choose` on every rank (a collective on ``control``): rank 0 makes the directory
+    and tells where it is, then every rank says whether it sees the same one."""
+    if rank == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+    ours: list[Any] = [place_of(directory) if rank == 0 else None]
+    dist.broadcast_object_list(ours, src=0, group=control)
+    mine = place_of(directory)
+    answers: list[Any] = [None] * world
+    dist.all_gather_object(answers, (mine if mine == ours[0] else None, offsets_supported()),
+                           group=control)
+    return choose([a[0] for a in answers], [a[1] for a in answers])
+
+
+def write_share(temporary: Path, table: dict[Key, tuple[int, int]],
+                mine: dict[Key, torch.Tensor], file: tuple[int, int] | None = None) -> None:
+    """Write this rank's tensors' bytes at their places in ``temporary`` and fsync them;
+    ``file`` is rank 0's ``(device, inode)`` of it: a rank that opened another file (a
+    folder mounted differently) writes nothing and says so."""
+    fd = os.open(temporary, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        seen = os.fstat(fd)
+        if file is not None and (seen.st_dev, seen.st_ino) != tuple(file):
+            raise TrainFailure(f"checkpoint {temporary.name} is another file for this rank than "
+                               "for rank 0 (its checkpoint_dir is another folder here)")
         for key, tensor in mine.items():
             place = table.get(key)
             data = _bytes_of(tensor)
@@ -219,20 +317,21 @@ class Job:
     temporary: Path | None = None  # rank 0: the frame's file
     table: dict[Key, tuple[int, int]] | None = None  # rank 0: from write_frame
     problem: str | None = None  # rank 0: why the frame was not written
+    file: tuple[int, int] | None = None  # rank 0: the frame's (device, inode)
 
     def run(self, ready: Any) -> Path | None:
         """Write this rank's share once rank 0's frame is there, agree that every rank wrote
         its share, and (rank 0) make the checkpoint ``latest``; rank 0 gets its path."""
-        sent = [(str(self.temporary), self.table, self.problem)]
+        sent = [(str(self.temporary), self.table, self.problem, self.file)]
         if self.group is not None:
             dist.broadcast_object_list(sent, src=dist.get_global_rank(self.group, 0),
                                        group=self.group)
-        temporary, table, problem = sent[0]
+        temporary, table, problem, file = sent[0]
         why = f"rank 0 wrote no frame ({problem})" if problem or table is None else None
         if why is None and table is not None:
             try:
                 ready()
-                write_share(Path(temporary), table, self.share.mine)
+                write_share(Path(temporary), table, self.share.mine, file)
             except (OSError, TrainFailure) as exc:
                 why = first_line(exc)
         whys: list[Any] = [why]
@@ -268,8 +367,10 @@ def start(share: Share, *, directory: Path, step: int, keep: int, rank: int,
     temporary = checkpoint.temporary_for(directory / checkpoint.name_for(step))
     try:
         table = write_frame(share.whole, temporary)
+        made = os.stat(temporary)
     except (OSError, RuntimeError, TrainFailure) as exc:
         temporary.unlink(missing_ok=True)
         return Job(directory, step, keep, rank, group, share, temporary,
                    problem=first_line(exc))
-    return Job(directory, step, keep, rank, group, share, temporary, table)
+    return Job(directory, step, keep, rank, group, share, temporary, table,
+               file=(made.st_dev, made.st_ino))

@@ -91,3 +91,36 @@ def test_a_share_that_does_not_fit_rank_0s_frame_fails_and_nothing_is_kept(
                        r"wrote no frame \(disk full\)"):
         failed.run(lambda: None)
     assert checkpoint.find_latest(tmp_path) is None
+
+
+def test_only_ranks_that_see_rank_0s_checkpoint_folder_write_shares(tmp_path: Path) -> None:
+    here = partwrite.place_of(tmp_path)
+    assert here is not None and partwrite.place_of(tmp_path / ".") == here
+    other = tmp_path / "other"
+    other.mkdir()
+    elsewhere = partwrite.place_of(other)
+    assert elsewhere is not None and elsewhere != here
+    assert partwrite.place_of(tmp_path / "missing") is None
+    # Rank 2 is on another host (its path is another folder, or none), rank 3 sees rank 0's.
+    places = [here, here, elsewhere, here, None]
+    assert partwrite.choose(places, [True] * 5) == (0, 1, 3)
+    assert partwrite.choose(places, [True, False, True, True, True]) == (0, 3)
+    # Rank 0's torch cannot place a frame's tensors, or its folder is unknown: rank 0 alone.
+    assert partwrite.choose(places, [False] * 5) == (0,)
+    assert partwrite.choose([None, here], [True, True]) == (0,)
+    assert partwrite.offsets_supported()  # this torch: the shares are used
+
+
+def test_a_share_is_never_written_into_another_file_than_rank_0s(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+    shares = [copies[rank].take(model, optimizer, _side() if rank == 0 else {}, rank=rank,
+                                ranks=2) for rank in (0, 1)]
+    job = partwrite.start(shares[0], directory=tmp_path, step=2, keep=1, rank=0, group=None)
+    assert job.temporary is not None and job.table is not None and job.file is not None
+    before = job.temporary.read_bytes()
+    with pytest.raises(TrainFailure, match="another file for this rank than for rank 0"):
+        partwrite.write_share(job.temporary, job.table, shares[1].mine, (0, 0))
+    assert job.temporary.read_bytes() == before
+    partwrite.write_share(job.temporary, job.table, shares[1].mine, job.file)
+    assert job.run(lambda: None) == tmp_path / "step-00000002.pt"
