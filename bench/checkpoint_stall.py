@@ -32,7 +32,9 @@ before and after, and the variants alternate so that drift hits all three alike.
 of ``--repeats``): the copy to host memory as the first save makes it (allocating) and as every
 later one does (into the kept buffers), the synchronous write it replaces, the background write's
 own CPU time, and the longest the training thread was kept from running Python during that
-write (the GIL: torch.save releases it while it writes the tensors).
+write (the GIL: torch.save releases it while it writes the tensors); then the same for the
+write in shares that the trainer makes under DDP (train/partwrite.py: rank 0's frame, each
+rank's copy of its share, and rank 0's write of its share).
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ def _launch(config: Path, run_dir: Path) -> None:
         codes.append(proc.wait(timeout=1200))
         log.close()
     if any(codes):
-        text = (run_dir.parent / "rank0.log").read_text()
-        raise RuntimeError(f"ranks exited {codes}:\n{text[-3000:]}")
+        logs = [(run_dir.parent / f"rank{rank}.log").read_text()[-2000:] for rank in range(WORLD)]
+        raise RuntimeError(f"ranks exited {codes}:\n" + "\n".join(
+            f"--- rank {rank}:\n{text}" for rank, text in enumerate(logs)))
 
 
 def run_once(variant: str, args: argparse.Namespace, work: Path) -> tuple[float, float]:
@@ -148,6 +151,37 @@ def _background(write: Any) -> tuple[float, float]:
     return cpu[0], worst
 
 
+def _shares(args: argparse.Namespace, model: Any, optimizer: Any, folder: Path,
+            partwrite: Any) -> dict[str, float]:
+    """The same for a background save written in shares by 2 ranks (train/partwrite.py): the
+    frame rank 0 writes in the step, each rank's copy of its share, and rank 0's write of its
+    share (its CPU time: what the ranks' cores lose while they train)."""
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+
+    def take(rank: int) -> Any:
+        return copies[rank].take(model, optimizer, {}, rank=rank, ranks=WORLD)
+
+    shares = [take(0), take(1)]
+    step = iter(range(10, 10**6))
+    frames: list[Any] = []
+
+    def frame() -> None:
+        frames.append(partwrite.start(shares[0], directory=folder, step=next(step), keep=1,
+                                      rank=0, group=None))
+
+    figures = {"shares: rank 0's frame (in the step)": _median_time(frame, args.repeats),
+               "shares: copy of rank 0's share": _median_time(lambda: take(0), args.repeats),
+               "shares: copy of rank 1's share": _median_time(lambda: take(1), args.repeats)}
+    cpu = []
+    for job in frames:
+        began = time.thread_time()
+        partwrite.write_share(job.temporary, job.table, shares[0].mine)
+        cpu.append(time.thread_time() - began)
+        job.temporary.unlink()
+    figures["shares: rank 0's write of its share, CPU time"] = statistics.median(cpu)
+    return figures
+
+
 def parts(args: argparse.Namespace) -> dict[str, float]:
     """Seconds of each part of a checkpoint of the bench's model, in this process."""
     import torch
@@ -155,7 +189,7 @@ def parts(args: argparse.Namespace) -> dict[str, float]:
     sys.path[:0] = [str(REPO), str(DIGITS)]
     from digits import build_model  # type: ignore[import-not-found]
 
-    from orchestrate.train import asyncsave, checkpoint
+    from orchestrate.train import asyncsave, checkpoint, partwrite
 
     torch.set_num_threads(1)
     model = build_model(hidden=args.hidden, dropout=0.0)
@@ -183,6 +217,7 @@ def parts(args: argparse.Namespace) -> dict[str, float]:
         figures["background write, its CPU time"] = statistics.median(b[0] for b in background)
         figures["training thread's longest wait for the GIL"] = statistics.median(
             b[1] for b in background)
+        figures.update(_shares(args, model, optimizer, folder, partwrite))
     finally:
         subprocess.run(["rm", "-rf", str(folder)], check=True)
     for label, seconds in figures.items():

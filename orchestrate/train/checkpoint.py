@@ -78,13 +78,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def temporary_for(path: Path) -> Path:
+    """The temporary ``path`` is written to before it is renamed (deleted on the next start
+    when a writer was killed: :func:`clean_temporaries`)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None], *, sync_dir: bool = True) -> None:
     """Write ``path`` so that readers see the old content or the new, never a part.
 
     The data is fsynced before the rename; ``sync_dir`` also fsyncs the directory so the rename
     itself survives a power loss.
     """
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = temporary_for(path)
     try:
         with open(temporary, "wb") as handle:
             write(handle)

@@ -33,7 +33,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from orchestrate.core.metricrecord import MetricRecord
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import sidecar
-from orchestrate.train import asyncsave, checkpoint, distcp, rng
+from orchestrate.train import asyncsave, checkpoint, distcp, partwrite, rng
 from orchestrate.train.distributed import Cluster
 from orchestrate.train.failure import NonFiniteLoss
 from orchestrate.train.metrics import MetricsLog
@@ -102,9 +102,14 @@ class Checkpointer:
     last: Path | None = None  # the newest checkpoint (rank 0 knows it)
     #: checkpoint_async: None until the first save decides (host memory), then True or False
     asynchronous: bool | None = False
-    group: dist.ProcessGroup | None = None  # the background writes' own gloo group (FSDP)
+    group: dist.ProcessGroup | None = None  # the background writes' own gloo group
+    #: DDP: the ranks that write a background checkpoint's shares (those that see rank 0's
+    #: checkpoint directory on rank 0's host: partwrite.sharers), in group order
+    sharers: tuple[int, ...] = (0,)
     writer: asyncsave.Writer = field(default_factory=asyncsave.Writer)
-    #: the model's and optimizer's host copy, reused by every background save (DDP, rank 0)
+    #: DDP: this rank's host copy of its share, reused by every background save in shares
+    parts: partwrite.PartCopy = field(default_factory=partwrite.PartCopy)
+    #: DDP, rank 0 the only sharer: the whole model's and optimizer's host copy, reused
     host: asyncsave.HostCopy = field(default_factory=asyncsave.HostCopy)
     staging: Any = None  # FSDP: distcp.stager(), made at the first background save
 
@@ -161,9 +166,11 @@ class Checkpointer:
         """Bytes this rank would copy to host memory for a background save."""
         if state.sharded:
             return asyncsave.tensor_bytes(distcp.states(state.model, state.optimizer))
-        if self.cluster.rank != 0:
+        if self.cluster.rank not in self.sharers:
             return 0
-        return asyncsave.tensor_bytes([state.module.state_dict(), state.optimizer.state_dict()])
+        return partwrite.PartCopy.needs(state.module, state.optimizer,
+                                        rank=self.sharers.index(self.cluster.rank),
+                                        ranks=len(self.sharers))
 
     def _decide(self, ranks: list[RankPart]) -> None:
         """At the first save: background saves only if every rank's copy fits its host."""
@@ -172,8 +179,10 @@ class Checkpointer:
         problems = [(rank, part.room) for rank, part in enumerate(ranks) if part.room]
         self.asynchronous = not problems
         if not problems:
+            by = "" if len(self.sharers) < 2 else \
+                f", each in shares by ranks {', '.join(map(str, self.sharers))}"
             self.metrics.say("checkpoint_async: checkpoints are copied to host memory and "
-                             "written in the background (one at a time)")
+                             f"written in the background (one at a time{by})")
         else:
             rank, why = problems[0]
             self.metrics.say(f"checkpoint_async: saving synchronously instead: rank {rank}: "
@@ -245,7 +254,9 @@ class Checkpointer:
                 if self.cluster.rank == 0:
                     self._announce(state, distcp.finish(
                         copied, directory=directory, step=step, keep=keep, temporary=temporary))
-        elif self.cluster.rank == 0:
+        elif len(self.sharers) > 1 and self.cluster.rank in self.sharers:
+            write = self._start_shares(state, copied)
+        elif self.cluster.rank == 0:  # rank 0 alone: torch.save of its whole host copy
             host = self.host
             copied.update(host.take({"model": state.module.state_dict(),
                                      "optimizer": state.optimizer.state_dict()}))
@@ -256,6 +267,22 @@ class Checkpointer:
         else:
             return
         self.writer.start(name, write)
+
+    def _start_shares(self, state: TrainState, side: dict[str, Any]) -> Callable[[], None]:
+        """DDP, every sharer: copy this rank's share now (rank 0 also writes the frame); the
+        returned write puts the share in the file (train/partwrite.py)."""
+        index = self.sharers.index(self.cluster.rank)
+        share = self.parts.take(state.module, state.optimizer, side, rank=index,
+                                ranks=len(self.sharers))
+        job = partwrite.start(share, directory=self.directory, step=state.step, keep=self.keep,
+                              rank=index, group=self.group)
+        ready = self.parts.ready
+
+        def write() -> None:
+            path = job.run(ready)
+            if path is not None:
+                self._announce(state, path)
+        return write
 
     def _announce(self, state: TrainState, path: Path) -> None:
         self.last = path

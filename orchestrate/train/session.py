@@ -42,7 +42,7 @@ from orchestrate.core.exits import (
 )
 from orchestrate.core.spec.trainspec import TrainSpec
 from orchestrate.diagnosis import activation, sidecar
-from orchestrate.train import batchshares, rebalance
+from orchestrate.train import batchshares, partwrite, rebalance
 from orchestrate.train.batchshares import SharedBatchSampler
 from orchestrate.train.build import Built, Restored, build, restore
 from orchestrate.train.distributed import Cluster, join, leave
@@ -202,18 +202,28 @@ def _setup(
 def _checkpointer(spec: TrainSpec, cluster: Cluster, built: Built,
                   restored: Restored, log: MetricsLog) -> Checkpointer:
     """Where this run's checkpoints go; a resumed run's position is checkpointed already.
-    Background saves of sharded checkpoints get a gloo group of their own (created here, on
-    every rank in the same order): the writing thread's collectives must not interleave with
-    the training thread's on the control group."""
+    Background saves on more than one rank (FSDP's shards; DDP's shares among the ranks that
+    see rank 0's checkpoint directory, train/partwrite.py) get a gloo group of their own
+    (created here, on every rank in the same order): the writing thread's collectives must not
+    interleave with the training thread's on the control group."""
     p = restored.position
     group = None
-    if spec.checkpoint_async and spec.sharded:
-        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=cluster.timeout_s))
+    sharers: tuple[int, ...] = (0,)
+    timeout = timedelta(seconds=cluster.timeout_s)
+    if spec.checkpoint_async and cluster.control is not None:
+        if spec.sharded:
+            group = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            sharers = partwrite.sharers(cluster.control, cluster.rank, cluster.world_size,
+                                        built.checkpoint_dir)
+            if len(sharers) > 1:
+                group = dist.new_group(ranks=list(sharers), backend="gloo", timeout=timeout)
     return Checkpointer(cluster, built.checkpoint_dir, spec.keep_checkpoints, log,
                         last_saved=None if restored.resumed_from is None
                         else (p.epoch, p.batch, p.step),
                         last=built.resume_from,
-                        asynchronous=None if spec.checkpoint_async else False, group=group)
+                        asynchronous=None if spec.checkpoint_async else False, group=group,
+                        sharers=sharers)
 
 
 def _say_shares(spec: TrainSpec, share: batchshares.RankBatch, measuring: bool,

@@ -103,7 +103,10 @@ class Launcher:
         cwd: Path = DIGITS,
         slurm: bool = False,
         env: dict[str, str] | None = None,
+        prefix: dict[int, list[str]] | None = None,
     ) -> Launch:
+        """Start ``nprocs`` ranks; ``prefix`` puts a command before a rank's (e.g. its own
+        mount namespace)."""
         run_dir.mkdir(parents=True, exist_ok=True)
         config_path = write_config(config, run_dir.parent / f"{run_dir.name}.config.json")
         skip_lines = len(_metrics_lines(run_dir))
@@ -122,7 +125,7 @@ class Launcher:
                 rank_env.update(torchrun_env(rank, rank, nprocs, nprocs, 0, port))
             rank_env.update(env or {})
             ranks.append(start_rank(
-                rank, [sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
+                rank, [*(prefix or {}).get(rank, []), sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
                        "--run-dir", str(run_dir)], rank_env, run_dir, cwd))
         launch = Launch(run_dir, ranks, skip_lines=skip_lines)
         self.launches.append(launch)

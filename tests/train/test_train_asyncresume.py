@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from orchestrate.train.partwrite import leaves
 from tests.support.trainranks import Launch, Launcher
 
 pytestmark = [pytest.mark.process, pytest.mark.torch]
@@ -76,7 +77,9 @@ def test_sigkill_during_a_background_save_resumes_from_the_last_complete_one_bit
     launcher: Launcher, tmp_path: Path
 ) -> None:
     straight = launcher.run(WIDE, tmp_path / "straight")
-    assert "written in the background" in straight.ranks[0].stdout
+    # Both ranks see one checkpoint folder: each writes a share of every checkpoint.
+    assert "written in the background (one at a time, each in shares by ranks 0, 1)" in \
+        straight.ranks[0].stdout
     for attempt in range(3):
         run_dir = tmp_path / f"killed{attempt}"
         directory = run_dir / "checkpoints"
@@ -103,6 +106,33 @@ def test_sigkill_during_a_background_save_resumes_from_the_last_complete_one_bit
     for index, moments in reference["optimizer"]["state"].items():
         for name, value in moments.items():
             assert torch.equal(final["optimizer"]["state"][index][name], value), (index, name)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(os.geteuid() != 0, reason="a rank in its own mount namespace needs root")
+def test_a_rank_that_sees_another_checkpoint_folder_writes_no_share_and_the_file_is_whole(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    # Rank 1's checkpoint_dir is a tmpfs of its own (a host without the shared folder): rank 0
+    # writes every checkpoint alone, and it is the one the ranks in shares write.
+    config = WIDE | {"max_steps": 4}
+    shared = launcher.run(config | {"checkpoint_dir": str(tmp_path / "shared")},
+                          tmp_path / "shares")
+    assert "in shares by ranks 0, 1" in shared.ranks[0].stdout
+    folder = tmp_path / "apart"
+    folder.mkdir()
+    own = ["unshare", "--mount", "--", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"',
+           str(folder)]
+    apart = launcher.run(config | {"checkpoint_dir": str(folder)}, tmp_path / "apart-run",
+                         prefix={1: own})
+    said = apart.ranks[0].stdout
+    assert "written in the background (one at a time)" in said and "in shares" not in said
+    assert (folder / "latest").read_text().strip() == "step-00000004.pt"
+    alone = torch.load(folder / "step-00000004.pt", weights_only=True)
+    both = torch.load(tmp_path / "shared" / "step-00000004.pt", weights_only=True)
+    for part in ("model", "optimizer"):
+        for (key, want), (_, got) in zip(leaves(both[part]), leaves(alone[part]), strict=True):
+            assert torch.equal(want, got), (part, key)
 
 
 @pytest.mark.timeout(240)

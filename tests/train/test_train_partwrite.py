@@ -1,0 +1,126 @@
+"""A DDP checkpoint written in shares, in one process: every rank's share put together is the
+file ``torch.save`` would write (it loads with ``torch.load``, equal tensor for tensor), the
+shares are balanced, and buffers stay rank 0's so the file holds rank 0's state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrate.train import checkpoint, partwrite
+from orchestrate.train.failure import TrainFailure
+
+pytestmark = pytest.mark.unit
+
+
+def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.BatchNorm1d(300),
+                                torch.nn.Linear(300, 200), torch.nn.Linear(200, 10))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _side() -> dict[str, object]:
+    return {"format": checkpoint.FORMAT, "step": 3, "ranks": [{"rng": torch.get_rng_state()}]}
+
+
+def _two_ranks(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path,
+               step: int, copies: list[partwrite.PartCopy]) -> Path | None:
+    """Rank 0's frame, rank 1's share, then rank 0's share and the rename (no group: the
+    agreement is that both writes returned)."""
+    shares = [copies[rank].take(model, optimizer, _side() if rank == 0 else {}, rank=rank,
+                                ranks=2) for rank in (0, 1)]
+    job = partwrite.start(shares[0], directory=directory, step=step, keep=1, rank=0, group=None)
+    assert job.temporary is not None and job.table is not None
+    partwrite.write_share(job.temporary, job.table, shares[1].mine)
+    return job.run(lambda: None)
+
+
+def test_two_shares_make_the_file_torch_save_writes_and_latest_names_it(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+    path = _two_ranks(model, optimizer, tmp_path, 3, copies)
+    assert path == tmp_path / "step-00000003.pt"
+    assert checkpoint.find_latest(tmp_path) == path and checkpoint.incomplete(path) is None
+    loaded = checkpoint.load(path)
+    expected = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    for (key, want), (got_key, got) in zip(partwrite.leaves(expected),
+                                           partwrite.leaves({k: loaded[k] for k in expected}),
+                                           strict=True):
+        assert key == got_key and torch.equal(want, got), key
+    assert torch.equal(loaded["ranks"][0]["rng"], torch.get_rng_state())
+    assert loaded["step"] == 3 and loaded["optimizer"]["param_groups"][0]["lr"] == 1e-3
+    # The next save overwrites the kept copies, keeps one checkpoint, and is whole again.
+    optimizer.step()
+    second = _two_ranks(model, optimizer, tmp_path, 4, copies)
+    assert second is not None and checkpoint.checkpoints_in(tmp_path) == [(4, second)]
+    assert torch.equal(checkpoint.load(second)["model"]["0.weight"], model[0].weight)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_shares_are_balanced_and_buffers_and_small_tensors_are_rank_0s() -> None:
+    model, optimizer = _trained()
+    _, found, owner = partwrite.PartCopy.plan(model, optimizer, 2)
+    by_key = {key: who for (key, _), who in zip(found, owner, strict=True)}
+    assert by_key[("model", "1.running_mean")] == 0
+    assert by_key[("optimizer", "state", 0, "step")] == 0
+    sizes = [partwrite.PartCopy.needs(model, optimizer, rank=r, ranks=2) for r in (0, 1)]
+    total = sum(t.numel() * t.element_size() for _, t in found)
+    assert sum(sizes) == total and abs(sizes[0] - sizes[1]) < 0.3 * total
+    assert partwrite.owners([5, 100_000, 90_000, 80_000], [True] * 4, 2) == [0, 1, 0, 0]
+    assert partwrite.owners([100_000, 90_000], [False, True], 3) == [0, 1]
+
+
+def test_a_share_that_does_not_fit_rank_0s_frame_fails_and_nothing_is_kept(
+        tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    share = partwrite.PartCopy().take(model, optimizer, _side(), rank=0, ranks=1)
+    job = partwrite.start(share, directory=tmp_path, step=5, keep=1, rank=0, group=None)
+    assert job.temporary is not None and job.table is not None
+    wrong = {("model", "0.weight"): torch.zeros(3)}
+    with pytest.raises(TrainFailure, match="not in rank 0's frame"):
+        partwrite.write_share(job.temporary, job.table, wrong)
+    job.temporary.unlink()
+    failed = partwrite.Job(tmp_path, 5, 1, 0, None, share, job.temporary, None, "disk full")
+    with pytest.raises(TrainFailure, match=r"step-00000005.pt was not written: rank 0: rank 0 "
+                       r"wrote no frame \(disk full\)"):
+        failed.run(lambda: None)
+    assert checkpoint.find_latest(tmp_path) is None
+
+
+def test_only_ranks_that_see_rank_0s_checkpoint_folder_write_shares(tmp_path: Path) -> None:
+    here = partwrite.place_of(tmp_path)
+    assert here is not None and partwrite.place_of(tmp_path / ".") == here
+    other = tmp_path / "other"
+    other.mkdir()
+    elsewhere = partwrite.place_of(other)
+    assert elsewhere is not None and elsewhere != here
+    assert partwrite.place_of(tmp_path / "missing") is None
+    # Rank 2 is on another host (its path is another folder, or none), rank 3 sees rank 0's.
+    places = [here, here, elsewhere, here, None]
+    assert partwrite.choose(places, [True] * 5) == (0, 1, 3)
+    assert partwrite.choose(places, [True, False, True, True, True]) == (0, 3)
+    # Rank 0's torch cannot place a frame's tensors, or its folder is unknown: rank 0 alone.
+    assert partwrite.choose(places, [False] * 5) == (0,)
+    assert partwrite.choose([None, here], [True, True]) == (0,)
+    assert partwrite.offsets_supported()  # this torch: the shares are used
+
+
+def test_a_share_is_never_written_into_another_file_than_rank_0s(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+    shares = [copies[rank].take(model, optimizer, _side() if rank == 0 else {}, rank=rank,
+                                ranks=2) for rank in (0, 1)]
+    job = partwrite.start(shares[0], directory=tmp_path, step=2, keep=1, rank=0, group=None)
+    assert job.temporary is not None and job.table is not None and job.file is not None
+    before = job.temporary.read_bytes()
+    with pytest.raises(TrainFailure, match="another file for this rank than for rank 0"):
+        partwrite.write_share(job.temporary, job.table, shares[1].mine, (0, 0))
+    assert job.temporary.read_bytes() == before
+    partwrite.write_share(job.temporary, job.table, shares[1].mine, job.file)
+    assert job.run(lambda: None) == tmp_path / "step-00000002.pt"
