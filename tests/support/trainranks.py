@@ -124,9 +124,10 @@ class Launcher:
             else:
                 rank_env.update(torchrun_env(rank, rank, nprocs, nprocs, 0, port))
             rank_env.update(env or {})
-            ranks.append(start_rank(
-                rank, [*(prefix or {}).get(rank, []), sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
-                       "--run-dir", str(run_dir)], rank_env, run_dir, cwd))
+            argv = [sys.executable, "-m", "orchestrate.train", "--config", str(config_path),
+                    "--run-dir", str(run_dir)]
+            ranks.append(start_rank(rank, [*(prefix or {}).get(rank, []), *argv], rank_env,
+                                    run_dir, cwd))
         launch = Launch(run_dir, ranks, skip_lines=skip_lines)
         self.launches.append(launch)
         return launch
