@@ -172,8 +172,15 @@ def write_frame(whole: dict[str, Any], temporary: Path) -> dict[Key, tuple[int, 
 
     Run it in the training thread: the CRC32 setting is the process's, and only there does no
     other ``torch.save`` run meanwhile (the next checkpoint waits for this one's writer)."""
-    with open(temporary, "wb") as handle:
+    spare = spare_in(temporary.parent)
+    recycled = spare.is_file() and not spare.is_symlink()
+    if recycled:
+        os.replace(spare, temporary)
+    # A recycled file is overwritten in place: pages it already has are reused, never freed
+    # and allocated again (docs/train.md); what is beyond the new frame is cut off.
+    with open(temporary, "r+b" if recycled else "wb") as handle:
         _frame(whole, handle)
+        handle.truncate(handle.tell())
     with open(temporary, "rb") as handle:
         return _places(whole, handle, temporary.name)
 
@@ -353,8 +360,27 @@ class Job:
             raise TrainFailure(f"checkpoint {final.name} was not written: rank {rank}: {why}")
         os.replace(temporary, final)
         checkpoint.point_latest(self.directory, final)
-        checkpoint.prune(self.directory, self.keep, final)
+        prune(self.directory, self.keep, final)
         return final
+
+
+def spare_in(directory: Path) -> Path:
+    """Where rank 0 keeps the last checkpoint it pruned, to write the next one into (a
+    temporary's name: a later start deletes it, :func:`checkpoint.clean_temporaries`)."""
+    return checkpoint.temporary_for(directory / "spare.pt")
+
+
+def prune(directory: Path, keep: int, newest: Path) -> None:
+    """:func:`checkpoint.prune`, but the newest checkpoint pruned becomes the spare the next
+    frame is written into: its pages (page cache, tmpfs, blocks) are reused, not freed and
+    allocated again by the next write. Between two saves the directory so holds one checkpoint
+    more than ``keep``, hidden, as much as it held during every write."""
+    pruned = [path for _, path in checkpoint.checkpoints_in(directory)[:-keep] if path != newest]
+    spare = spare_in(directory)
+    if pruned and pruned[-1].is_file() and not pruned[-1].is_symlink() and not spare.exists():
+        os.replace(pruned.pop(), spare)
+    for path in pruned:
+        checkpoint.remove(path)
 
 
 def start(share: Share, *, directory: Path, step: int, keep: int, rank: int,

@@ -125,8 +125,7 @@ class Checkpointer:
         if self.last_saved == where:  # e.g. a periodic checkpoint at the stop step
             if barrier:
                 self.drain()
-                if control is not None:
-                    dist.barrier(group=control)
+                self._settled(control)
             return
         sidecar.phase("checkpoint", where[2])
         self._one_in_flight(where[2])
@@ -143,12 +142,20 @@ class Checkpointer:
             path = self._write(state, side, tag=ranks[0].pid)
             if path is not None:
                 self._announce(state, path)
-        if barrier and control is not None:
-            dist.barrier(group=control)
+        if barrier:
+            self._settled(control)
         self.last_saved = where
         # Out of the slow phase: a rank stuck after it (in its data) must not count as busy
         # checkpointing (docs/hangs.md, distributed.busy_s).
         sidecar.phase("step", state.step)
+
+    def _settled(self, control: dist.ProcessGroup | None) -> None:
+        """Every rank's writes done (a stop, the end): the spare file the background writes
+        reuse is deleted, no rank returns before."""
+        if self.cluster.rank == 0:
+            partwrite.spare_in(self.directory).unlink(missing_ok=True)
+        if control is not None:
+            dist.barrier(group=control)
 
     def drain(self) -> None:
         """Wait for the write in flight (the stop and end paths; raises its failure)."""
