@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import stat
 import struct
 import zipfile
 from collections.abc import Iterator
@@ -173,16 +174,27 @@ def write_frame(whole: dict[str, Any], temporary: Path) -> dict[Key, tuple[int, 
     Run it in the training thread: the CRC32 setting is the process's, and only there does no
     other ``torch.save`` run meanwhile (the next checkpoint waits for this one's writer)."""
     spare = spare_in(temporary.parent)
-    recycled = spare.is_file() and not spare.is_symlink()
+    recycled = _ours(spare)
     if recycled:
         os.replace(spare, temporary)
     # A recycled file is overwritten in place: pages it already has are reused, never freed
     # and allocated again (docs/train.md); what is beyond the new frame is cut off.
-    with open(temporary, "r+b" if recycled else "wb") as handle:
+    flags = os.O_RDWR | os.O_NOFOLLOW | (0 if recycled else os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(os.open(temporary, flags, 0o666), "r+b") as handle:
         _frame(whole, handle)
         handle.truncate(handle.tell())
     with open(temporary, "rb") as handle:
         return _places(whole, handle, temporary.name)
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a plain file of this user (not a link, nobody else's): only such a
+    spare is written into."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_uid == os.geteuid()
 
 
 def _frame(whole: dict[str, Any], handle: IO[bytes]) -> None:

@@ -139,3 +139,14 @@ def test_a_share_is_never_written_into_another_file_than_rank_0s(tmp_path: Path)
     assert job.temporary.read_bytes() == before
     partwrite.write_share(job.temporary, job.table, shares[1].mine, job.file)
     assert job.run(lambda: None) == tmp_path / "step-00000002.pt"
+
+
+def test_a_spare_that_is_a_link_is_never_written_through(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    victim = tmp_path / "elsewhere.bin"
+    victim.write_bytes(b"not a checkpoint")
+    partwrite.spare_in(tmp_path).symlink_to(victim)
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+    path = _two_ranks(model, optimizer, tmp_path, 7, copies)
+    assert path is not None and not path.is_symlink() and checkpoint.incomplete(path) is None
+    assert victim.read_bytes() == b"not a checkpoint"
