@@ -100,18 +100,8 @@ print("ran on", socket.gethostname(), flush=True)
 @pytest.mark.timeout(240)
 def test_a_failed_host_is_left_out_and_the_restart_lands_on_a_spare(ssh_cli: SshCli) -> None:
     ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2", "h3")])
-    (ssh_cli.work / "fails.py").write_text(FAILS_ON_H2)
-    job = ssh_cli.write("spare.yaml", f"""
-        name: spare
-        backend: ssh
-        inventory: inv.yaml
-        resources: {{nodes: 2, gpus_per_node: 1}}
-        workdir: {ssh_cli.work}
-        command: [python3, fails.py]
-        restart: {{max: 1, on: [failure], backoff_s: [0], exclude_failed_node: true}}
-        """)
-    job_id = "spare-" + os.urandom(3).hex()
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    job_id = _submit(ssh_cli, "spare", "fails.py", FAILS_ON_H2, nodes=2, per_node=1,
+                     restart=", exclude_failed_node: true")
     done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
     assert done["state"] == "COMPLETED", done
     attempts = done["attempts"]
@@ -121,6 +111,25 @@ def test_a_failed_host_is_left_out_and_the_restart_lands_on_a_spare(ssh_cli: Ssh
     assert sorted(r["host"] for r in done["ranks"]) == ["h1", "h3"], done["ranks"]
     log = merged_text(Path(done["run_dir"]))
     assert "ran on h1" in log and "ran on h3" in log
+
+
+def _submit(cli: SshCli, name: str, program: str, text: str, *, nodes: int, per_node: int,
+            restart: str = "") -> str:
+    """Write ``program`` and a job ``name`` running it on ``nodes`` x ``per_node`` ranks that
+    restarts once on a failure (``restart``: more of the policy), submit it; its job id."""
+    (cli.work / program).write_text(text)
+    job = cli.write(f"{name}.yaml", f"""
+        name: {name}
+        backend: ssh
+        inventory: inv.yaml
+        resources: {{nodes: {nodes}, gpus_per_node: {per_node}}}
+        workdir: {cli.work}
+        command: [python3, {program}]
+        restart: {{max: 1, on: [failure], backoff_s: [0]{restart}}}
+        """)
+    job_id = f"{name}-" + os.urandom(3).hex()
+    cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    return job_id
 
 
 def _logins(cli: SshCli, host: str) -> int:
@@ -134,20 +143,9 @@ def test_a_restart_on_the_same_hosts_logs_in_no_more(ssh_cli: SshCli) -> None:
     """Issue #37: the restart reuses the attempt's connections: one login per host for the
     whole job, two attempts (each host's sshd counts them)."""
     ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2")])
-    (ssh_cli.work / "fails.py").write_text(FAILS_ON_H2)
-    job = ssh_cli.write("again.yaml", f"""
-        name: again
-        backend: ssh
-        inventory: inv.yaml
-        resources: {{nodes: 2, gpus_per_node: 1}}
-        workdir: {ssh_cli.work}
-        command: [python3, fails.py]
-        restart: {{max: 1, on: [failure], backoff_s: [0]}}
-        """)
     before = {h: _logins(ssh_cli, h) for h in ("h1", "h2")}
     agents = agents_on(ssh_cli.hosts)
-    job_id = "again-" + os.urandom(3).hex()
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    job_id = _submit(ssh_cli, "again", "fails.py", FAILS_ON_H2, nodes=2, per_node=1)
     done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
     assert done["state"] == "COMPLETED", done
     assert [a["n"] for a in done["attempts"]] == [1, 2], done["attempts"]
@@ -174,19 +172,8 @@ def test_a_host_full_of_ranks_gets_its_spares_at_the_attempts_end(ssh_cli: SshCl
     the stall watch): the spares start once the attempt's sessions closed, and the restart
     takes 6 (8 less the two), logged in once."""
     ssh_cli.inventory([{"name": "h1", "slots": 7}])
-    (ssh_cli.work / "fails.py").write_text(FAILS_RANK_6)
-    job = ssh_cli.write("full.yaml", f"""
-        name: full
-        backend: ssh
-        inventory: inv.yaml
-        resources: {{nodes: 1, gpus_per_node: 7}}
-        workdir: {ssh_cli.work}
-        command: [python3, fails.py]
-        restart: {{max: 1, on: [failure], backoff_s: [0]}}
-        """)
     before, agents = _logins(ssh_cli, "h1"), agents_on(ssh_cli.hosts)
-    job_id = "full-" + os.urandom(3).hex()
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    job_id = _submit(ssh_cli, "full", "fails.py", FAILS_RANK_6, nodes=1, per_node=7)
     done = ssh_cli.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED"}, 180)
     assert done["state"] == "COMPLETED", done
     assert [a["n"] for a in done["attempts"]] == [1, 2], done["attempts"]
@@ -221,19 +208,8 @@ def test_spare_agents_run_beside_the_ranks_and_go_with_the_job(ssh_cli: SshCli, 
     ranks (one spare per rank); a cancel, or its supervisor's death, ends them with the job
     on every host."""
     ssh_cli.inventory([{"name": n, "slots": 1} for n in ("h1", "h2")])
-    (ssh_cli.work / "sleeps.py").write_text(SLEEPS)
-    job = ssh_cli.write("spares.yaml", f"""
-        name: spares
-        backend: ssh
-        inventory: inv.yaml
-        resources: {{nodes: 2, gpus_per_node: 1}}
-        workdir: {ssh_cli.work}
-        command: [python3, sleeps.py]
-        restart: {{max: 1, on: [failure], backoff_s: [0]}}
-        """)
     agents = agents_on(ssh_cli.hosts)
-    job_id = "spares-" + os.urandom(3).hex()
-    ssh_cli.run("submit", str(job), "--detach", "--job-id", job_id, check=True, timeout=120)
+    job_id = _submit(ssh_cli, "spares", "sleeps.py", SLEEPS, nodes=2, per_node=1)
     ssh_cli.wait_running(job_id, timeout=90)
     deadline = time.monotonic() + 60
     while True:  # the rank's agent and its spare, on each host
