@@ -167,34 +167,61 @@ class PartCopy:
         return sum(_nbytes(t) for (_, t), who in zip(found, owner, strict=True) if who == rank)
 
 
-def write_frame(whole: dict[str, Any], temporary: Path) -> dict[Key, tuple[int, int]]:
+def write_frame(whole: dict[str, Any],
+                temporary: Path) -> tuple[dict[Key, tuple[int, int]], tuple[int, int]]:
     """Rank 0: write the checkpoint's frame into ``temporary`` (no tensor bytes, no CRC32) and
-    return where each tensor's bytes go: ``{key: (offset, bytes)}``.
+    return where each tensor's bytes go, ``{key: (offset, bytes)}``, and the device and inode
+    of the file written (every share checks it opened that very file: a name in the folder
+    may have been replaced since).
 
     Run it in the training thread: the CRC32 setting is the process's, and only there does no
     other ``torch.save`` run meanwhile (the next checkpoint waits for this one's writer)."""
-    spare = spare_in(temporary.parent)
-    recycled = _ours(spare)
-    if recycled:
-        os.replace(spare, temporary)
-    # A recycled file is overwritten in place: pages it already has are reused, never freed
-    # and allocated again (docs/train.md); what is beyond the new frame is cut off.
-    flags = os.O_RDWR | os.O_NOFOLLOW | (0 if recycled else os.O_CREAT | os.O_TRUNC)
-    with os.fdopen(os.open(temporary, flags, 0o666), "r+b") as handle:
+    with os.fdopen(_open_for_frame(temporary), "r+b") as handle:
         _frame(whole, handle)
         handle.truncate(handle.tell())
-    with open(temporary, "rb") as handle:
-        return _places(whole, handle, temporary.name)
+        handle.flush()
+        made = os.fstat(handle.fileno())
+        handle.seek(0)
+        return _places(whole, handle, temporary.name), (made.st_dev, made.st_ino)
 
 
-def _ours(path: Path) -> bool:
-    """Whether ``path`` is a plain file of this user (not a link, nobody else's): only such a
-    spare is written into."""
+def _open_for_frame(temporary: Path) -> int:
+    """A descriptor to write the frame into: the spare, renamed to ``temporary``, when it is a
+    plain file of this user with no other name; else a new file.
+
+    A recycled file is overwritten in place: pages it already has are reused, never freed and
+    allocated again (docs/train.md); what is beyond the new frame is cut off. What is checked is
+    the file opened (``fstat`` of the descriptor), then that the renamed name is still that
+    file: a labmate who can write the checkpoint folder and puts their file, a link, or a second
+    name of one of ours there gets a new file written, never theirs or ours written through."""
+    spare = spare_in(temporary.parent)
     try:
-        found = os.lstat(path)
+        descriptor = os.open(spare, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False
-    return stat.S_ISREG(found.st_mode) and found.st_uid == os.geteuid()
+        descriptor = -1
+    if descriptor >= 0:
+        try:
+            found = os.fstat(descriptor)
+            if _ours(found):
+                os.replace(spare, temporary)
+                if _same(os.lstat(temporary), found):
+                    return descriptor
+        except OSError:
+            pass
+        os.close(descriptor)
+    temporary.unlink(missing_ok=True)
+    return os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+
+
+def _same(one: os.stat_result, other: os.stat_result) -> bool:
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def _ours(found: os.stat_result) -> bool:
+    """Whether an opened spare is a plain file of this user with this one name: only such a
+    file is written into."""
+    return (stat.S_ISREG(found.st_mode) and found.st_uid == os.geteuid()
+            and found.st_nlink == 1)
 
 
 def _frame(whole: dict[str, Any], handle: IO[bytes]) -> None:
@@ -307,7 +334,8 @@ def write_share(temporary: Path, table: dict[Key, tuple[int, int]],
         seen = os.fstat(fd)
         if file is not None and (seen.st_dev, seen.st_ino) != tuple(file):
             raise TrainFailure(f"checkpoint {temporary.name} is another file for this rank than "
-                               "for rank 0 (its checkpoint_dir is another folder here)")
+                               "for rank 0 (its checkpoint_dir is another folder here, or the "
+                               "file was replaced meanwhile)")
         for key, tensor in mine.items():
             place = table.get(key)
             data = _bytes_of(tensor)
@@ -404,11 +432,10 @@ def start(share: Share, *, directory: Path, step: int, keep: int, rank: int,
     directory.mkdir(parents=True, exist_ok=True)
     temporary = checkpoint.temporary_for(directory / checkpoint.name_for(step))
     try:
-        table = write_frame(share.whole, temporary)
-        made = os.stat(temporary)
+        table, made = write_frame(share.whole, temporary)
     except (OSError, RuntimeError, TrainFailure) as exc:
         temporary.unlink(missing_ok=True)
         return Job(directory, step, keep, rank, group, share, temporary,
                    problem=first_line(exc))
     return Job(directory, step, keep, rank, group, share, temporary, table,
-               file=(made.st_dev, made.st_ino))
+               file=made)

@@ -4,6 +4,7 @@ shares are balanced, and buffers stay rank 0's so the file holds rank 0's state.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,27 @@ def test_a_spare_that_is_a_link_is_never_written_through(tmp_path: Path) -> None
     path = _two_ranks(model, optimizer, tmp_path, 7, copies)
     assert path is not None and not path.is_symlink() and checkpoint.incomplete(path) is None
     assert victim.read_bytes() == b"not a checkpoint"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_spare_of_another_user_or_with_a_second_name_is_never_written_into(
+        tmp_path: Path) -> None:
+    # A labmate who can write the checkpoint folder plants a file of theirs (writable by all)
+    # where rank 0 keeps its spare: it is left as it is and the checkpoint goes to a new file.
+    model, optimizer = _trained()
+    spare = partwrite.spare_in(tmp_path)
+    spare.write_bytes(b"a labmate's file")
+    spare.chmod(0o666)
+    os.chown(spare, 4242, 4242)
+    copies = [partwrite.PartCopy(), partwrite.PartCopy()]
+    path = _two_ranks(model, optimizer, tmp_path, 7, copies)
+    assert path is not None and checkpoint.incomplete(path) is None
+    assert spare.read_bytes() == b"a labmate's file" and spare.stat().st_uid == 4242
+    # One of this user's files given a second name there (a hard link) is not written through.
+    spare.unlink()
+    mine = tmp_path / "notes.txt"
+    mine.write_bytes(b"my notes")
+    os.link(mine, spare)
+    path = _two_ranks(model, optimizer, tmp_path, 8, copies)
+    assert path is not None and checkpoint.incomplete(path) is None
+    assert mine.read_bytes() == b"my notes"
