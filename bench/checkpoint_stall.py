@@ -16,8 +16,14 @@ inside the step; ~0.1 on GPUs, where it is a device-to-host transfer). The same 
 given inside each run: a run's span beyond its own median step times its steps, less ``none``'s
 (drift between runs, which a busy machine has plenty of, then cancels; drift within one does not).
 
-    python bench/checkpoint_stall.py [--repeats 3] [--hidden 6400] [--steps 16] [--every 4]
+    python bench/checkpoint_stall.py [--repeats 3] [--hidden 6400] [--steps 80] [--every 8]
                                      [--strategy ddp|fsdp] [--checkpoint-dir DIR] [--json F]
+
+The default span, 80 steps with a checkpoint every 8 (9 checkpoints, one every ~5 s), is long
+enough for the steady state to count: the first two background saves pay a one-off (the host
+copy's buffers and a second checkpoint file are new memory; from the third on, each save is
+written into the file the one before it pruned), which alone decides a span of 2-4 checkpoints.
+``--steps 40`` shows that one-off's share.
 
 The background write must fit between two checkpoints, or the next one waits for it (and says
 so): on a disk slower than the training (a shared VM's 20 MB/s, 25 s for one 0.5 GB checkpoint)
@@ -229,10 +235,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each variant")
     parser.add_argument("--hidden", type=int, default=6400, help="width of the MLP")
-    parser.add_argument("--steps", type=int, default=16,
+    parser.add_argument("--steps", type=int, default=80,
                         help="optimizer steps per run (past an epoch's 22 they go on into the "
                         "next epochs, whose ends validate alike in every variant)")
-    parser.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    parser.add_argument("--every", type=int, default=8, help="checkpoint every N steps")
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
     parser.add_argument("--checkpoint-dir", type=Path,
                         help="write the checkpoints under this folder (e.g. /dev/shm: a fast "
