@@ -41,7 +41,7 @@ import orchestrate.hostside.smi
 import orchestrate.hostside.smicsv
 import orchestrate.hostside.watchdog
 from orchestrate.backends.base import make_run_dir, secret_values
-from orchestrate.backends.handshake import Handshake, Verdict, read_verdict
+from orchestrate.backends.handshake import Handshake, Verdict, keep_end_signal, read_verdict
 from orchestrate.core.errors import UserError
 from orchestrate.core.layout import SUPERVISOR_LOG
 from orchestrate.hostside.shipping import Manifest, compact, program
@@ -188,15 +188,20 @@ def _exchange(proc: subprocess.Popen[bytes], handshake: Handshake) -> Verdict | 
     """Hand the supervisor its job and wait for its verdict; a Ctrl-C meanwhile stops it
     (it aborts, launching nothing)."""
     assert proc.stdin is not None and proc.stdout is not None
+    verdict = None
     try:
         proc.stdin.write((json.dumps(handshake.to_json()) + "\n").encode())
         proc.stdin.close()
-        return read_verdict(proc.stdout, VERDICT_TIMEOUT_S)
+        verdict = read_verdict(proc.stdout, VERDICT_TIMEOUT_S)
+        return verdict
     except BaseException:
         proc.terminate()
         raise
     finally:
-        proc.stdout.close()
+        if verdict is not None and verdict.ok:  # its end of file: the job's end is recorded
+            keep_end_signal(handshake.job_id, proc.stdout)
+        else:
+            proc.stdout.close()
 
 
 def _discard(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:

@@ -5,7 +5,11 @@
 waits for one :class:`Verdict` line: launched, or refused with the problems (and, where hosts
 were checked, the per-host table). Before it, the supervisor may write progress lines
 (``{"progress": phase, "host": host}``: :meth:`VerdictLine.progress`), which ``submit`` shows on
-a terminal. Everything the supervisor prints after that goes to its log.
+a terminal. Everything the supervisor prints after that goes to its log. After a launch
+(or a waiting job's answer) the supervisor keeps its end of the pipe open until the job's end is
+recorded (and its report written), then closes it (:meth:`VerdictLine.ended`): ``submit
+--follow`` wakes on that end of file instead of finding the end at its next look
+(:func:`end_signal`).
 Both are typed records with ``to_json``/``from_json``, read and written by the same classes on
 both sides.
 """
@@ -118,7 +122,8 @@ class VerdictLine:
     """
 
     def __init__(self) -> None:
-        self.fd: int | None = os.dup(1)
+        self.fd: int | None = os.dup(1)  # not inherited (PEP 446): no rank holds it open
+        self.end_fd: int | None = None
         os.dup2(2, 1)
 
     def progress(self, phase: str, host: str | None = None) -> None:
@@ -132,16 +137,52 @@ class VerdictLine:
             os.write(fd, (json.dumps({"progress": phase, "host": host})[:4000] + "\n").encode())
 
     def send(self, verdict: Verdict) -> None:
-        """Send it (once; later calls do nothing)."""
-        if self.fd is None:
+        """Send it (once; later calls do nothing). After a launch the pipe stays open until
+        :meth:`ended`: its end of file tells a following ``submit`` that the job's end is
+        recorded."""
+        fd, self.fd = self.fd, None
+        if fd is None:
             return
         try:
-            os.write(self.fd, (json.dumps(verdict.to_json()) + "\n").encode())
+            os.write(fd, (json.dumps(verdict.to_json()) + "\n").encode())
         except OSError:
-            pass  # submit is gone (Ctrl-C): the record in the store says the rest
-        finally:
-            os.close(self.fd)
-            self.fd = None
+            os.close(fd)  # submit is gone (Ctrl-C): the record in the store says the rest
+            return
+        if verdict.ok:
+            self.end_fd = fd
+        else:
+            os.close(fd)
+
+    def ended(self) -> None:
+        """The job's end is recorded: close the pipe (its end of file wakes ``submit
+        --follow``; the supervisor's exit would close it too, after releasing what the job
+        held, which a CLI polling the store did not wait for either)."""
+        fd, self.end_fd = self.end_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+#: The supervisors' pipes this process keeps after a launch, by job id: each reaches its end of
+#: file once the job's end is recorded (:meth:`VerdictLine.ended`).
+_END_SIGNALS: dict[str, IO[bytes]] = {}
+
+
+def keep_end_signal(job_id: str, stream: IO[bytes]) -> None:
+    """Keep the supervisor's pipe of ``job_id`` (after its verdict) for :func:`end_signal`: the
+    last one only (a process follows the job it just started; no pipe piles up in one that
+    submits many)."""
+    for kept in _END_SIGNALS.values():
+        with contextlib.suppress(OSError):
+            kept.close()
+    _END_SIGNALS.clear()
+    _END_SIGNALS[job_id] = stream
+
+
+def end_signal(job_id: str) -> IO[bytes] | None:
+    """The pipe whose end of file says that ``job_id``'s end is recorded, when this process
+    started its supervisor and kept it (``submit``/``resume --follow``); taken once."""
+    return _END_SIGNALS.pop(job_id, None)
 
 
 def read_verdict(stream: IO[bytes], timeout: float) -> Verdict | None:

@@ -171,6 +171,7 @@ class Supervisor(ABC):
         try:
             outcome = run_with_restarts(self.job_id, self.run_dir, self.store, prepared.plan,
                                         self.stop, STOP_GRACE_S, self)
+            verdict.ended()  # the end and the report are written: a following submit ends
         finally:
             self.end()
         return 0 if outcome.state == "COMPLETED" else 1

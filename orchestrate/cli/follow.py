@@ -6,7 +6,10 @@ rank files, :mod:`orchestrate.hostside.outputlog`; a run directory of an older o
 ``output.log`` instead) or one rank's log, a block at a time, so memory stays bounded however
 large the logs, and ``metrics.jsonl`` every 50 ms, and asks the backend for the job's state at
 the backend's own pace (:attr:`~orchestrate.backends.base.Backend.poll_interval_s`: a Slurm
-controller is asked every 2 s, not 20 times a second), until the job ends. On a terminal the
+controller is asked every 2 s, not 20 times a second), until the job ends; and at once when
+``wake`` (the pipe of a supervisor this process started) reaches its end of file, which its
+supervisor closes once the job's end is recorded: a followed local job's last 0-50 ms of
+waiting for the next look. On a terminal the
 lines are shown through :mod:`orchestrate.cli.terminal` (no control sequence of a rank's
 reaches it); elsewhere they are the bytes as written.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import select
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -112,12 +117,14 @@ def follow(
     from_start: bool = True,
     refresh_every_s: float = 0.2,
     path: Path | None = None,
+    wake: IO[bytes] | None = None,
 ) -> JobRecord:
     """Print the job's merged view (or the file at ``path``) until it ends; returns the final
     record. ``refresh`` is called at most every ``refresh_every_s``. ``live``: a progress line
     on standard error (a terminal), the output printed above it. Ctrl-C raises
     :class:`KeyboardInterrupt` between two steps (:class:`~orchestrate.cli.interrupt.Interrupts`):
-    the caller decides what it does to the job."""
+    the caller decides what it does to the job. ``wake``: a pipe whose end of file means the
+    job's end is recorded (the state is read again at once)."""
     writer = LineWriter(out or sys.stdout.buffer)
     run_dir = Path(job.run_dir)
     log = reader(run_dir, path)
@@ -136,15 +143,27 @@ def follow(
     try:
         with Interrupts() as interrupts:
             return _until_ended(job, refresh, refresh_every_s, log, metrics, writer, status,
-                                interrupts)
+                                interrupts, wake)
     finally:
         if status is not None:
             status.stop()
 
 
+def _pause(wake: IO[bytes] | None) -> bool:
+    """Wait :data:`POLL_S`, or less when ``wake`` reaches its end of file: True then."""
+    if wake is None:
+        time.sleep(POLL_S)
+        return False
+    ready, _, _ = select.select([wake], [], [], POLL_S)
+    try:
+        return bool(ready) and not os.read(wake.fileno(), 4096)
+    except OSError:
+        return True
+
+
 def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every_s: float,
                  log: Reader, metrics: Tail, writer: LineWriter, status: Status | None,
-                 interrupts: Interrupts) -> JobRecord:
+                 interrupts: Interrupts, wake: IO[bytes] | None = None) -> JobRecord:
     """:func:`follow`'s loop."""
     latest: MetricRecord | None = None
     last_refresh = 0.0
@@ -170,4 +189,5 @@ def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every
                     writer.write(line)
                 writer.flush()
                 return job
-        time.sleep(POLL_S)
+        if _pause(wake):  # its supervisor recorded the end: read it now, then look as usual
+            wake, last_refresh = None, 0.0

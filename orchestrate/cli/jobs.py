@@ -184,6 +184,7 @@ def _follow(store: Store, record: JobRecord, path: Path | None = None, *,
     """Follow the job until it ends. Ctrl-C leaves the view (exit 130) and the job runs on;
     with ``cancel_on_interrupt`` (``submit``/``resume --follow``, which say so first) it cancels
     the job, then exits 130."""
+    from orchestrate.backends.handshake import end_signal
     from orchestrate.cli.follow import follow
     from orchestrate.cli.interrupt import EXIT_INTERRUPTED, ignoring_interrupts, leave_view
 
@@ -195,6 +196,7 @@ def _follow(store: Store, record: JobRecord, path: Path | None = None, *,
             live=sys.stderr.isatty() and path is None,
             refresh_every_s=backend.poll_interval_s,
             path=path,
+            wake=end_signal(record.id),  # a supervisor started here says when the job ended
         )
     except KeyboardInterrupt:
         if not cancel_on_interrupt:
