@@ -52,16 +52,18 @@ def _job(tmp_path: Path, state: JobState) -> JobRecord:
 @pytest.mark.unit
 def test_follow_reads_the_state_as_soon_as_the_wake_pipe_closes(tmp_path: Path) -> None:
     running, ended = _job(tmp_path, "RUNNING"), _job(tmp_path, "COMPLETED")
-    recorded = threading.Event()
+    recorded, looked = threading.Event(), threading.Event()
     read, write = os.pipe()
     looks: list[float] = []
 
     def refresh() -> JobRecord:
         looks.append(time.monotonic())
-        return ended if recorded.is_set() else running
+        found = ended if recorded.is_set() else running
+        looked.set()
+        return found
 
     def end_the_job() -> None:
-        time.sleep(0.3)  # after follow's first look
+        looked.wait(SLOW_LOOK_S)  # after follow's first look, however slow the machine
         recorded.set()
         os.close(write)
 
