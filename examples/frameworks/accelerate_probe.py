@@ -62,6 +62,9 @@ def main() -> None:
             "replicas_agree": bool(torch.allclose(replicas, replicas[0].expand_as(replicas))),
         },
     )
+    # Destroys the process group: left to the interpreter's exit, gloo's threads were once
+    # torn down still running (std::terminate, SIGABRT after the probe had reported).
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
