@@ -65,10 +65,6 @@ def main() -> None:
             "sampler": [sampler.num_replicas, sampler.rank],
         },
     )
-    # As a program should end: the process group destroyed, not left to the interpreter's
-    # exit (where gloo's threads can be torn down still running: std::terminate, SIGABRT).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
