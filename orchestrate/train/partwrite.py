@@ -204,17 +204,13 @@ def _open_for_frame(temporary: Path) -> int:
             found = os.fstat(descriptor)
             if _ours(found):
                 os.replace(spare, temporary)
-                if _same(os.lstat(temporary), found):
+                if os.path.samestat(os.lstat(temporary), found):
                     return descriptor
         except OSError:
             pass
         os.close(descriptor)
     temporary.unlink(missing_ok=True)
     return os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-
-
-def _same(one: os.stat_result, other: os.stat_result) -> bool:
-    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _ours(found: os.stat_result) -> bool:
