@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from rich.status import Status
 
 POLL_S = 0.05
+#: How long a followed job's end waits for its supervisor's last writes (the report) before
+#: ``follow`` returns anyway: writing it takes well under a second, a stuck disk is not ours.
+END_WAIT_S = 30.0
 
 
 class Reader(Protocol):
@@ -161,6 +164,18 @@ def _pause(wake: IO[bytes] | None) -> bool:
         return True
 
 
+def _until_closed(wake: IO[bytes], interrupts: Interrupts) -> None:
+    """Wait (at most :data:`END_WAIT_S`) for ``wake``'s end of file: the store says the job
+    ended, but its supervisor records the end first and writes the report after, so a
+    ``submit --follow`` that returned at once could leave a user (or a script that opens
+    ``report.html`` next) a run directory still being written."""
+    deadline = time.monotonic() + END_WAIT_S
+    while time.monotonic() < deadline:
+        interrupts.check()
+        if _pause(wake):
+            return
+
+
 def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every_s: float,
                  log: Reader, metrics: Tail, writer: LineWriter, status: Status | None,
                  interrupts: Interrupts, wake: IO[bytes] | None = None) -> JobRecord:
@@ -188,6 +203,8 @@ def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every
                 for line in log.lines(final=True):
                     writer.write(line)
                 writer.flush()
+                if wake is not None:  # the end is in the store; the report may not be yet
+                    _until_closed(wake, interrupts)
                 return job
         if _pause(wake):  # its supervisor recorded the end: read it now, then look as usual
             wake, last_refresh = None, 0.0

@@ -79,6 +79,35 @@ def test_follow_reads_the_state_as_soon_as_the_wake_pipe_closes(tmp_path: Path) 
     assert took < SLOW_LOOK_S / 3, took
 
 
+@pytest.mark.unit
+def test_follow_returns_only_after_the_supervisor_closes_the_pipe(tmp_path: Path) -> None:
+    # The store says COMPLETED at the first look, but the supervisor still writes the report:
+    # follow (submit --follow) returns only once the pipe closes, so a user or a script that
+    # opens the run directory next finds it complete (the CI failure of stop 45).
+    ended = _job(tmp_path, "COMPLETED")
+    looked, closed = threading.Event(), threading.Event()
+    read, write = os.pipe()
+
+    def refresh() -> JobRecord:
+        looked.set()
+        return ended
+
+    def finish_the_report() -> None:
+        looked.wait(SLOW_LOOK_S)
+        time.sleep(0.3)  # the report being written after the end was recorded
+        closed.set()
+        os.close(write)
+
+    writer = threading.Thread(target=finish_the_report)
+    writer.start()
+    with open(read, "rb", buffering=0) as wake, open(os.devnull, "wb") as out:
+        final = follow(ended, refresh, out=out, refresh_every_s=SLOW_LOOK_S, wake=wake)
+        returned_after_close = closed.is_set()
+    writer.join()
+    assert final.state == "COMPLETED"
+    assert returned_after_close
+
+
 def _supervisor(word: str) -> subprocess.Popen[bytes]:
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
