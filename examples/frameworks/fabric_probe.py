@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 from lightning.fabric import Fabric
 from lightning.fabric.strategies import DDPStrategy
-from report import lightning_args, report, timeout_s
+from report import end_process_group, lightning_args, report, timeout_s
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 STEPS = 4
@@ -69,3 +69,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # after main: its model is gone (report.py says why)

@@ -67,3 +67,19 @@ def report(probe: str, believes: dict[str, Any], checks: dict[str, Any]) -> None
         },
     }
     print("probe " + json.dumps(record, sort_keys=True), flush=True)
+
+
+def end_process_group() -> None:
+    """Destroy the process group, as a program should end; call it once ``main`` has returned.
+
+    Left to the interpreter's exit, gloo's threads can be torn down still running
+    (std::terminate: SIGABRT after the probe had reported). Destroyed while the DDP model
+    lives (inside ``main``, where the framework still holds it), the group's last owner becomes
+    the model's reducer: its release then joins gloo's threads holding the GIL while one of them
+    waits for it (pytorch/pytorch#56297), and the rank hangs at its end. Once ``main``'s
+    locals are gone, the group is released from Python, which lets the GIL go first.
+    """
+    import torch.distributed
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
-from report import lightning_args, report, timeout_s
+from report import end_process_group, lightning_args, report, timeout_s
 from torch.utils.data import DataLoader, TensorDataset
 
 STEPS = 4
@@ -79,11 +79,8 @@ def main() -> None:
             "sampler": [getattr(sampler, "num_replicas", None), getattr(sampler, "rank", None)],
         },
     )
-    # As a program should end: the process group destroyed, not left to the interpreter's
-    # exit (where gloo's threads can be torn down still running: std::terminate, SIGABRT).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # after main: its model is gone (report.py says why)
