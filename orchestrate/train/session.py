@@ -353,26 +353,38 @@ def run_session(
     try:
         return _run(spec, env, run_dir, environ, flag, got)
     except SetupAborted as aborted:
-        leave(got.cluster, failed=True)
+        _leave_after_failure(got, aborted)
         return aborted.status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         _say(f"rank {env.rank}: interrupted")
-        leave(got.cluster, failed=True)
+        _leave_after_failure(got, interrupt)
         return EXIT_INTERRUPTED
     except AgreedStop as exc:  # a NaN loss, weights that cannot learn (zerogradient.py)
         # Every rank stops at once (they agreed); one sentence, from rank 0.
         if env.rank == 0:
             _say(f"rank {env.rank}: {exc}")
-        leave(got.cluster, failed=True)
+        _leave_after_failure(got, exc)
         return EXIT_FAILED
     except Exception as exc:
         _say_failure(exc, env, got.trainer)
-        leave(got.cluster, failed=True)
+        _leave_after_failure(got, exc)
         return EXIT_FAILED
     finally:
         flag.uninstall()
         sys.stdout.flush()
         sys.stderr.flush()
+
+
+def _leave_after_failure(got: _Reached, error: BaseException) -> None:
+    """Leave the process group after a failure, the model let go first, as a completed run
+    does (:func:`_run`): the trainer, and the frames of the error's traceback that still hold
+    it. Left alive, DDP's reducer would become the group's last owner, and its release at the
+    interpreter's exit joins gloo's threads holding the GIL one of them may wait for
+    (pytorch/pytorch#56297): a failed rank that never exits."""
+    got.trainer = None
+    traceback.clear_frames(error.__traceback__)  # frames still running are left as they are
+    gc.collect()
+    leave(got.cluster, failed=True)
 
 
 @dataclass
