@@ -355,6 +355,16 @@ def use(book: Any) -> Usage:
     return dict(found)
 
 
+def order_key(book: Any, tickets: list[Ticket]) -> Any:
+    """:func:`keyer` of ``tickets`` with the users' use of ``book``'s host (inside its lock,
+    after its ``live()``), or None where there is nothing to order: one ticket or none. The use
+    reads every ended job's record (hundreds after a busy week), which a claim that no one
+    waits beside has no need of."""
+    if len(tickets) < 2:
+        return None
+    return keyer(tickets, use(book), book.policy, time.time())
+
+
 def ledger_path(directory: str) -> str:
     """Root's ledger of a host folder of the book: beside it, where only root writes."""
     return directory.rstrip("/") + ".ledger.json"
@@ -422,8 +432,7 @@ def shares(use: Usage) -> dict[int, float]:
 
 __all__ = [
     "POLICY_FILE", "USED", "QueuePolicy", "QueuePolicyError", "Used", "decayed", "ended",
-    "fair_key", "floor", "fold", "growth", "keyer", "ledger_path", "ordered", "over_limit",
-    "parse_policy",
-    "read_ledger", "read_policy", "rules", "shares", "spend", "too_many_waiting", "usage", "use",
-    "why_late",
+    "fair_key", "floor", "fold", "growth", "keyer", "ledger_path", "order_key", "ordered",
+    "over_limit", "parse_policy", "read_ledger", "read_policy", "rules", "shares", "spend",
+    "too_many_waiting", "usage", "use", "why_late",
 ]

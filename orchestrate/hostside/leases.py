@@ -71,7 +71,7 @@ from orchestrate.hostside.containment import (
     started_at,
     user_name,
 )
-from orchestrate.hostside.fairshare import keyer, read_policy, rules, spend, use
+from orchestrate.hostside.fairshare import order_key, read_policy, rules, spend
 from orchestrate.hostside.gpuuse import foreign_use, holders, usage
 from orchestrate.hostside.host import alive, port_free, proc_start, suppress
 from orchestrate.hostside.leaserecord import (
@@ -322,7 +322,7 @@ class LeaseBook:
             elif uid == self.uid:
                 with suppress(OSError):
                     os.unlink(path)
-        return sorted(found, key=keyer(found, use(self), self.policy, time.time()))
+        return sorted(found, key=order_key(self, found) or queue_key)
 
     def _placed(self, ticket: Ticket, path: str) -> Ticket:
         starts = [started_at(pid) for pid, _ in ticket.holders]
@@ -339,7 +339,7 @@ class LeaseBook:
         """Tickets ahead of ``want`` (a ticket, or a claim with no place in the queue: the
         last) that want any of the same things (call inside :meth:`locked`)."""
         queue, mine, placed = self.tickets(except_job=job_id), wanted(want)[0], as_ticket(want)
-        key = keyer([*queue, placed], use(self), self.policy, time.time()) if placed else None
+        key = order_key(self, [*queue, placed]) if placed else None
         return [t for t in queue if conflicts(t, want) and
                 (key(t) < key(placed) if key else queue_key(t) < mine)]
 

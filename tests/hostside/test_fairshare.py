@@ -262,3 +262,25 @@ def test_a_waiting_job_is_told_its_place_and_the_rule_that_holds_it() -> None:
     assert "policy max_gpus_per_user: 4 (ann holds 3" in text
     assert "recent use" in said.problems[0].hint
     assert blocked(held, [], "job.yaml") is None
+
+
+def test_a_claim_no_one_waits_beside_reads_no_ended_record(tmp_path: Path) -> None:
+    # Every ended job's record is read to order a queue (hundreds after a busy week), on the
+    # launch's path: a claim with no ticket waiting reads none; with one, the order needs them.
+    book = leases.LeaseBook(str(tmp_path / "leases"), "box")
+    forged = tmp_path / "leases" / "box" / "j0@4242.0123456789abcdef.used"  # named for another
+    forged.write_text(json.dumps({"units": 8, "start": time.time() - DAY, "end": time.time()}))
+    me = os.getpid()
+    alone = book.claim(leases.new_lease("alone", "localhost", [0], 0, None, [me]))
+    assert alone["ok"] is True
+    assert not any(forged.name in line for line in alone["problems"])
+    with book.locked():
+        book.forget_lease("alone")
+        book.enqueue(Ticket(job_id="first", uid=os.geteuid(), submitted_at=time.time(),
+                            gpus=[0], holders=[(me, None)]))
+    mine = Ticket(job_id="second", uid=os.geteuid(), submitted_at=time.time() + 1, gpus=[0],
+                  holders=[(me, None)])
+    queued = book.claim(leases.new_lease("second", "localhost", [0], 0, None, [me]), ticket=mine)
+    assert queued["ok"] is False and "job first" in queued["queue"][0]
+    assert any(forged.name in line and "is not named for its owner" in line
+               for line in queued["problems"])
