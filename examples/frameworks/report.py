@@ -79,7 +79,10 @@ def end_process_group() -> None:
     waits for it (pytorch/pytorch#56297), and the rank hangs at its end. Once ``main``'s
     locals are gone, the group is released from Python, which lets the GIL go first.
     """
+    import gc
+
     import torch.distributed
 
+    gc.collect()  # main's objects in reference cycles (frameworks keep some) go first too
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

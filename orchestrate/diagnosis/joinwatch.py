@@ -346,6 +346,13 @@ def _destroy_left_gloo_world(pid: int) -> None:
             return
         if str(dist.get_backend()) != "gloo":
             return
+        # A DDP model still alive at exit (a reference cycle's garbage: frameworks keep them)
+        # would be the group's last owner once it is destroyed, and its release in the
+        # interpreter's teardown joins gloo's threads holding the GIL (pytorch/pytorch#56297):
+        # collected first, it lets the group go while the world still holds it.
+        import gc
+
+        gc.collect()
         dist.destroy_process_group()
     except Exception:
         return

@@ -384,3 +384,30 @@ def test_a_gloo_world_the_program_left_standing_is_destroyed_before_python_ends(
             assert statuses == {0: 0, 1: 0}, job.output()
     assert [(ours.marks / f"rank-{r}").read_text() for r in (0, 1)] == ["False", "False"]
     assert [(bare.marks / f"rank-{r}").read_text() for r in (0, 1)] == ["True", "True"]
+
+
+_MODEL_LEFT_IN_A_CYCLE = """
+import os, weakref, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+marks = os.environ["MARKS"]
+dist.init_process_group("gloo")
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+model(torch.ones(2, 4)).sum().backward()
+def freed(_):  # whether the world still held the group when the model (its reducer) went
+    with open(os.path.join(marks, "freed-" + os.environ["RANK"]), "w") as out:
+        out.write(str(dist.is_initialized()))
+watch = weakref.ref(model, freed)
+cycle = {"model": model}
+cycle["self"] = cycle  # garbage once the names go: freed only by the collector
+del model, cycle
+"""
+
+
+def test_a_ddp_model_left_in_a_cycle_goes_before_the_world_it_holds(starter: Starter) -> None:
+    """Destroyed while a DDP model lives, the group's last owner is the model's reducer, whose
+    release joins gloo's threads holding the GIL (pytorch/pytorch#56297: a hang after the
+    program's end, every Fabric case on Slurm once). The exit handler collects the garbage
+    first: the model goes while the world still holds the group, and the ranks end."""
+    job = starter.start([sys.executable, "-c", _MODEL_LEFT_IN_A_CYCLE], 2, name="cycle")
+    assert job.wait(120) == {0: 0, 1: 0}, job.output()
+    assert [(job.marks / f"freed-{r}").read_text() for r in (0, 1)] == ["True", "True"]
