@@ -164,16 +164,19 @@ def _pause(wake: IO[bytes] | None) -> bool:
         return True
 
 
-def _until_closed(wake: IO[bytes], interrupts: Interrupts) -> None:
+def _until_closed(wake: IO[bytes], interrupts: Interrupts, job: JobRecord) -> None:
     """Wait (at most :data:`END_WAIT_S`) for ``wake``'s end of file: the store says the job
     ended, but its supervisor records the end first and writes the report after, so a
     ``submit --follow`` that returned at once could leave a user (or a script that opens
-    ``report.html`` next) a run directory still being written."""
+    ``report.html`` next) a run directory still being written. Past the wait, it says so."""
     deadline = time.monotonic() + END_WAIT_S
     while time.monotonic() < deadline:
         interrupts.check()
         if _pause(wake):
             return
+    sys.stderr.write(f"job {job.id} ended, but its supervisor had not finished its last writes "
+                     f"(the report) after {END_WAIT_S:g}s: see "
+                     f"{Path(job.run_dir) / 'supervisor.log'}\n")
 
 
 def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every_s: float,
@@ -204,7 +207,7 @@ def _until_ended(job: JobRecord, refresh: Callable[[], JobRecord], refresh_every
                     writer.write(line)
                 writer.flush()
                 if wake is not None:  # the end is in the store; the report may not be yet
-                    _until_closed(wake, interrupts)
+                    _until_closed(wake, interrupts, job)
                 return job
         if _pause(wake):  # its supervisor recorded the end: read it now, then look as usual
             wake, last_refresh = None, 0.0

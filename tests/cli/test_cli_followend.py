@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.backends.handshake import read_verdict
+from orchestrate.cli import follow as follow_module
 from orchestrate.cli.follow import follow
 from orchestrate.core.plan.plan import make_plan
 from orchestrate.run.jobrecord import JobState
@@ -106,6 +107,28 @@ def test_follow_returns_only_after_the_supervisor_closes_the_pipe(tmp_path: Path
     writer.join()
     assert final.state == "COMPLETED"
     assert returned_after_close
+
+
+@pytest.mark.unit
+def test_a_supervisor_that_never_closes_its_pipe_delays_follow_a_bounded_time_and_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(follow_module, "END_WAIT_S", 0.3)
+    ended = _job(tmp_path, "COMPLETED")
+    read, write = os.pipe()
+    try:
+        with open(read, "rb", buffering=0) as wake, open(os.devnull, "wb") as out:
+            started = time.monotonic()
+            final = follow(ended, lambda: ended, out=out, refresh_every_s=SLOW_LOOK_S,
+                           wake=wake)
+            took = time.monotonic() - started
+    finally:
+        os.close(write)
+    assert final.state == "COMPLETED"
+    assert 0.3 <= took < SLOW_LOOK_S / 3, took
+    said = capsys.readouterr().err
+    assert "job f-1 ended, but its supervisor had not finished" in said
+    assert str(tmp_path / "supervisor.log") in said
 
 
 def _supervisor(word: str) -> subprocess.Popen[bytes]:
