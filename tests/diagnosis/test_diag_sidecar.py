@@ -305,11 +305,18 @@ def test_explicit_timeout_wins(starter: Starter) -> None:
         starter, "explicit", {"ORCHESTRATE_TIMEOUT_S": "60", "EXPLICIT_TIMEOUT_S": "3"}
     )
     out = job.output()
-    assert out.count("Timed out waiting 3000ms") == 2, out
+    # The first to time out exits; on a busy machine its peer can see the connection close just
+    # before its own 3 s are up (as in test_default_timeout_becomes_the_jobs; CI rehearsal of
+    # stop 46): a rank names the timeout, or its peer's close after it, never anything else.
+    timed_out = [r for r in codes if "Timed out waiting 3000ms" in job.logs[r].read_text()]
+    assert timed_out, out
     for rank, code in codes.items():
         assert code in (3, -signal.SIGABRT), out
-        assert _ending(job, rank, code).startswith(
-            f"rank {rank} on local: collective timed out after 3 s (it then ended with "), out
+        if rank in timed_out:
+            assert _ending(job, rank, code).startswith(
+                f"rank {rank} on local: collective timed out after 3 s (it then ended with "), out
+        else:
+            assert "Connection closed by peer" in job.logs[rank].read_text(), out
 
 
 def test_a_timeout_is_named_when_the_rank_then_aborts(starter: Starter) -> None:
