@@ -31,6 +31,7 @@ their imports load only in a process that joins. Standard library only, Python 3
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -350,8 +351,6 @@ def _destroy_left_gloo_world(pid: int) -> None:
         # would be the group's last owner once it is destroyed, and its release in the
         # interpreter's teardown joins gloo's threads holding the GIL (pytorch/pytorch#56297):
         # collected first, it lets the group go while the world still holds it.
-        import gc
-
         gc.collect()
         dist.destroy_process_group()
     except Exception:

@@ -13,6 +13,7 @@ rank that dies is noticed through its closed TCP connection even while nccl woul
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -166,9 +167,16 @@ def join(env: DistEnv, environ: Mapping[str, str]) -> Cluster:
 
 
 def leave(cluster: Cluster | None, *, failed: bool) -> None:
-    """Leave the process group; after a failure, abort (nccl) so nothing waits on dead peers."""
+    """Leave the process group; after a failure, abort (nccl) so nothing waits on dead peers.
+
+    The caller drops its model first; the garbage collector then frees what cycles still hold,
+    so that DDP's reducer goes while the world holds the group. Destroyed first, the group's
+    last owner would be the reducer, whose release (here or at the interpreter's exit) joins
+    gloo's threads holding the GIL one of them may wait for (pytorch/pytorch#56297), or tears
+    them down with the interpreter (SIGABRT)."""
     if not dist.is_initialized():
         return
+    gc.collect()
     if not failed:
         dist.destroy_process_group()
         return

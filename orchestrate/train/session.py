@@ -18,7 +18,6 @@ checkpointing (requeue me), 130 interrupted.
 
 from __future__ import annotations
 
-import gc
 import sys
 import traceback
 from collections.abc import Mapping, Sized
@@ -376,14 +375,11 @@ def run_session(
 
 
 def _leave_after_failure(got: _Reached, error: BaseException) -> None:
-    """Leave the process group after a failure, the model let go first, as a completed run
-    does (:func:`_run`): the trainer, and the frames of the error's traceback that still hold
-    it. Left alive, DDP's reducer would become the group's last owner, and its release at the
-    interpreter's exit joins gloo's threads holding the GIL one of them may wait for
-    (pytorch/pytorch#56297): a failed rank that never exits."""
+    """Leave the process group after a failure with the model let go first, as a completed
+    run does (:func:`_run`; :func:`~orchestrate.train.distributed.leave` says why): the
+    trainer, and the frames of the error's traceback that still hold it."""
     got.trainer = None
     traceback.clear_frames(error.__traceback__)  # frames still running are left as they are
-    gc.collect()
     leave(got.cluster, failed=True)
 
 
@@ -423,8 +419,7 @@ def _run(spec: TrainSpec, env: DistEnv, run_dir: Path, environ: Mapping[str, str
     # 4 of 30 2-rank runs here, 0 of 30 with them freed first.
     got.trainer = None
     del trainer
-    gc.collect()
-    leave(cluster, failed=False)
+    leave(cluster, failed=False)  # which collects what cycles still hold first
     if outcome == "preempted":
         log.say(
             f"stopped by {flag.signal_name or 'a signal'} at step {step}; "
