@@ -285,6 +285,11 @@ class GroupState:
                       data.get("sizes")) if seq is not None else None
         return cls(str(data["pg"]), enqueued, started, completed, op)
 
+#: The phase of a rank's last heartbeat, written by its sidecar's exit handler: the program has
+#: ended and the interpreter is going. The process may live on for a moment (torch's teardown
+#: takes a few tenths of a second), or hang there (docs/hangs.md, kind ``teardown``).
+EXIT_PHASE = "exit"
+
 
 @dataclass(frozen=True)
 class Heartbeat:

@@ -2,7 +2,7 @@
 
 Pure, standard library only: every rank's node, pid, phase, step, the last collective of each
 process group with its state, the heartbeat's age and the innermost frame of the user's code
-(:func:`orchestrate.diagnosis.stall.view_rank`), whether or not the job is stalled.
+(:func:`orchestrate.diagnosis.rankview.view_rank`), whether or not the job is stalled.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrate.diagnosis.diagfiles import Answer, Heartbeat, pg_order
-from orchestrate.diagnosis.stall import view_rank
+from orchestrate.diagnosis.rankview import view_rank
 
 
 @dataclass(frozen=True)

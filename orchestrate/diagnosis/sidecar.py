@@ -56,7 +56,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrate.diagnosis.diagfiles import DiagFiles, Done, Frame, Heartbeat, Request
+from orchestrate.diagnosis.diagfiles import (
+    EXIT_PHASE,
+    DiagFiles,
+    Done,
+    Frame,
+    Heartbeat,
+    Request,
+)
 from orchestrate.diagnosis.flightrecorder import FlightRecorder, dump_function, with_ops
 from orchestrate.diagnosis.joinwatch import (
     ENV_OWNER,
@@ -188,7 +195,7 @@ class Sidecar:
             return
         try:
             self.stopped = True
-            self.phase, self.phase_since = "exit", time.time()
+            self.phase, self.phase_since = EXIT_PHASE, time.time()
             self.explicit = True
             self._write_heartbeat(self.heartbeat(look_up_ops=False), suffix="exit")
         except Exception:

@@ -11,6 +11,10 @@ script runs it with the node's python.
 
 - ``frozen``: ranks that did not answer the dump request (a stopped process, or one hung in
   native code holding the GIL);
+- ``teardown``: ranks whose program ended (their sidecar's last beat, at the exit) but whose
+  process lives on, when no rank is still in its program: something freed at exit blocks them
+  (a process group destroyed from C++ while a gloo thread waits for the GIL,
+  pytorch/pytorch#56297);
 - ``rendezvous``: ranks that never reached ``init_process_group`` while others wait at the store;
 - ``laggard``: in the process group with a collective in flight, ranks whose last enqueued
   collective is behind the others' (they are elsewhere: data loading, I/O, rank-0-only work;
@@ -26,20 +30,12 @@ script runs it with the node's python.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat, pg_order
-from orchestrate.diagnosis.kernelstate import KernelState
-from orchestrate.diagnosis.stacks import (
-    frame_kind,
-    innermost_user_frame,
-    parse_stacks,
-    waits_for_loader_worker,
-    worker_stacks,
-)
+from orchestrate.diagnosis.diagfiles import EXIT_PHASE, Answer, Heartbeat, pg_order
+from orchestrate.diagnosis.rankview import RankView, view_rank
 from orchestrate.diagnosis.stallrule import (
     BEFORE_INIT,
     IN_INIT,
@@ -48,130 +44,7 @@ from orchestrate.diagnosis.stallrule import (
     ranks_word,
 )
 
-KINDS = ("frozen", "rendezvous", "laggard", "mismatch", "transport", "user_code")
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A rank's view of one process group."""
-
-    pg: str
-    enqueued: int
-    completed: int
-    op: str | None = None  # of the collective in flight, when known
-    sizes: str | None = None
-    since: float | None = None  # rank's clock: when the in-flight collective was created
-
-    @property
-    def in_flight(self) -> bool:
-        return self.enqueued > self.completed
-
-    def label(self) -> str:
-        """``all_reduce #42`` (``#42 on group 1`` outside the default group)."""
-        name = self.op or "collective"
-        where = "" if self.pg == "0" else f" on group {self.pg}"
-        return f"{name} #{self.enqueued}{where}"
-
-
-@dataclass(frozen=True)
-class LoaderWait:
-    """A rank waiting in torch's DataLoader for a worker process: the worker most likely owing
-    the batch, when the rank's answer carried its workers' stacks (else all None)."""
-
-    pid: int | None = None
-    frame: Frame | None = None
-    kernel: str | None = None
-
-
-@dataclass(frozen=True)
-class RankView:
-    """Everything known about one rank when classifying."""
-
-    rank: int
-    node: str
-    pid: int | None
-    heard: bool  # any heartbeat (or answer) at all
-    answered: bool | None  # dump answered; None when no dump was asked
-    phase: str | None
-    step: int | None
-    t: float | None  # the rank's clock at its last heartbeat
-    collectives: Mapping[str, Collective]
-    frame: Frame | None
-    kernel: str | None  # "sleeping: hrtimer_nanosleep", "on CPU", "slow I/O: read of /x", ...
-    loader: LoaderWait | None = None  # waiting in torch's DataLoader for a worker
-
-    def where(self) -> str:
-        return "an unknown place" if self.frame is None else self.frame.text()
-
-
-def _collectives(beat: Heartbeat | None) -> dict[str, Collective]:
-    out: dict[str, Collective] = {}
-    for group in (beat.pgs if beat is not None else None) or ():
-        flight = group.in_flight
-        op = flight if flight is not None and flight.seq == group.enqueued else None
-        out[group.pg] = Collective(
-            group.pg, group.enqueued, group.completed, None if op is None else op.op,
-            None if op is None or op.sizes is None
-            else json.dumps(op.sizes, separators=(",", ":")),
-            None if op is None else op.since,
-        )
-    return out
-
-
-def _kernel(proc: KernelState | None) -> str | None:
-    """``sleeping: hrtimer_nanosleep``, ``slow I/O: read of /ckpt/x (pipe_read)``, ``on CPU``."""
-    if proc is None:
-        return None
-    if proc.file_io():
-        return f"slow I/O: {proc.io_text()}"
-    words = {"S": "sleeping", "D": "in disk I/O", "R": "on CPU", "T": "stopped",
-             "t": "stopped", "Z": "exited"}.get(str(proc.state))
-    if words is None:
-        return None
-    return f"{words}: {proc.wchan}" if proc.wchan and proc.state in ("S", "D") else words
-
-
-def _loader_worker(stacks: str) -> LoaderWait:
-    """The worker a DataLoader most likely waits for: the first in the dataset's (user) code,
-    else the first that answered."""
-    workers = [w for w in worker_stacks(stacks) if w.frames]
-    if not workers:
-        return LoaderWait()
-    chosen = next((w for w in workers if any(frame_kind(f.file, w.stdlib) == "user"
-                                              for f in w.frames)), workers[0])
-    return LoaderWait(chosen.pid, innermost_user_frame(chosen.frames, chosen.stdlib),
-                      _kernel(chosen.kernel))
-
-
-def view_rank(
-    rank: int, heartbeat: Heartbeat | None, dump: Answer | None, node: str | None, asked: bool,
-) -> RankView:
-    """Merge a rank's heartbeat and its answer (fresher) into one view."""
-    state = dump.state if dump is not None else None
-    beat = state if state is not None else heartbeat
-    frame = None
-    loader = None
-    if dump is not None and dump.stacks:
-        frames, stdlib = parse_stacks(dump.stacks)
-        frame = innermost_user_frame(frames, stdlib)
-        if waits_for_loader_worker(frames):
-            loader = _loader_worker(dump.stacks)
-    if frame is None and beat is not None:
-        frame = innermost_user_frame(beat.user_stack or beat.stack, beat.stdlib)
-    return RankView(
-        rank=rank,
-        node=str(node or (beat.host if beat is not None else None) or "?"),
-        pid=beat.pid if beat is not None else None,
-        heard=beat is not None,
-        answered=(dump is not None) if asked else None,
-        phase=beat.phase if beat is not None else None,
-        step=beat.step if beat is not None else None,
-        t=beat.t if beat is not None else None,
-        collectives=_collectives(beat),
-        frame=frame,
-        kernel=_kernel(state.proc) if state is not None else None,
-        loader=loader,
-    )
+KINDS = ("frozen", "teardown", "rendezvous", "laggard", "mismatch", "transport", "user_code")
 
 
 # --- the classifier ------------------------------------------------------------------------
@@ -274,11 +147,7 @@ def classify(
     views = [
         view_rank(r, heartbeats.get(r), answers.get(r), nodes.get(r), asked) for r in ranks
     ]
-    files: list[str] = []
-    for rank in ranks:
-        answer = answers.get(rank)
-        if answer is not None:
-            files.extend(answer.files)
+    files = [f for r in ranks if (answer := answers.get(r)) is not None for f in answer.files]
 
     def done(kind: str, culprits: Sequence[RankView], summary: str) -> Diagnosis:
         return Diagnosis(
@@ -292,7 +161,7 @@ def classify(
 
     silent = [
         v for v in views
-        if asked and v.heard and not v.answered and v.phase != "exit"
+        if asked and v.heard and not v.answered and v.phase != EXIT_PHASE
         and (alive is None or alive.get(v.rank, True))
     ]
     if silent:
@@ -305,6 +174,9 @@ def classify(
             f"{_who(silent, pids=True)} stopped answering{when} ({what} stopped or hung in "
             "native code)",
         )
+    stuck = _stuck_at_exit(views, alive)
+    if stuck:
+        return done("teardown", stuck, _teardown(stuck, views, alive, now, stall))
     never = [v for v in views if not v.heard or v.phase in BEFORE_INIT]
     waiting = [v for v in views if v.phase == IN_INIT]
     if waiting and never:
@@ -330,6 +202,36 @@ def classify(
 
 if TYPE_CHECKING:  # collections.abc.Callable[...] cannot be subscripted on Python 3.8
     _Done = Callable[[str, Sequence[RankView], str], Diagnosis]
+
+
+def _stuck_at_exit(views: Sequence[RankView], alive: Mapping[int, bool] | None
+                   ) -> list[RankView]:
+    """The ranks whose program ended (their last beat: the exit) but whose process lives,
+    when no rank is still in its program: nothing else holds the job. With no ``alive`` (the
+    Slurm batch host sees no other node's processes) every rank counts as living, so the
+    ranks are named only when all of them have ended their programs."""
+    living = [v for v in views if alive is None or alive.get(v.rank, True)]
+    if living and all(v.phase == EXIT_PHASE for v in living):
+        return living
+    return []
+
+
+def _teardown(stuck: Sequence[RankView], views: Sequence[RankView],
+              alive: Mapping[int, bool] | None, now: float, stall: Stall | None) -> str:
+    """``rank 1 (node a, pid 7) ended its program 12 s ago but has not exited: ...``."""
+    ages = [a for a in (_age(v, now, stall) for v in stuck) if a is not None]
+    when = f" {min(ages):.0f} s ago" if ages else ""
+    cause = ("the interpreter's teardown (an object freed at exit blocks it, such as a "
+             "process group that a DDP model still holds: docs/hangs.md)")
+    if alive is None:
+        return (f"{_who(stuck)} ended {_verb(stuck, 'its program', 'their programs')}{when}, "
+                f"but not every process has exited: one hangs in {cause}")
+    gone = [v for v in views if v not in stuck]
+    exited = (f"; {ranks_word(gone)} {format_ranks(v.rank for v in gone)} "
+              f"{_verb(gone, 'has', 'have')} exited") if gone else ""
+    return (f"{_who(stuck, pids=True)} ended {_verb(stuck, 'its program', 'their programs')}"
+            f"{when} but {_verb(stuck, 'has', 'have')} not exited: "
+            f"{_verb(stuck, 'it hangs', 'they hang')} in {cause}{exited}")
 
 
 def _first_place(views: Sequence[RankView]) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.diagnosis.diagfiles import Heartbeat
+from orchestrate.diagnosis.diagfiles import EXIT_PHASE, Heartbeat
 
 BEFORE_INIT = ("start",)  # automatic phase of a program that has not called init yet
 #: Phases in which activity (the innermost frame, the main thread's CPU time) counts as progress:
@@ -160,7 +160,7 @@ def activity(beat: Heartbeat, previous: Heartbeat | None = None,
     :data:`BUSY_CPU` of a core since the previous beat, no collective of its own in flight),
     ``"in checkpoint"`` / ``"in eval"`` (the trainer's slow phases); None when it waits, or
     nothing says."""
-    if beat.phase in (IN_INIT, "exit", "finished"):
+    if beat.phase in (IN_INIT, EXIT_PHASE, "finished"):
         return None
     if beat.proc is not None and beat.proc.file_io():
         return "in slow I/O"
@@ -281,7 +281,7 @@ class StallWatch:
         silent = tuple(
             rank for rank in sorted(ages)
             if alive.get(rank, True) and ages[rank] >= self.silent_s
-            and self._phases.get(rank) != "exit"
+            and self._phases.get(rank) != EXIT_PHASE
         )
         idle = now - self._last_progress
         threshold = self.threshold()

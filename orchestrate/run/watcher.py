@@ -23,10 +23,14 @@ class Watcher:
     for the ranks; an SSH job's evidence comes over the network) while the supervisor's loop
     must keep noticing exits every :data:`POLL_S`. Diagnoses come back through a queue."""
 
-    def __init__(self, watch: HangWatch, sink: LogSink) -> None:
+    def __init__(self, watch: HangWatch, sink: LogSink, owners: dict[int, int]) -> None:
         self.watch = watch
         self.sink = sink
-        self.alive: frozenset[int] = frozenset()  # replaced (never mutated) by the loop
+        #: Each planned rank's handle (itself; a node's first rank where one launcher starts
+        #: the node's workers): a rank lives while its handle runs.
+        self.owners = owners
+        #: The handles still running, replaced (never mutated) by the loop.
+        self.alive: frozenset[int] = frozenset()
         self.found: queue.Queue[Diagnosis] = queue.Queue()
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
@@ -38,8 +42,7 @@ class Watcher:
         failures = 0
         while not self.stopped.wait(self.watch.interval_s):
             try:
-                alive = self.alive
-                diagnosis = self.watch.look({rank: True for rank in alive})
+                diagnosis = self.watch.look(living(self.owners, self.alive))
                 failures = 0
             except Exception as exc:  # the watch must never take the job down
                 failures += 1
@@ -86,4 +89,18 @@ def watch_attempt(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: Lo
                       stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
                       interface=interface, world_size=plan.world_size,
                       launcher=plan.launcher, busy_s=plan.busy_s, notify=sink.note)
-    return Watcher(watch, sink)
+    return Watcher(watch, sink, rank_owners(plan))
+
+
+def rank_owners(plan: Plan) -> dict[int, int]:
+    """Each planned rank's handle in the supervisor: the rank itself, or its node's first rank
+    where one launcher process starts the node's workers (``per_node``, ``torchrun``)."""
+    firsts = {node.name: node.first_rank for node in plan.nodes}
+    return {r.rank: firsts[r.node] if plan.per_node else r.rank for r in plan.ranks}
+
+
+def living(owners: dict[int, int], running: frozenset[int]) -> dict[int, bool]:
+    """Whether each planned rank's process runs, from the handles still ``running``. Every
+    rank is in the map, so that one that has exited is known to have: the watch calls a rank
+    hung at its exit only while it lives (docs/hangs.md, kind ``teardown``)."""
+    return {rank: owner in running for rank, owner in owners.items()}

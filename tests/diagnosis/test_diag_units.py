@@ -22,46 +22,13 @@ import pytest
 from orchestrate.diagnosis.diagfiles import Answer, Frame, Heartbeat
 from orchestrate.diagnosis.ranktable import idle_s, rank_table
 from orchestrate.diagnosis.stacks import frame_kind, innermost_user_frame, parse_stacks
-from orchestrate.diagnosis.stall import Diagnosis, classify
+from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.stallrule import Stall, StallWatch, format_ranks
+from tests.support.diagcaptures import CAPTURES, NAMES, answers_of, beats_of, load, run_classify
 from tests.support.diagranks import REPO, expand, install_site
 from tests.support.python38 import python38 as _python38
 
 pytestmark = pytest.mark.unit
-
-CAPTURES = Path(__file__).resolve().parent / "captures"
-NAMES = ["mismatch", "laggard", "frozen", "rendezvous", "train"]
-
-
-def load(name: str) -> dict[str, Any]:
-    """A capture with its heartbeats and answers as JSON (the variants below edit them)."""
-    data: dict[str, Any] = json.loads((CAPTURES / f"{name}.json").read_text())
-    data["heartbeats"] = {int(r): b for r, b in data["heartbeats"].items()}
-    data["dumps"] = {int(r): d for r, d in data["dumps"].items()}
-    data["nodes"] = {int(r): n for r, n in data["nodes"].items()}
-    data["stall"] = Stall.from_json(data["stall"])
-    return data
-
-
-def beats_of(raw: dict[int, Any]) -> dict[int, Heartbeat | None]:
-    return {rank: Heartbeat.from_json(beat) for rank, beat in raw.items()}
-
-
-def answers_of(raw: dict[int, Any] | None) -> dict[int, Answer | None] | None:
-    return None if raw is None else {rank: Answer.from_json(a) for rank, a in raw.items()}
-
-
-def run_classify(data: dict[str, Any], **changes: Any) -> Any:
-    args = {
-        "heartbeats": data["heartbeats"], "dumps": data["dumps"], "now": data["now"],
-        "nodes": data["nodes"], "master": data["master"], "interface": "lo",
-        "stall": data["stall"],
-    }
-    args.update(changes)
-    args["heartbeats"] = beats_of(args["heartbeats"])
-    args["dumps"] = answers_of(args["dumps"])
-    return classify(**args)
-
 
 # --- the classifier on real captures -----------------------------------------------------
 

@@ -35,9 +35,11 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     kill``, and ends the run as ``wrong world: ...``, never a stall that a restart retries).
     SETTINGS is JSON: ``stall_s``, ``busy_s``, ``heartbeat_s``, ``on_stall``, ``interface``,
     ``world_size``, ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
-    MASTER_ADDR:MASTER_PORT from the environment. A stall is noted in the merged view and kept in
-    ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with ``on_stall:
-    kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
+    MASTER_ADDR:MASTER_PORT from the environment. A rank lives until its task records its end
+    in ``ORCHESTRATE_EXIT_DIR`` (what ``decide`` reads): one whose program ended but whose
+    process lives on is named as hung in its teardown. A stall is noted in the merged view and
+    kept in ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with
+    ``on_stall: kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
     JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide`` ends the run as
     a stall. SIGTERM (the step ended) ends the watch after one last world check: a wrong
     world found then is written to STALLED too, so the run never ends COMPLETED.
@@ -349,7 +351,8 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
         if stop:
             break
         try:
-            diagnosis = hang.look()
+            diagnosis = hang.look(living(os.environ.get("ORCHESTRATE_EXIT_DIR"), sorted(nodes),
+                                         settings.get("rank_nodes")))
         except Exception as exc:  # never the job's end: say it, keep watching
             _note(merged, f"stall watch: {type(exc).__name__}: {exc}")
             continue
@@ -368,6 +371,21 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
         return 0
     _last_look(hang, stalled, merged, settings)
     return 0
+
+
+def living(exit_dir: str | None, ranks: list[int], rank_nodes: list[int] | None
+           ) -> dict[int, bool] | None:
+    """Whether each rank's process runs: its task has not recorded its end in ``exit_dir``
+    (the node's first rank's record, where one launcher starts the node's workers). None
+    without the folder: every rank then counts as living."""
+    if not exit_dir:
+        return None
+    ended = {end.rank for end in rank_ends(exit_dir)}
+    firsts: dict[int, int] = {}
+    for rank, node in enumerate(rank_nodes or ()):
+        firsts.setdefault(node, rank)
+    return {rank: (firsts[rank_nodes[rank]] if rank_nodes else rank) not in ended
+            for rank in ranks}
 
 
 def _last_look(hang: HangWatch, stalled: str, merged: str, settings: dict[str, Any]) -> None:

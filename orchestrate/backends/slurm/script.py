@@ -23,6 +23,7 @@ import orchestrate.diagnosis.diagfiles
 import orchestrate.diagnosis.evidence
 import orchestrate.diagnosis.hangwatch
 import orchestrate.diagnosis.kernelstate
+import orchestrate.diagnosis.rankview
 import orchestrate.diagnosis.stacks
 import orchestrate.diagnosis.stall
 import orchestrate.diagnosis.stallrule
@@ -57,8 +58,8 @@ from orchestrate.hostside.shipping import Manifest, program
 MONITOR = Manifest("monitor", (
     orchestrate.core.exits, orchestrate.core.plan.outcome, orchestrate.core.plan.restart,
     orchestrate.core.layout, orchestrate.core.plan.workers, orchestrate.diagnosis.kernelstate,
-    orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.stallrule,
-    orchestrate.diagnosis.stacks, orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence,
+    orchestrate.diagnosis.diagfiles, orchestrate.diagnosis.stallrule, orchestrate.diagnosis.stacks,
+    orchestrate.diagnosis.rankview, orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence,
     orchestrate.diagnosis.world, orchestrate.diagnosis.hangwatch, orchestrate.hostside.outputlog,
     orchestrate.hostside.smicsv, orchestrate.hostside.smi, orchestrate.hostside.gpuhealth,
     orchestrate.hostside.cpubind, orchestrate.core.gpuhealth, orchestrate.backends.slurm.healthstep,

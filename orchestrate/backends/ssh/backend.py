@@ -29,6 +29,7 @@ import orchestrate.core.layout
 import orchestrate.diagnosis.diagfiles
 import orchestrate.diagnosis.evidence
 import orchestrate.diagnosis.kernelstate
+import orchestrate.diagnosis.rankview
 import orchestrate.diagnosis.stacks
 import orchestrate.diagnosis.stall
 import orchestrate.diagnosis.stallrule
@@ -146,8 +147,8 @@ class SSHBackend(DetachedBackend):
 #: directory's names, the diag records, the stall rule and classifier, the reader.
 EVIDENCE = Manifest("evidence", (
     orchestrate.core.layout, orchestrate.diagnosis.kernelstate, orchestrate.diagnosis.diagfiles,
-    orchestrate.diagnosis.stallrule, orchestrate.diagnosis.stacks, orchestrate.diagnosis.stall,
-    orchestrate.diagnosis.evidence))
+    orchestrate.diagnosis.stallrule, orchestrate.diagnosis.stacks, orchestrate.diagnosis.rankview,
+    orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence))
 
 
 def evidence_program() -> str:

@@ -148,6 +148,31 @@ def test_a_rank_that_never_joins_is_named(cli: Cli) -> None:
     assert "never reached init_process_group" in diagnosis["summary"]
 
 
+def test_a_rank_hung_in_its_exit_is_named_and_stopped_where_the_others_have_exited(
+        cli: Cli) -> None:
+    """Rank 1 ends its program and then hangs in the interpreter's teardown, native code
+    holding the GIL (programs/steps.py ``teardown``); rank 0 exits 0. The watch names rank 1
+    and its pid, not rank 0 nor the sidecar's exit handler, and ``on_stall: kill`` ends it."""
+    job = cli.id("tdn")
+    path = _steps_job(cli, "tdn", "teardown", extra_env=", STEPS: 12")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    began = _trigger_time(cli, "tdn", job=job)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    assert status["state"] == "FAILED", status
+    diagnosis = status["diagnosis"]
+    assert diagnosis is not None, status
+    assert (diagnosis["kind"], diagnosis["ranks"]) == ("teardown", [1]), diagnosis
+    pid = next(r["pid"] for r in status["ranks"] if r["rank"] == 1)
+    assert diagnosis["summary"].startswith(
+        f"rank 1 (node localhost, pid {pid}) ended its program "), diagnosis
+    assert diagnosis["summary"].endswith("; rank 0 has exited"), diagnosis
+    assert "sidecar" not in diagnosis["summary"]
+    assert STALL_S * 0.8 <= diagnosis["at"] - began <= STALL_S + 30
+    assert status["reason"].startswith("stalled: rank 1 (node localhost"), status
+    exits = {r["rank"]: r["exit_code"] for r in status["ranks"]}
+    assert exits[0] == 0 and exits[1] != 0, status
+
+
 def test_a_stall_restarts_under_the_policy(cli: Cli) -> None:
     """``restart.on: [stall]``: the killed attempt is followed by another (which stalls too,
     and the budget ends it)."""

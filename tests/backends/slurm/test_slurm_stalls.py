@@ -94,6 +94,27 @@ def test_mismatch_frozen_and_rendezvous_are_named_side_by_side(ocli: Orchestrate
     assert "never reached init_process_group" in rendezvous, rendezvous
 
 
+def test_a_rank_hung_in_its_exit_is_named_with_its_node_and_the_step_stopped(
+        ocli: OrchestrateCli) -> None:
+    """Rank 1 ends its program and hangs in the interpreter's teardown; rank 0 exits 0. The
+    batch host sees no process of the other node, but rank 0's task recorded its end: the
+    watch names rank 1 alone, with its node."""
+    ocli.inventory()
+    job_id = ocli.submit(_job(ocli, "tdn", "teardown", ", STEPS: 12"))
+    status = ocli.wait(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"}, timeout=180)
+    began = float((ocli.work / "marks-tdn" / "trigger").read_text())
+    diagnosis = status["diagnosis"]
+    assert status["state"] == "FAILED" and diagnosis is not None, status
+    assert (diagnosis["kind"], diagnosis["ranks"]) == ("teardown", [1]), diagnosis
+    host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
+    assert diagnosis["nodes"] == [host], diagnosis
+    assert diagnosis["summary"].startswith(f"rank 1 (node {host}, pid "), diagnosis
+    assert diagnosis["summary"].endswith("; rank 0 has exited"), diagnosis
+    assert diagnosis["at"] - began < STALL_S + 30
+    assert f"stalled: rank 1 (node {host}" in status["reason"], status["reason"]
+    _gone(ocli, str(status["external_id"]))
+
+
 def test_a_rank_computing_alone_is_not_a_stall(ocli: OrchestrateCli) -> None:
     """Issue #25 item 1 on Slurm (monitor.py's watch): rank 1 computes alone for 22 s while
     rank 0 waits in a barrier, ``stall_s`` 10, ``on_stall: kill``: the step is not cancelled,

@@ -27,7 +27,7 @@ STALL_S = 10
 
 
 def _job(cli: SshCli, name: str, scenario: str, on_stall: str, extra_env: str = "") -> Path:
-    cli.inventory([{"name": "h1", "slots": 2}, {"name": "h2", "slots": 2}])  # room for two jobs
+    cli.inventory([{"name": "h1", "slots": 3}, {"name": "h2", "slots": 3}])  # room for three
     marks = cli.work / f"marks-{name}"
     marks.mkdir()
     return cli.write(f"{name}.yaml", f"""
@@ -110,13 +110,17 @@ def test_a_frozen_rank_on_another_host_and_diagnose(ssh_cli: SshCli) -> None:
         ssh_cli.run("cancel", job, timeout=60)
 
 
-def test_mismatch_and_rendezvous_on_two_hosts_side_by_side(ssh_cli: SshCli) -> None:
-    """The rest of the matrix, two jobs at once on the same two hosts."""
+def test_mismatch_rendezvous_and_teardown_on_two_hosts_side_by_side(ssh_cli: SshCli) -> None:
+    """The rest of the matrix, three jobs at once on the same two hosts. In ``teardown`` rank 1
+    (on h2) hangs in the interpreter's teardown after its program ended, and rank 0 exits 0:
+    the supervisor knows which processes still run on each host and names that one."""
     jobs = {"mismatch": "mis-ssh-" + os.urandom(3).hex(),
-            "rendezvous": "rdv-ssh-" + os.urandom(3).hex()}
+            "rendezvous": "rdv-ssh-" + os.urandom(3).hex(),
+            "teardown": "tdn-ssh-" + os.urandom(3).hex()}
+    extra = {"teardown": ", STEPS: 12"}
     for kind, job in jobs.items():
-        ssh_cli.run("submit", str(_job(ssh_cli, kind[:3], kind, "kill")), "--detach",
-                    "--job-id", job, check=True, timeout=120)
+        ssh_cli.run("submit", str(_job(ssh_cli, kind[:3], kind, "kill", extra.get(kind, ""))),
+                    "--detach", "--job-id", job, check=True, timeout=120)
     for kind, job in jobs.items():
         status = _until(ssh_cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
         diagnosis = status["diagnosis"]
@@ -127,6 +131,9 @@ def test_mismatch_and_rendezvous_on_two_hosts_side_by_side(ssh_cli: SshCli) -> N
     summaries = {kind: ssh_cli.status(job)["diagnosis"]["summary"] for kind, job in jobs.items()}
     assert summaries["mismatch"].startswith("rank 1 (node h2) is in barrier #"), summaries
     assert "never reached init_process_group" in summaries["rendezvous"], summaries
+    assert summaries["teardown"].startswith("rank 1 (node h2, pid "), summaries
+    assert " ended its program " in summaries["teardown"], summaries
+    assert summaries["teardown"].endswith("; rank 0 has exited"), summaries
 
 
 def test_a_rank_computing_alone_on_another_host_is_not_a_stall(ssh_cli: SshCli) -> None:

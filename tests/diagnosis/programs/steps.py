@@ -1,10 +1,11 @@
 """A user's plain DDP-style program (no orchestrate import): steps of one all_reduce each.
 
 The scenario comes from the environment, as a test sets it: ``SCENARIO`` = healthy | mismatch |
-laggard | frozen | rendezvous | compute | solo | slowio, ``BAD_RANK``, ``TRIGGER_STEP``, ``STEPS``
-(how many steps before exiting 0; healthy, compute, solo and slowio end), ``PAUSE_S`` (healthy:
-rank 0's pause, a stand-in for a long rank-0-only checkpoint), ``SELF_STOP`` (frozen: the rank
-stops itself), ``BUSY_S`` (compute: every rank computes this long in one step, with no
+laggard | frozen | rendezvous | compute | solo | slowio | teardown, ``BAD_RANK``,
+``TRIGGER_STEP``, ``STEPS`` (how many steps before exiting 0; healthy, compute, solo, slowio and
+teardown end; in teardown the bad rank then hangs in the interpreter's teardown), ``PAUSE_S``
+(healthy: rank 0's pause, a stand-in for a long rank-0-only checkpoint), ``SELF_STOP`` (frozen:
+the rank stops itself), ``BUSY_S`` (compute: every rank computes this long in one step, with no
 collective; solo: the bad rank computes alone while the others wait in a barrier; slowio: the
 bad rank reads slow storage this long, forever when negative, while the others wait in
 all_reduce). At the trigger, the bad rank writes ``$MARKS/trigger`` so the test knows when the
@@ -114,5 +115,22 @@ def train():
     dist.destroy_process_group()
 
 
+class HeldAtExit:
+    """Freed in the interpreter's teardown, after every atexit handler (the sidecar's last
+    heartbeat included), it blocks there in native code holding the GIL, as a process group
+    destroyed from C++ does while a gloo thread waits for the GIL (pytorch/pytorch#56297)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.pause = ctypes.PyDLL(None).pause  # a PyDLL call keeps the GIL
+
+    def __del__(self):
+        self.pause()  # until a signal: the launcher's SIGTERM ends the process
+
+
 if __name__ == "__main__":
     train()
+    if SCENARIO == "teardown" and RANK == BAD:
+        mark("trigger")
+        held = HeldAtExit()
