@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from orchestrate.diagnosis.kernelstate import KernelState
 from orchestrate.diagnosis.rankpackage import folder as sidecar_folder
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.stallrule import Stall, StallWatch
+from tests.support.ranks import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = REPO / "tests" / "diagnosis" / "programs"
@@ -41,13 +41,6 @@ DIGITS = REPO / "examples" / "digits"
 _PLACE = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
           "MASTER_PORT", "ORCHESTRATE_RUN_DIR", "ORCHESTRATE_SIDECAR_PID", "ORCHESTRATE_SIDECAR",
           "ORCHESTRATE_TIMEOUT_S", "ORCHESTRATE_HEARTBEAT_S", "PYTHONPATH")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def install_site(folder: Path) -> Path:

@@ -9,6 +9,7 @@ included, so that no process outlives the test that started it.
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -26,11 +27,28 @@ PLACE_VARS = (
 )
 
 
+#: Where the stores of ranks started by the tests listen: below the ports orchestrate derives
+#: for jobs (orchestrate/core/plan/ports.py, 20000-31999, what the tests' jobs take) and below
+#: the kernel's ephemeral range (32768+), from which every outgoing connection on the machine
+#: takes its local port. A port found by binding port 0 is an ephemeral one: in the seconds
+#: before rank 0 listens on it, another test's connection could take it (EADDRINUSE, seen once
+#: in a CI rehearsal beside 1,650 other tests).
+TEST_PORTS = range(10000, 20000)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port of :data:`TEST_PORTS` nobody listens on right now, drawn at random so that
+    two test workers seldom draw the same one."""
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.choice(TEST_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {TEST_PORTS} after 100 draws")
 
 
 def torchrun_env(rank: int, local_rank: int, world: int, local_world: int, group: int,
