@@ -21,7 +21,7 @@ Standard library only, Python 3.8+ (the Slurm batch job runs it with the node's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -102,6 +102,23 @@ def held_off(hold: Hold, beats: Mapping[int, Heartbeat | None], nodes: Mapping[i
         parts.append(f"{more} more rank{'s' if more > 1 else ''} busy")
     return (f"no progress for {hold.idle_s:.0f} s, but not stalled: {'; '.join(parts)} (a "
             f"stall only after distributed.busy_s, {hold.busy_s:.0f} s without progress)")
+
+
+def handle_owners(node_of: Mapping[int, str], per_node: bool) -> dict[int, int]:
+    """Each rank's process handle (what a launcher sees end): the rank itself, or its node's
+    first rank where one launcher process starts the node's workers (``per_node``,
+    ``torchrun``: the supervisor's handle and the Slurm task are recorded under it)."""
+    firsts: dict[str, int] = {}
+    for rank in sorted(node_of):
+        firsts.setdefault(node_of[rank], rank)
+    return {rank: firsts[node] if per_node else rank for rank, node in node_of.items()}
+
+
+def living(owners: Mapping[int, int], running: Container[int]) -> dict[int, bool]:
+    """Whether each rank's process runs, from the handles still ``running``. Every rank is in
+    the map, so that one that has exited is known to have: the watch calls a rank hung at its
+    exit only while it lives (docs/hangs.md, kind ``teardown``)."""
+    return {rank: owner in running for rank, owner in owners.items()}
 
 
 def look_interval_s(stall_s: float, heartbeat_s: float) -> float:

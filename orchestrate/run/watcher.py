@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrate.core.plan.plan import Plan
-from orchestrate.diagnosis.hangwatch import Evidence, HangWatch
+from orchestrate.diagnosis.hangwatch import Evidence, HangWatch, handle_owners, living
 from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.run.logsink import LogSink
 
@@ -23,7 +24,7 @@ class Watcher:
     for the ranks; an SSH job's evidence comes over the network) while the supervisor's loop
     must keep noticing exits every :data:`POLL_S`. Diagnoses come back through a queue."""
 
-    def __init__(self, watch: HangWatch, sink: LogSink, owners: dict[int, int]) -> None:
+    def __init__(self, watch: HangWatch, sink: LogSink, owners: Mapping[int, int]) -> None:
         self.watch = watch
         self.sink = sink
         #: Each planned rank's handle (itself; a node's first rank where one launcher starts
@@ -89,18 +90,4 @@ def watch_attempt(plan: Plan, run_dir: Path, evidence: Evidence | None, sink: Lo
                       stall_s=plan.stall_s, heartbeat_s=plan.heartbeat_s,
                       interface=interface, world_size=plan.world_size,
                       launcher=plan.launcher, busy_s=plan.busy_s, notify=sink.note)
-    return Watcher(watch, sink, rank_owners(plan))
-
-
-def rank_owners(plan: Plan) -> dict[int, int]:
-    """Each planned rank's handle in the supervisor: the rank itself, or its node's first rank
-    where one launcher process starts the node's workers (``per_node``, ``torchrun``)."""
-    firsts = {node.name: node.first_rank for node in plan.nodes}
-    return {r.rank: firsts[r.node] if plan.per_node else r.rank for r in plan.ranks}
-
-
-def living(owners: dict[int, int], running: frozenset[int]) -> dict[int, bool]:
-    """Whether each planned rank's process runs, from the handles still ``running``. Every
-    rank is in the map, so that one that has exited is known to have: the watch calls a rank
-    hung at its exit only while it lives (docs/hangs.md, kind ``teardown``)."""
-    return {rank: owner in running for rank, owner in owners.items()}
+    return Watcher(watch, sink, handle_owners(nodes, plan.per_node))

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from orchestrate.backends.slurm import monitor
-from orchestrate.run.watcher import living, rank_owners
+from orchestrate.core.plan.plan import Plan
+from orchestrate.diagnosis.hangwatch import handle_owners, living
 from tests.support.diagcaptures import load, run_classify
 from tests.support.plans import gpu_node, inventory, job, plan
 
@@ -86,6 +87,11 @@ def test_a_rank_at_its_exit_beside_ranks_still_in_their_program_is_not_the_one_n
     assert 0 not in diagnosis.ranks
 
 
+def rank_owners(planned: Plan) -> dict[int, int]:
+    """The handles the supervisor's watch maps a plan's ranks to (run/watcher.py)."""
+    return handle_owners({r.rank: r.node for r in planned.ranks}, planned.per_node)
+
+
 def test_every_planned_rank_lives_while_its_handle_runs_one_per_node_under_a_launcher() -> None:
     two = inventory(gpu_node("a", 3, address="198.18.0.1"), gpu_node("b", 2, address="198.18.0.2"))
     workers = plan(job(launcher="per_node", resources={"nodes": 2, "gpus_per_node": "all"}), two)
@@ -100,9 +106,11 @@ def test_every_planned_rank_lives_while_its_handle_runs_one_per_node_under_a_lau
 def test_on_slurm_a_rank_lives_until_its_task_records_its_end(tmp_path: Path) -> None:
     """The batch host's watch reads the ends each rank's shell writes (``status at_us host``,
     what ``decide`` reads after the step); under a launcher a node's task is its first rank."""
+    hosts = {0: "node-a", 1: "node-a", 2: "node-b"}
+    per_rank, per_node = handle_owners(hosts, per_node=False), handle_owners(hosts, per_node=True)
     (tmp_path / "rank-0").write_text("0 1796516219791000 node-a\n")
-    assert monitor.living(str(tmp_path), [0, 1, 2], None) == {0: False, 1: True, 2: True}
-    assert monitor.living(str(tmp_path), [0, 1, 2], [0, 0, 1]) == {0: False, 1: False, 2: True}
+    assert monitor.tasks_living(str(tmp_path), per_rank) == {0: False, 1: True, 2: True}
+    assert monitor.tasks_living(str(tmp_path), per_node) == {0: False, 1: False, 2: True}
     (tmp_path / "rank-2").write_text("garbled")  # being written: not an end yet
-    assert monitor.living(str(tmp_path), [0, 1, 2], [0, 0, 1])[2] is True
-    assert monitor.living(None, [0, 1], None) is None
+    assert monitor.tasks_living(str(tmp_path), per_node)[2] is True
+    assert monitor.tasks_living(None, per_rank) is None

@@ -72,6 +72,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 import orchestrate.backends.slurm.healthstep as healthstep
@@ -80,7 +81,7 @@ from orchestrate.core.layout import LOG_DIR
 from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
-from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence
+from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence, handle_owners, living
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import Index, append_note, cut
 
@@ -337,6 +338,7 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
     attempt = os.environ.get("ORCHESTRATE_ATTEMPT", "1")
     evidence = RunDirEvidence(Path(run_dir), sorted(nodes), int(attempt or 1))
     world = settings.get("world_size")
+    owners = handle_owners(nodes, per_node=bool(settings.get("rank_nodes")))
     hang = HangWatch(Path(run_dir), evidence, nodes, master,
                      stall_s=float(settings["stall_s"]),
                      heartbeat_s=float(settings["heartbeat_s"]),
@@ -351,8 +353,7 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
         if stop:
             break
         try:
-            diagnosis = hang.look(living(os.environ.get("ORCHESTRATE_EXIT_DIR"), sorted(nodes),
-                                         settings.get("rank_nodes")))
+            diagnosis = hang.look(tasks_living(os.environ.get("ORCHESTRATE_EXIT_DIR"), owners))
         except Exception as exc:  # never the job's end: say it, keep watching
             _note(merged, f"stall watch: {type(exc).__name__}: {exc}")
             continue
@@ -373,19 +374,14 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
     return 0
 
 
-def living(exit_dir: str | None, ranks: list[int], rank_nodes: list[int] | None
-           ) -> dict[int, bool] | None:
-    """Whether each rank's process runs: its task has not recorded its end in ``exit_dir``
-    (the node's first rank's record, where one launcher starts the node's workers). None
-    without the folder: every rank then counts as living."""
+def tasks_living(exit_dir: str | None, owners: Mapping[int, int]) -> dict[int, bool] | None:
+    """Whether each rank's process runs: its task (``owners``:
+    :func:`~orchestrate.diagnosis.hangwatch.handle_owners`) has not recorded its end in
+    ``exit_dir``. None without the folder: every rank then counts as living."""
     if not exit_dir:
         return None
     ended = {end.rank for end in rank_ends(exit_dir)}
-    firsts: dict[int, int] = {}
-    for rank, node in enumerate(rank_nodes or ()):
-        firsts.setdefault(node, rank)
-    return {rank: (firsts[rank_nodes[rank]] if rank_nodes else rank) not in ended
-            for rank in ranks}
+    return living(owners, set(owners.values()) - ended)
 
 
 def _last_look(hang: HangWatch, stalled: str, merged: str, settings: dict[str, Any]) -> None:
