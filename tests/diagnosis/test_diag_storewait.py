@@ -21,14 +21,10 @@ from orchestrate.diagnosis import joinwatch
 from orchestrate.diagnosis.diagfiles import Frame
 from orchestrate.diagnosis.joinwatch import wait_for_store
 from orchestrate.diagnosis.sidecar import _frames, _in_init_process_group
+from tests.support.ranks import free_port
 
 pytestmark = pytest.mark.process
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _env(port: int, rank: str = "1") -> dict[str, str]:
@@ -36,7 +32,7 @@ def _env(port: int, rank: str = "1") -> dict[str, str]:
 
 
 def test_a_rank_waits_until_the_store_listens_then_goes_on() -> None:
-    port = _free_port()
+    port = free_port()
     listening: list[float] = []
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,19 +73,19 @@ def test_what_is_left_to_torch_returns_at_once(args: tuple[object, ...],
 
 def test_it_waits_no_longer_than_the_job_s_own_timeout() -> None:
     started = time.monotonic()
-    wait_for_store(("gloo",), {"timeout": timedelta(seconds=0.3)}, _env(_free_port()))
+    wait_for_store(("gloo",), {"timeout": timedelta(seconds=0.3)}, _env(free_port()))
     assert 0.3 <= time.monotonic() - started < 10.0  # not STORE_WAIT_S (60 s)
 
 
 def test_it_gives_up_after_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(joinwatch, "STORE_WAIT_S", 0.3)
     started = time.monotonic()
-    wait_for_store(("gloo",), {}, _env(_free_port()))  # nobody ever listens
+    wait_for_store(("gloo",), {}, _env(free_port()))  # nobody ever listens
     assert 0.3 <= time.monotonic() - started < 10.0
 
 
 def test_a_rank_waiting_for_the_store_is_in_init_process_group() -> None:
-    port = _free_port()
+    port = free_port()
     rank = threading.Thread(target=wait_for_store, args=(("gloo",), {}, _env(port)),
                             daemon=True)
     rank.start()

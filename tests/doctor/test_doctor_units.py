@@ -31,6 +31,7 @@ from orchestrate.doctor.static_tier import from_host
 from orchestrate.hostside import hostfacts
 from orchestrate.run.prepare import Loaded, plan_job
 from tests.support.probemachine import machine
+from tests.support.ranks import free_port
 
 pytestmark = pytest.mark.unit
 
@@ -49,16 +50,11 @@ def _shape(names: list[str], **network: Any) -> JobShape:
 # -- the roll call, on real sockets ---------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @pytest.mark.timing
 @pytest.mark.process
 def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
-    port = _free_port()
+    port = free_port()
     answers: dict[str, dict[str, Any]] = {}
 
     def leader(name: str, delay: float) -> None:
@@ -89,7 +85,7 @@ def test_roll_call_hands_every_leader_the_directory_and_node_0s_clock() -> None:
 @pytest.mark.timing
 @pytest.mark.process
 def test_roll_call_closes_a_store_client_and_ends_at_its_window() -> None:
-    port = _free_port()
+    port = free_port()
     master = rollcall.RollCall(port)
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(master.serve(2, 1.5)))
@@ -120,7 +116,7 @@ def test_malformed_and_foreign_hellos_are_refused_and_the_planned_nodes_still_he
     """#25 item 6: one ``orchestrate-rollcall null`` line used to kill node 0's roll call
     (TypeError), and two hellos from names outside the plan used to fill it: the doctor then
     failed a healthy cluster and blamed the first node."""
-    port = _free_port()
+    port = free_port()
     master = rollcall.RollCall(port)
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(master.serve(2, 8, ("a", "b"))))
@@ -148,7 +144,7 @@ def test_malformed_and_foreign_hellos_are_refused_and_the_planned_nodes_still_he
 
 @pytest.mark.process
 def test_a_node_says_hello_once() -> None:
-    port = _free_port()
+    port = free_port()
     master = rollcall.RollCall(port)
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(master.serve(2, 3, ("a", "b"))))
@@ -168,7 +164,7 @@ def test_a_node_says_hello_once() -> None:
 @pytest.mark.process
 def test_a_leader_that_finds_no_roll_call_reports_refused_within_its_window() -> None:
     began = time.monotonic()
-    answer = rollcall.answer("127.0.0.1", _free_port(), {"node": "a"}, window_s=1.2)
+    answer = rollcall.answer("127.0.0.1", free_port(), {"node": "a"}, window_s=1.2)
     assert answer["outcome"] == "refused" and answer["directory"] is None
     assert answer["tries"] >= 2 and "tries over" in answer["detail"]
     assert time.monotonic() - began < 2.5

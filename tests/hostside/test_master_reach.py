@@ -16,18 +16,14 @@ import pytest
 
 from orchestrate.backends.ssh.connections import ConnectError, Link, Target
 from orchestrate.hostside.masterreach import listen, reach, resolve
+from tests.support.ranks import free_port
 
 pytestmark = pytest.mark.process
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 def test_a_probe_listener_answers_then_leaves_the_port_to_the_store() -> None:
-    port = _free_port()
+    port = free_port()
     listener, answer = listen(port)
     assert answer == {"ok": True} and listener is not None
     for _ in range(3):  # several nodes connect
@@ -39,7 +35,7 @@ def test_a_probe_listener_answers_then_leaves_the_port_to_the_store() -> None:
 
 
 def test_a_port_nobody_listens_on_and_a_name_nobody_knows_are_named() -> None:
-    port = _free_port()
+    port = free_port()
     refused = reach("127.0.0.1", port)
     assert refused["ok"] is False
     assert refused["detail"].startswith(f"cannot connect to MASTER_ADDR 127.0.0.1 port {port}: "

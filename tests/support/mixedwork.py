@@ -122,7 +122,9 @@ def epochs_of(run_dir: Path) -> list[dict[str, Any]]:
 
 def epoch_ratio(equal_dir: Path, measured_dir: Path) -> float:
     """The measured run's median epoch time over the equal run's, epochs after the first (which
-    holds the measuring steps): at most 0.8 is what a balanced split must show (ideal 2/3)."""
+    holds the measuring steps): at most 0.8 is what a balanced split must show (ideal
+    2 / (1 + s) for ranks s:1 apart in speed: 1/2 in the tests, whose slow rank runs at a third
+    of a core; 2/3 in bench/mixed_shares.py, at half a core)."""
     equal, measured = epochs_of(equal_dir), epochs_of(measured_dir)
     return (statistics.median(e["epoch_s"] for e in measured[1:])
             / statistics.median(e["epoch_s"] for e in equal[1:]))

@@ -1,8 +1,8 @@
-"""``batch_split: measured`` on the local backend, with one rank made slow: it gets half a CPU
+"""``batch_split: measured`` on the local backend, with one rank made slow: it gets a third of a CPU
 core (tests/support/throttle.py) beside a rank with a whole one, the stand-in for an A6000 beside
 an A100. Under ``equal`` shares every step waits for the slow rank; ``measured`` times each
 rank's own work for a few steps and moves samples to the fast rank, so an epoch takes at most
-0.8x as long (ideal 2/3), and the run trains on the same global batches: the same validation
+0.8x as long (ideal 1/2), and the run trains on the same global batches: the same validation
 accuracy, the same parameters. A measured run whose slow rank is killed after the shares moved
 restarts from its checkpoint (at the global step: a batch is one global batch whatever the
 split), measures again and ends with those parameters too.
@@ -71,7 +71,7 @@ def test_measured_shares_train_faster_on_the_same_batches(cli: Cli) -> None:
 def _three_runs(cli: Cli) -> tuple[dict[str, Path], dict[str, str]]:
     """The equal and the measured run (each followed to its end), then the measured run whose
     slow rank is killed: their run folders, and the followed runs' output."""
-    slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
+    slow, fast = throttle.Throttle(cores=throttle.SLOW_CORES), throttle.Throttle(cores=None)
     cgroups = (slow.path, fast.path)
     runs: dict[str, Path] = {}
     outputs: dict[str, str] = {}

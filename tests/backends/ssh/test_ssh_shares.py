@@ -1,5 +1,5 @@
 """``batch_split: measured`` over SSH: two test hosts, one rank each, the rank on h2 capped at
-half a CPU core (tests/support/throttle.py), the stand-in for a slower GPU in another server.
+a third of a CPU core (tests/support/throttle.py), the stand-in for a slower GPU in another server.
 ``measured`` gives h1's rank the larger share, and an epoch takes at most 0.8x the time of the
 equal split, on the same global batches (same parameters)."""
 
@@ -41,8 +41,8 @@ def test_measured_shares_over_ssh_move_work_off_the_slow_host(ssh_cli: SshCli) -
         pytest.skip(why)
     ssh_cli.inventory([{"name": "h1", "slots": 1}, {"name": "h2", "slots": 1}])
     with throttle.measuring():  # one mixed-speed measurement at a time
-        # h2's rank capped at half a core, h1's uncapped; both weighted over other work.
-        slow, fast = throttle.Throttle(cores=0.5), throttle.Throttle(cores=None)
+        # h2's rank capped at a third of a core, h1's uncapped; both weighted over other work.
+        slow, fast = throttle.Throttle(cores=throttle.SLOW_CORES), throttle.Throttle(cores=None)
         runs: dict[str, Path] = {}
         try:
             for attempt in (1, 2):
