@@ -44,7 +44,10 @@ from orchestrate.diagnosis.stallrule import (
     ranks_word,
 )
 
-KINDS = ("frozen", "teardown", "rendezvous", "laggard", "mismatch", "transport", "user_code")
+#: Ranks that ended their programs and hang in their exit: the one kind the supervisor stops
+#: under ``on_stall: report`` too, later (orchestrate/run/linger.py).
+TEARDOWN = "teardown"
+KINDS = ("frozen", TEARDOWN, "rendezvous", "laggard", "mismatch", "transport", "user_code")
 
 
 # --- the classifier ------------------------------------------------------------------------
@@ -176,7 +179,7 @@ def classify(
         )
     stuck = _stuck_at_exit(views, alive)
     if stuck:
-        return done("teardown", stuck, _teardown(stuck, views, alive, now, stall))
+        return done(TEARDOWN, stuck, _teardown(stuck, views, alive, now, stall))
     never = [v for v in views if not v.heard or v.phase in BEFORE_INIT]
     waiting = [v for v in views if v.phase == IN_INIT]
     if waiting and never:

@@ -12,7 +12,8 @@ The knobs (seconds; unset means the production value):
 - ``ORCHESTRATE_EARLY_EXIT_NOTICE_S``: when a rank that exited 0 before the others is noted
   (10);
 - ``ORCHESTRATE_LINGER_SLACK_S``: how long past ``distributed.timeout_s`` ranks may outlive a
-  finished rank 0 (30);
+  finished rank 0, or hang in their exit once named (30; a Slurm job's watch reads it in the
+  batch job, whose environment is the submitting CLI's);
 - ``ORCHESTRATE_BLAME_SETTLE_S``: how long a failure that no rank explained yet waits for one
   that explains it (3).
 

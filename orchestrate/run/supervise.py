@@ -11,15 +11,15 @@ why, instead of leaving ranks to wait in a collective for torch's timeout:
 - a cancel (SIGTERM/SIGINT/SIGHUP to the supervisor) stops every rank (CANCELLED);
 - the job's time limit (``resources.time``), enforced as Slurm does: SIGTERM to every rank, a
   grace period, SIGKILL (TIMEOUT);
-- rank 0 finished while other ranks still run: a notice after :data:`EARLY_EXIT_NOTICE_S`; if
-  they are still running ``distributed.timeout_s`` + :data:`LINGER_SLACK_S` later (no collective
-  can still be waiting for rank 0 by then), they are stopped (FAILED);
+- rank 0 finished while other ranks still run, or every running rank hangs in its exit
+  (:mod:`.linger`): stopped ``distributed.timeout_s`` + 30 s later (FAILED);
 - the run directory cannot take the ranks' output (its file system is full): the ranks are
   stopped rather than left blocked on a full pipe (FAILED, "cannot write logs");
 - no rank made progress for ``distributed.stall_s`` (the stall watch,
   :mod:`orchestrate.diagnosis.hangwatch`, in a thread beside this loop): the stuck rank is named in
   the log, the store (``status``' diagnosis) and ``diag/diagnosis.json``; with ``on_stall: kill``
-  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts);
+  every rank is stopped (FAILED, an ending ``restart.on: [stall]`` restarts); ranks hung in
+  their exit (kind ``teardown``) are stopped under ``on_stall: report`` too, later (:mod:`.linger`);
 - a process formed a process group that is not the plan's world (the world check,
   :mod:`orchestrate.diagnosis.world`, in the same thread, and once more at the end): named as
   a ``wrong_world`` diagnosis; ``on_wrong_world: kill`` (the default) stops the job, FAILED.
@@ -49,23 +49,19 @@ from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import Evidence
-from orchestrate.diagnosis.stall import Diagnosis
+from orchestrate.diagnosis.stall import TEARDOWN, Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import append_note
 from orchestrate.run import workerranks
 from orchestrate.run.attemptmetrics import record_first_step, resumed_from
 from orchestrate.run.jobrecord import RESTARTING, STOPPED, JobState, RankState
 from orchestrate.run.knobs import seconds
+from orchestrate.run.linger import Linger, linger_s
 from orchestrate.run.logsink import LogSink, last_lines
 from orchestrate.run.store import Store
 from orchestrate.run.watcher import watch_attempt
 
 POLL_S = 0.05
-#: A rank that exited 0 while others still run this long later is reported (DDP peers wait for
-#: it?), not killed: rank 0 may finish alone, a final save (testing knob: run/knobs.py).
-EARLY_EXIT_NOTICE_S = seconds("ORCHESTRATE_EARLY_EXIT_NOTICE_S", 10.0)
-#: Past the process-group timeout, how long ranks may outlive a finished rank 0.
-LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
 #: How long a failure that nobody explained yet waits for a rank that explains it.
 BLAME_SETTLE_S = seconds("ORCHESTRATE_BLAME_SETTLE_S", 3.0)
 #: After SIGKILL, how long to wait for a rank's end before giving up on it.
@@ -155,10 +151,7 @@ class _Run:
 
             self.limit_s = time_limit_seconds(plan.time_limit)
             self.limit_at = time.monotonic() + self.limit_s
-        self.linger_s = plan.timeout_s + LINGER_SLACK_S
-        self.first_done: tuple[int, str, float] | None = None  # the first rank to exit 0
-        self.zero_done_at: float | None = None  # when rank 0 exited 0
-        self.noticed_early = False
+        self.linger = Linger(linger_s(plan.timeout_s))
         self.per_node = plan.per_node
         self.logged_as: dict[int, int] = {}  # a failed worker's rank -> its launcher's handle
         self.nodes = workerranks.node_ranks(plan, [h.rank for h in handles])
@@ -201,10 +194,8 @@ class _Run:
                                    signal=result.signal, finished_at=now)
             workerranks.ended(self.store, self.job_id, self.nodes.get(rank, ()), ended[-1],
                               ended_as, now)
-            if result.ok and self.first_done is None:
-                self.first_done = (rank, handle.node, time.monotonic())
-            if rank == 0 and result.ok:
-                self.zero_done_at = time.monotonic()
+            if result.ok:
+                self.linger.exited(rank, handle.node, time.monotonic())
         self.ends.extend(ended)
         if self.ending is not None or all(end.exit.ok for end in self.ends):
             return
@@ -242,33 +233,20 @@ class _Run:
             reason = (f"time limit ({self.limit_s}s, resources.time) reached; the ranks got "
                       f"SIGTERM and {self.grace_s:.0f}s to checkpoint")
             self.stop_all(Outcome("TIMEOUT", reason, None), reason)
-        elif self.first_done is not None:
+        else:
             self._linger(now)
 
     def _linger(self, now: float) -> None:
-        assert self.first_done is not None
-        rank, node, done_at = self.first_done
         others = sorted(self.running)
-        if now - done_at > EARLY_EXIT_NOTICE_S and not self.noticed_early:
-            self.noticed_early = True
-            notice = (f"rank {rank} on {node} exited 0 more than {EARLY_EXIT_NOTICE_S:.0f}s ago "
-                      f"while rank(s) {others} still run; ")
-            if rank == 0:
-                notice += (f"they are stopped if still running {self.linger_s:.0f}s after it "
-                           f"(distributed.timeout_s + {LINGER_SLACK_S:.0f}s)")
-            else:
-                notice += ("if they wait for it in a collective they will fail at the "
-                           "process-group timeout")
+        notice = self.linger.notice(now, others)
+        if notice is not None:
             self.sink.note(notice)
             self.store.update(self.job_id, reason=notice)
-        if self.zero_done_at is None:
-            return
-        waited = now - self.zero_done_at
-        if waited > self.linger_s:
-            reason = (f"rank(s) {others} still ran {waited:.0f}s after rank 0 finished "
-                      "(longer than distributed.timeout_s + "
-                      f"{LINGER_SLACK_S:.0f}s: not waiting for a collective any more)")
-            self.stop_all(Outcome("FAILED", reason, None), f"{reason}; stopping them")
+        reason = self.linger.overdue(now, others)
+        if reason is not None:
+            stalled = self.linger.hung_at_exit is not None  # an ending restart.on: [stall] sees
+            self.stop_all(Outcome("FAILED", reason, None, stalled=stalled),
+                          f"{reason}; stopping them")
 
     def stop_all(self, ending: Outcome, note: str) -> None:
         """Start stopping every running rank (SIGTERM now, SIGKILL after the grace period)."""
@@ -296,7 +274,7 @@ class _Run:
 def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
     """A stall or a wrong world was named: say so everywhere; with ``on_stall: kill`` (a
     stall) or ``on_wrong_world: kill`` (the default: a world that is not the plan's never ends
-    COMPLETED) stop the job."""
+    COMPLETED) stop the job; under ``report``, ranks hung in their exit get the linger bound."""
     run.store.update(run.job_id, diagnosis=diagnosis.to_json())
     if run.ending is not None:
         return
@@ -308,8 +286,11 @@ def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
         run.stop_all(Outcome("FAILED", reason, None, stalled=True),
                      f"{reason}; stopping every rank (distributed.on_stall: kill)")
         return
-    run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job goes "
-                  f"on; `orchestrate diagnose {run.job_id}` shows every rank)")
+    if diagnosis.kind == TEARDOWN:
+        run.sink.note(f"stalled: {diagnosis.summary} ({run.linger.hung(time.monotonic())})")
+    else:
+        run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job "
+                      f"goes on; `orchestrate diagnose {run.job_id}` shows every rank)")
     run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
 
 

@@ -249,6 +249,7 @@ def _watch_settings(plan: Plan) -> str | None:
         "world_size": plan.world_size,
         "launcher": plan.launcher,
         "on_wrong_world": plan.on_wrong_world,
+        "timeout_s": plan.timeout_s,  # the bound of ranks hung in their exit (run/linger.py)
     }
     if plan.per_node:  # the host file has a line per node: each rank's node, by index
         settings["rank_nodes"] = [r.node_rank for r in plan.ranks]

@@ -34,15 +34,17 @@ python, so nothing of orchestrate need be installed on the batch host. Its modes
     a process group that is not the plan's is stopped like a stall under ``on_wrong_world:
     kill``, and ends the run as ``wrong world: ...``, never a stall that a restart retries).
     SETTINGS is JSON: ``stall_s``, ``busy_s``, ``heartbeat_s``, ``on_stall``, ``interface``,
-    ``world_size``, ``launcher``, ``on_wrong_world``, ``rank_nodes``; the master is
+    ``world_size``, ``launcher``, ``on_wrong_world``, ``rank_nodes``, ``timeout_s``; the master is
     MASTER_ADDR:MASTER_PORT from the environment. A rank lives until its task records its end
     in ``ORCHESTRATE_EXIT_DIR`` (what ``decide`` reads): one whose program ended but whose
     process lives on is named as hung in its teardown. A stall is noted in the merged view and
     kept in ``diag/diagnosis.json`` (a stall held off by busy ranks is noted too); with
     ``on_stall: kill`` the diagnosis is also written to STALLED and the step is cancelled (``scancel
     JOB.STEP``: SIGCONT, SIGTERM, SIGKILL after Slurm's KillWait), so ``decide`` ends the run as
-    a stall. SIGTERM (the step ended) ends the watch after one last world check: a wrong
-    world found then is written to STALLED too, so the run never ends COMPLETED.
+    a stall. Ranks hung in their exit are stopped so under ``on_stall: report`` too, once
+    ``timeout_s`` + 30 s passed since they were named (:mod:`orchestrate.run.linger`). SIGTERM
+    (the step ended) ends the watch after one last world check: a wrong world found then is
+    written to STALLED too, so the run never ends COMPLETED.
 
 
 ``decide INDEX EXIT_DIR REQUEUES POLICY RUN_DIR MARKER CHECKPOINT_DIR EXPECTS [STALLED]``
@@ -82,8 +84,10 @@ from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence, handle_owners, living
+from orchestrate.diagnosis.stall import TEARDOWN, Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import Index, append_note, cut
+from orchestrate.run.linger import Linger, linger_s
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -346,12 +350,20 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
                      world_size=None if world is None else int(world),
                      launcher=str(settings.get("launcher", "ranks")),
                      busy_s=settings.get("busy_s"), notify=lambda text: _note(merged, text))
+    linger = Linger(linger_s(float(settings.get("timeout_s", 600.0))))
+    hung: Diagnosis | None = None  # ranks hung in their exit, named under on_stall: report
     while not stop:
         due = time.monotonic() + hang.interval_s
         while not stop and time.monotonic() < due:  # a handled SIGTERM does not cut a sleep
             time.sleep(0.1)
         if stop:
             break
+        overdue = linger.overdue(time.monotonic(), hung.ranks) if hung is not None else None
+        if hung is not None and overdue is not None:
+            _write(stalled, json.dumps(hung.to_json()))
+            _note(merged, f"{overdue}; stopping them")
+            _cancel_step()
+            return 0
         try:
             diagnosis = hang.look(tasks_living(os.environ.get("ORCHESTRATE_EXIT_DIR"), owners))
         except Exception as exc:  # never the job's end: say it, keep watching
@@ -362,6 +374,10 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
         wrong = diagnosis.kind == WRONG_WORLD
         said, knob = ("wrong world", "on_wrong_world") if wrong else ("stalled", "on_stall")
         if settings.get(knob, "kill" if wrong else "report") != "kill":
+            if diagnosis.kind == TEARDOWN:  # nothing to go on with: stopped later (linger.py)
+                hung = diagnosis
+                _note(merged, f"{said}: {diagnosis.summary} ({linger.hung(time.monotonic())})")
+                continue
             _note(merged, f"{said}: {diagnosis.summary} (distributed.{knob}: report: the "
                           "job goes on)")
             continue

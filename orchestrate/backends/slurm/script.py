@@ -33,6 +33,8 @@ import orchestrate.hostside.gpuhealth
 import orchestrate.hostside.outputlog
 import orchestrate.hostside.smi
 import orchestrate.hostside.smicsv
+import orchestrate.run.knobs
+import orchestrate.run.linger
 from orchestrate.backends.base import place_check_program
 from orchestrate.backends.slurm.allocation import slurm_layout
 from orchestrate.core.errors import UserError
@@ -62,7 +64,8 @@ MONITOR = Manifest("monitor", (
     orchestrate.diagnosis.rankview, orchestrate.diagnosis.stall, orchestrate.diagnosis.evidence,
     orchestrate.diagnosis.world, orchestrate.diagnosis.hangwatch, orchestrate.hostside.outputlog,
     orchestrate.hostside.smicsv, orchestrate.hostside.smi, orchestrate.hostside.gpuhealth,
-    orchestrate.hostside.cpubind, orchestrate.core.gpuhealth, orchestrate.backends.slurm.healthstep,
+    orchestrate.hostside.cpubind, orchestrate.core.gpuhealth, orchestrate.run.knobs,
+    orchestrate.run.linger, orchestrate.backends.slurm.healthstep,
     orchestrate.backends.slurm.monitor))
 
 

@@ -31,15 +31,18 @@ STALL_S = 10
 
 
 def _steps_job(cli: Cli, name: str, scenario: str, *, on_stall: str = "kill",
-               restart: str = "{max: 0}", extra_env: str = "") -> Path:
+               restart: str = "{max: 0}", extra_env: str = "", bad_rank: int = 1,
+               timeout_s: int = 300) -> Path:
     marks = cli.work / f"marks-{name}"
     marks.mkdir(exist_ok=True)
     return cli.write(f"{name}.yaml", f"""
         name: {name}
         resources: {{nodes: 1, gpus_per_node: 2}}
-        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: {on_stall}, timeout_s: 300}}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: {on_stall},
+                       timeout_s: {timeout_s}}}
         restart: {restart}
-        env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'{extra_env}}}
+        env: {{SCENARIO: {scenario}, BAD_RANK: {bad_rank}, TRIGGER_STEP: 8, MARKS: '{marks}'
+               {extra_env}}}
         command: [python3, '{PROGRAMS / "steps.py"}']
         """)
 
@@ -171,6 +174,31 @@ def test_a_rank_hung_in_its_exit_is_named_and_stopped_where_the_others_have_exit
     assert status["reason"].startswith("stalled: rank 1 (node localhost"), status
     exits = {r["rank"]: r["exit_code"] for r in status["ranks"]}
     assert exits[0] == 0 and exits[1] != 0, status
+
+
+def test_rank_0_hung_in_its_exit_is_stopped_under_report_past_the_timeout(cli: Cli) -> None:
+    """``on_stall: report`` (the default), rank 0 hangs in its exit, rank 1 exits 0: no
+    process-group timeout ends that, and the rule for ranks outliving rank 0 never starts, so
+    the job held its GPUs until its time limit. Named, it gets ``timeout_s`` + the slack (1 s
+    here: the testing knob), then it is stopped: FAILED, saying so."""
+    cli.env["ORCHESTRATE_LINGER_SLACK_S"] = "1"
+    job = cli.id("tdr")
+    path = _steps_job(cli, "tdr", "teardown", on_stall="report", bad_rank=0, timeout_s=10,
+                      extra_env=", STEPS: 12")
+    cli.run("submit", str(path), "--detach", "--job-id", job, check=True)
+    status = _until(cli, job, lambda s: s["state"] not in ("PENDING", "RUNNING"), 120)
+    assert status["state"] == "FAILED", status
+    diagnosis = status["diagnosis"]
+    assert diagnosis is not None and (diagnosis["kind"], diagnosis["ranks"]) == (
+        "teardown", [0]), status
+    assert status["reason"].startswith("rank(s) [0] ended their programs but still had not "
+                                       "exited "), status["reason"]
+    log = cli.run("logs", job, check=True).stdout
+    assert "(distributed.on_stall: report: they are stopped if still not exited 11s from now)" \
+        in log, log[-3000:]
+    states = {r["rank"]: r["state"] for r in status["ranks"]}
+    assert states == {0: "STOPPED", 1: "COMPLETED"}, status["ranks"]
+    assert status["finished_at"] - diagnosis["at"] >= 11, (status["finished_at"], diagnosis)
 
 
 def test_a_stall_restarts_under_the_policy(cli: Cli) -> None:

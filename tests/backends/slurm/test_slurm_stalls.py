@@ -24,7 +24,8 @@ STEPS = Path(__file__).resolve().parents[2] / "diagnosis" / "programs" / "steps.
 STALL_S = 10
 
 
-def _job(ocli: OrchestrateCli, name: str, scenario: str, extra_env: str = "") -> Path:
+def _job(ocli: OrchestrateCli, name: str, scenario: str, extra_env: str = "",
+         distributed: str = "on_stall: kill, timeout_s: 300") -> Path:
     marks = ocli.work / f"marks-{name}"
     marks.mkdir()
     return ocli.write(f"{name}.yaml", f"""
@@ -32,7 +33,7 @@ def _job(ocli: OrchestrateCli, name: str, scenario: str, extra_env: str = "") ->
         backend: slurm
         inventory: inventory.yaml
         resources: {{nodes: 2, gpus_per_node: 1, time: "00:05:00"}}
-        distributed: {{backend: gloo, stall_s: {STALL_S}, on_stall: kill, timeout_s: 300}}
+        distributed: {{backend: gloo, stall_s: {STALL_S}, {distributed}}}
         restart: {{max: 0}}
         env: {{SCENARIO: {scenario}, BAD_RANK: 1, TRIGGER_STEP: 8, MARKS: '{marks}'{extra_env}}}
         command: [python3, '{STEPS}']
@@ -98,9 +99,14 @@ def test_a_rank_hung_in_its_exit_is_named_with_its_node_and_the_step_stopped(
         ocli: OrchestrateCli) -> None:
     """Rank 1 ends its program and hangs in the interpreter's teardown; rank 0 exits 0. The
     batch host sees no process of the other node, but rank 0's task recorded its end: the
-    watch names rank 1 alone, with its node."""
+    watch names rank 1 alone, with its node. Under ``on_stall: report`` (the default), which
+    no process-group timeout would end (the allocation held until its time limit), the step is
+    stopped ``timeout_s`` + the slack (1 s here, the testing knob, which the batch job
+    inherits) after the stall was named."""
     ocli.inventory()
-    job_id = ocli.submit(_job(ocli, "tdn", "teardown", ", STEPS: 12"))
+    ocli.env["ORCHESTRATE_LINGER_SLACK_S"] = "1"
+    job_id = ocli.submit(_job(ocli, "tdn", "teardown", ", STEPS: 12",
+                              "on_stall: report, timeout_s: 10"))
     status = ocli.wait(job_id, {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT"}, timeout=180)
     began = float((ocli.work / "marks-tdn" / "trigger").read_text())
     diagnosis = status["diagnosis"]
@@ -112,6 +118,11 @@ def test_a_rank_hung_in_its_exit_is_named_with_its_node_and_the_step_stopped(
     assert diagnosis["summary"].endswith("; rank 0 has exited"), diagnosis
     assert diagnosis["at"] - began < STALL_S + 30
     assert f"stalled: rank 1 (node {host}" in status["reason"], status["reason"]
+    merged = merged_text(Path(status["run_dir"]))
+    assert "(distributed.on_stall: report: they are stopped if still not exited 11s from now)" \
+        in merged, merged[-3000:]
+    assert "rank(s) [1] ended their programs but still had not exited " in merged, merged[-3000:]
+    assert status["finished_at"] - diagnosis["at"] >= 11, (status["finished_at"], diagnosis)
     _gone(ocli, str(status["external_id"]))
 
 
