@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrate.diagnosis.stall import TEARDOWN
 from orchestrate.run.knobs import seconds
 
 #: A rank that exited 0 while others still run this long later is reported (DDP peers wait for
@@ -38,6 +39,15 @@ LINGER_SLACK_S = seconds("ORCHESTRATE_LINGER_SLACK_S", 30.0)
 def linger_s(timeout_s: float) -> float:
     """How long ranks may outlive a finished rank 0, or hang in their exit once named."""
     return timeout_s + LINGER_SLACK_S
+
+
+@dataclass(frozen=True)
+class Due:
+    """Ranks to stop now: why, and whether they hang in their exit (an ending the restart
+    policy sees as a stall) rather than outlive a finished rank 0."""
+
+    reason: str
+    hung: bool
 
 
 @dataclass
@@ -57,9 +67,13 @@ class Linger:
         if rank == 0:
             self.zero_done_at = now
 
-    def hung(self, now: float) -> str:
-        """The watch named ranks hung in their exit (``on_stall: report``): their time starts;
-        what the note of the stall says of it."""
+    def named(self, kind: str, now: float) -> str | None:
+        """The watch named a stall of ``kind`` under ``on_stall: report``. Ranks hung in their
+        exit (``teardown``) have nothing to go on with: their time starts (at the first such
+        naming), and this says, for the stall's note, when they are stopped. None for every
+        other kind: the job goes on."""
+        if kind != TEARDOWN:
+            return None
         if self.hung_at_exit is None:
             self.hung_at_exit = now
         return (f"distributed.on_stall: report: they are stopped if still not exited "
@@ -81,15 +95,16 @@ class Linger:
         return notice + ("if they wait for it in a collective they will fail at the "
                          "process-group timeout")
 
-    def overdue(self, now: float, others: Sequence[int]) -> str | None:
-        """Why ``others`` (the ranks still running) are to be stopped now, if they are."""
+    def overdue(self, now: float, others: Sequence[int]) -> Due | None:
+        """Whether ``others`` (the ranks still running) are to be stopped now, and why."""
         if self.hung_at_exit is not None and now - self.hung_at_exit > self.linger_s:
-            return (f"rank(s) {list(others)} ended their programs but still had not exited "
-                    f"{now - self.hung_at_exit:.0f}s after they were named (longer than "
-                    f"distributed.timeout_s + {LINGER_SLACK_S:.0f}s: a hang in the "
-                    "interpreter's teardown, which no process-group timeout ends)")
+            return Due(f"rank(s) {list(others)} ended their programs but still had not exited "
+                       f"{now - self.hung_at_exit:.0f}s after they were named (longer than "
+                       f"distributed.timeout_s + {LINGER_SLACK_S:.0f}s: a hang in the "
+                       "interpreter's teardown, which no process-group timeout ends)", hung=True)
         if self.zero_done_at is not None and now - self.zero_done_at > self.linger_s:
-            return (f"rank(s) {list(others)} still ran {now - self.zero_done_at:.0f}s after "
-                    "rank 0 finished (longer than distributed.timeout_s + "
-                    f"{LINGER_SLACK_S:.0f}s: not waiting for a collective any more)")
+            return Due(f"rank(s) {list(others)} still ran {now - self.zero_done_at:.0f}s after "
+                       "rank 0 finished (longer than distributed.timeout_s + "
+                       f"{LINGER_SLACK_S:.0f}s: not waiting for a collective any more)",
+                       hung=False)
         return None

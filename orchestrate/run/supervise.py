@@ -49,7 +49,7 @@ from orchestrate.core.plan.plan import Plan
 from orchestrate.core.plan.restart import Ending, decide, ending_of, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import Evidence
-from orchestrate.diagnosis.stall import TEARDOWN, Diagnosis
+from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import append_note
 from orchestrate.run import workerranks
@@ -242,11 +242,10 @@ class _Run:
         if notice is not None:
             self.sink.note(notice)
             self.store.update(self.job_id, reason=notice)
-        reason = self.linger.overdue(now, others)
-        if reason is not None:
-            stalled = self.linger.hung_at_exit is not None  # an ending restart.on: [stall] sees
-            self.stop_all(Outcome("FAILED", reason, None, stalled=stalled),
-                          f"{reason}; stopping them")
+        due = self.linger.overdue(now, others)
+        if due is not None:
+            self.stop_all(Outcome("FAILED", due.reason, None, stalled=due.hung),
+                          f"{due.reason}; stopping them")
 
     def stop_all(self, ending: Outcome, note: str) -> None:
         """Start stopping every running rank (SIGTERM now, SIGKILL after the grace period)."""
@@ -286,11 +285,10 @@ def _stalled(run: _Run, plan: Plan, diagnosis: Diagnosis) -> None:
         run.stop_all(Outcome("FAILED", reason, None, stalled=True),
                      f"{reason}; stopping every rank (distributed.on_stall: kill)")
         return
-    if diagnosis.kind == TEARDOWN:
-        run.sink.note(f"stalled: {diagnosis.summary} ({run.linger.hung(time.monotonic())})")
-    else:
-        run.sink.note(f"stalled: {diagnosis.summary} (distributed.on_stall: report: the job "
-                      f"goes on; `orchestrate diagnose {run.job_id}` shows every rank)")
+    then = run.linger.named(diagnosis.kind, time.monotonic()) or (
+        f"distributed.on_stall: report: the job goes on; `orchestrate diagnose {run.job_id}` "
+        "shows every rank")
+    run.sink.note(f"stalled: {diagnosis.summary} ({then})")
     run.store.update(run.job_id, reason=f"stalled: {diagnosis.summary}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrate.diagnosis.stall import TEARDOWN
 from orchestrate.run.linger import EARLY_EXIT_NOTICE_S, LINGER_SLACK_S, Linger, linger_s
 
 pytestmark = pytest.mark.unit
@@ -25,9 +26,9 @@ def test_ranks_left_when_rank_0_finished_are_noted_once_then_stopped_past_the_bo
     assert f"still running {linger.linger_s:.0f}s after it" in notice, notice
     assert linger.notice(100.0 + EARLY_EXIT_NOTICE_S + 2, [1, 2]) is None  # said once
     assert linger.overdue(100.0 + linger.linger_s - 1, [1, 2]) is None
-    reason = linger.overdue(100.0 + linger.linger_s + 1, [1, 2])
-    assert reason is not None and reason.startswith("rank(s) [1, 2] still ran "), reason
-    assert "after rank 0 finished" in reason
+    due = linger.overdue(100.0 + linger.linger_s + 1, [1, 2])
+    assert due is not None and due.reason.startswith("rank(s) [1, 2] still ran "), due
+    assert "after rank 0 finished" in due.reason and not due.hung
 
 
 def test_a_rank_other_than_0_finishing_first_is_only_noted() -> None:
@@ -46,12 +47,15 @@ def test_ranks_hung_in_their_exit_are_stopped_past_the_bound_from_when_they_were
     without this bound such a job would run until its time limit."""
     linger = Linger(linger_s(TIMEOUT_S))
     linger.exited(1, "b", now=10.0)
-    said = linger.hung(now=50.0)
-    assert said.endswith(f"stopped if still not exited {linger.linger_s:.0f}s from now"), said
-    again = linger.hung(now=60.0)  # named again: the clock keeps its start
-    assert again.endswith(f"{linger.linger_s - 10:.0f}s from now"), again
+    assert linger.named("laggard", now=40.0) is None  # any other kind: the job goes on
+    assert linger.overdue(1e6, [0]) is None
+    said = linger.named(TEARDOWN, now=50.0)
+    assert said is not None and said.endswith(
+        f"stopped if still not exited {linger.linger_s:.0f}s from now"), said
+    again = linger.named(TEARDOWN, now=60.0)  # named again: the clock keeps its start
+    assert again is not None and again.endswith(f"{linger.linger_s - 10:.0f}s from now"), again
     assert linger.overdue(50.0 + linger.linger_s - 1, [0]) is None
-    reason = linger.overdue(50.0 + linger.linger_s + 1, [0])
-    assert reason is not None and reason.startswith("rank(s) [0] ended their programs but "
-                                                    "still had not exited "), reason
-    assert "teardown" in reason
+    due = linger.overdue(50.0 + linger.linger_s + 1, [0])
+    assert due is not None and due.reason.startswith("rank(s) [0] ended their programs but "
+                                                     "still had not exited "), due
+    assert "teardown" in due.reason and due.hung

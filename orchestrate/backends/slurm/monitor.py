@@ -84,7 +84,7 @@ from orchestrate.core.plan.outcome import Exit, RankEnd, first_failure
 from orchestrate.core.plan.restart import Policy, decide, ending_of, progress_marker, progressed
 from orchestrate.core.plan.workers import REPORT_LINES, worker_end
 from orchestrate.diagnosis.hangwatch import HangWatch, RunDirEvidence, handle_owners, living
-from orchestrate.diagnosis.stall import TEARDOWN, Diagnosis
+from orchestrate.diagnosis.stall import Diagnosis
 from orchestrate.diagnosis.world import KIND as WRONG_WORLD
 from orchestrate.hostside.outputlog import Index, append_note, cut
 from orchestrate.run.linger import Linger, linger_s
@@ -358,10 +358,9 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
             time.sleep(0.1)
         if stop:
             break
-        overdue = linger.overdue(time.monotonic(), hung.ranks) if hung is not None else None
-        if hung is not None and overdue is not None:
+        if hung is not None and (overdue := linger.overdue(time.monotonic(), hung.ranks)):
             _write(stalled, json.dumps(hung.to_json()))
-            _note(merged, f"{overdue}; stopping them")
+            _note(merged, f"{overdue.reason}; stopping them")
             _cancel_step()
             return 0
         try:
@@ -374,12 +373,12 @@ def watch(run_dir: str, hostfile: str, stalled: str, merged: str, settings: dict
         wrong = diagnosis.kind == WRONG_WORLD
         said, knob = ("wrong world", "on_wrong_world") if wrong else ("stalled", "on_stall")
         if settings.get(knob, "kill" if wrong else "report") != "kill":
-            if diagnosis.kind == TEARDOWN:  # nothing to go on with: stopped later (linger.py)
+            then = linger.named(diagnosis.kind, time.monotonic())  # hung in their exit: later
+            if then is not None:
                 hung = diagnosis
-                _note(merged, f"{said}: {diagnosis.summary} ({linger.hung(time.monotonic())})")
-                continue
-            _note(merged, f"{said}: {diagnosis.summary} (distributed.{knob}: report: the "
-                          "job goes on)")
+            else:
+                then = f"distributed.{knob}: report: the job goes on"
+            _note(merged, f"{said}: {diagnosis.summary} ({then})")
             continue
         _write(stalled, json.dumps(diagnosis.to_json()))
         _note(merged, f"{said}: {diagnosis.summary}; stopping every rank "
